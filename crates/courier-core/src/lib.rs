@@ -1,0 +1,27 @@
+//! Courier's core: the vocabulary shared by every backend and the runtime.
+//!
+//! This crate holds no I/O. It defines what a message is ([`NewMessage`],
+//! [`Message`]), what a worker's claim looks like ([`ClaimedDelivery`]), how
+//! retries are spaced ([`RetryPolicy`]), the errors every crate boundary speaks
+//! ([`StoreError`], [`HandlerError`], [`ValidationError`]) and the storage seam
+//! ([`OutboxStore`], [`DeadLetterStore`]) that the PostgreSQL and SQLite
+//! backends implement and the conformance suite checks.
+
+mod error;
+mod message;
+mod names;
+mod retry;
+mod store;
+
+pub use error::{HandlerError, StoreError, ValidationError};
+pub use message::{
+    truncate_chars, Availability, ClaimedDelivery, EnqueueOutcome, ErrorEntry, Message, NewMessage,
+    MAX_ERROR_CHARS, MAX_HEADERS, MAX_KEY_BYTES, MAX_PAYLOAD_BYTES,
+};
+pub use names::{validate_name, NAME_MAX_LEN};
+pub use retry::RetryPolicy;
+pub use store::{
+    ClaimBatch, ClaimParams, Completion, DeadLetter, DeadLetterFilter, DeadLetterPage,
+    DeadLetterStore, DeliverySummary, Failure, FailureApplied, LeaseRef, OutboxStore,
+    PruneReport, Route, SubscriptionSpec, TransactionalOutcome, TxWork,
+};

@@ -1,0 +1,313 @@
+//! The storage seam: what a backend must do for producers, workers and operators.
+//!
+//! Every state change is fenced in the backend's SQL by the state it expects
+//! and, for claimed deliveries, by the lease token and the lease's expiry on the
+//! database clock. Batch operations report which items they applied; an item
+//! missing from the answer was not applied (its lease was lost).
+
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
+use uuid::Uuid;
+
+use crate::{ClaimedDelivery, EnqueueOutcome, ErrorEntry, HandlerError, NewMessage, StoreError};
+
+/// A (topic, schema version) a worker can handle, with its attempt budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// The topic.
+    pub topic: String,
+    /// The schema version.
+    pub schema_version: i32,
+    /// Attempts before a delivery of this route is dead-lettered.
+    pub max_attempts: i32,
+}
+
+/// A subscription as registered in the database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionSpec {
+    /// The subscription's name.
+    pub name: String,
+    /// The topics it receives: exact names, `prefix.*` patterns, or `*` for all.
+    pub topics: Vec<String>,
+}
+
+/// What a worker asks for when it claims.
+#[derive(Debug, Clone)]
+pub struct ClaimParams {
+    /// The subscription to claim for.
+    pub subscription: String,
+    /// The (topic, version) pairs this worker handles; nothing else is claimed.
+    pub routes: Vec<Route>,
+    /// The most deliveries to claim.
+    pub limit: usize,
+    /// How long the lease lasts (database clock).
+    pub lease: Duration,
+    /// Who claims, for operators.
+    pub worker_id: String,
+    /// Tenants after this one (in byte order) are served first; the rest wait
+    /// for the next turn. Pass the previous batch's `next_tenant_cursor`.
+    pub tenant_cursor: String,
+    /// The most deliveries one tenant may have running in this subscription at once.
+    pub tenant_in_flight_limit: Option<u32>,
+}
+
+/// The deliveries a claim took and where the next claim's tenant turn starts.
+#[derive(Debug, Clone, Default)]
+pub struct ClaimBatch {
+    /// The claimed deliveries, each under its own lease.
+    pub deliveries: Vec<ClaimedDelivery>,
+    /// The cursor to pass as the next claim's `tenant_cursor`.
+    pub next_tenant_cursor: String,
+}
+
+/// Identifies one claim: the delivery and the token of its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseRef {
+    /// The delivery.
+    pub delivery_id: i64,
+    /// The lease token the claim returned.
+    pub lease_token: Uuid,
+}
+
+/// A successful delivery to record.
+pub type Completion = LeaseRef;
+
+/// A failed attempt to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The claim that failed.
+    pub lease: LeaseRef,
+    /// What went wrong (cut to 2,000 characters by the store).
+    pub error: String,
+    /// When to try again; `None` dead-letters now. A retry on a delivery that
+    /// has used its last attempt dead-letters too.
+    pub retry_in: Option<Duration>,
+}
+
+/// The result of one failure write that was applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailureApplied {
+    /// The delivery.
+    pub delivery_id: i64,
+    /// Whether the delivery is now dead-lettered.
+    pub dead: bool,
+}
+
+/// What running a transactional handler came to.
+#[derive(Debug)]
+pub enum TransactionalOutcome {
+    /// The effect, the receipt and the completion committed together.
+    Applied,
+    /// A receipt already existed: the effect was skipped and the delivery completed.
+    AlreadyApplied,
+    /// The lease was lost: the handler's writes were rolled back.
+    LeaseLost,
+    /// The handler failed: its writes were rolled back; the failure is not yet recorded.
+    HandlerFailed(HandlerError),
+}
+
+/// A transactional handler's work, run inside the delivery's transaction.
+pub type TxWork<C> = Box<
+    dyn for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<(), HandlerError>> + Send + 'static,
+>;
+
+/// What a retention pass removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    /// Messages removed (every delivery done, older than the retention).
+    pub messages: u64,
+    /// Receipts removed (older than the retention).
+    pub receipts: u64,
+}
+
+/// The outbox: enqueue, claim and settle deliveries.
+pub trait OutboxStore: Clone + Send + Sync + 'static {
+    /// The backend's connection type: what producers enqueue on and
+    /// transactional handlers write through.
+    type Connection: Send;
+
+    /// Creates or upgrades Courier's tables.
+    fn migrate(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Enqueues `messages` on the caller's connection (inside their transaction,
+    /// if one is open) in one round trip, all or nothing. Outcomes are in input order.
+    fn enqueue_batch<'c>(
+        &'c self,
+        conn: &'c mut Self::Connection,
+        messages: &'c [NewMessage],
+    ) -> impl Future<Output = Result<Vec<EnqueueOutcome>, StoreError>> + Send + 'c;
+
+    /// Enqueues `messages` in a transaction of the store's own.
+    fn publish_batch<'c>(
+        &'c self,
+        messages: &'c [NewMessage],
+    ) -> impl Future<Output = Result<Vec<EnqueueOutcome>, StoreError>> + Send + 'c;
+
+    /// Creates the subscription or adds topics to it; never removes topics.
+    fn register_subscription<'c>(
+        &'c self,
+        spec: &'c SubscriptionSpec,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'c;
+
+    /// Claims up to `params.limit` ready deliveries, taking tenants in turn.
+    fn claim<'c>(
+        &'c self,
+        params: &'c ClaimParams,
+    ) -> impl Future<Output = Result<ClaimBatch, StoreError>> + Send + 'c;
+
+    /// Completes deliveries whose leases are still held and writes their
+    /// receipts; returns the ids applied.
+    fn complete_many<'c>(
+        &'c self,
+        completions: &'c [Completion],
+    ) -> impl Future<Output = Result<Vec<i64>, StoreError>> + Send + 'c;
+
+    /// Records failed attempts whose leases are still held.
+    fn fail_many<'c>(
+        &'c self,
+        failures: &'c [Failure],
+    ) -> impl Future<Output = Result<Vec<FailureApplied>, StoreError>> + Send + 'c;
+
+    /// Extends leases still held by `lease`; returns the ids extended.
+    fn extend_many<'c>(
+        &'c self,
+        leases: &'c [LeaseRef],
+        lease: Duration,
+    ) -> impl Future<Output = Result<Vec<i64>, StoreError>> + Send + 'c;
+
+    /// Hands claimed-but-unstarted deliveries back without spending an attempt.
+    fn release_many<'c>(
+        &'c self,
+        leases: &'c [LeaseRef],
+    ) -> impl Future<Output = Result<Vec<i64>, StoreError>> + Send + 'c;
+
+    /// Returns deliveries whose leases expired to the queue (or dead-letters
+    /// them when that was their last attempt); returns how many.
+    fn rescue_expired(&self, limit: usize) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Runs `work` in a transaction with the delivery's receipt and completion:
+    /// all three commit together or none does.
+    fn run_transactional<'c>(
+        &'c self,
+        delivery: &'c ClaimedDelivery,
+        work: TxWork<Self::Connection>,
+    ) -> impl Future<Output = Result<TransactionalOutcome, StoreError>> + Send + 'c;
+
+    /// Removes up to `batch` finished messages and up to `batch` receipts older
+    /// than `older_than`. Dead letters and their messages are kept.
+    fn prune(
+        &self,
+        older_than: Duration,
+        batch: usize,
+    ) -> impl Future<Output = Result<PruneReport, StoreError>> + Send;
+}
+
+/// Which dead letters an operation concerns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadLetterFilter {
+    /// Only this tenant's.
+    pub tenant: Option<String>,
+    /// Only this topic's.
+    pub topic: Option<String>,
+    /// Only this subscription's.
+    pub subscription: Option<String>,
+}
+
+/// A dead-lettered delivery with what an operator needs to decide on it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    /// The delivery id (what retry and discard take).
+    pub delivery_id: i64,
+    /// The message id.
+    pub message_id: Uuid,
+    /// The subscription that gave up.
+    pub subscription: String,
+    /// The tenant.
+    pub tenant: String,
+    /// The topic.
+    pub topic: String,
+    /// The schema version.
+    pub schema_version: i32,
+    /// The payload as JSON text.
+    pub payload: String,
+    /// Attempts spent.
+    pub attempts: i32,
+    /// The bounded error history, oldest first.
+    pub errors: Vec<ErrorEntry>,
+    /// When it was dead-lettered.
+    pub dead_at: Option<DateTime<Utc>>,
+    /// When the message was enqueued.
+    pub enqueued_at: DateTime<Utc>,
+}
+
+/// One page of dead letters.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeadLetterPage {
+    /// The dead letters, by delivery id ascending.
+    pub items: Vec<DeadLetter>,
+    /// Pass as `after` to get the next page; `None` on the last page.
+    pub next_cursor: Option<i64>,
+}
+
+/// The state of one (message, subscription) pair, for inspection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeliverySummary {
+    /// The subscription.
+    pub subscription: String,
+    /// `available`, `running`, `dead` or `completed`.
+    pub state: String,
+    /// Attempts spent.
+    pub attempts: i32,
+    /// The bounded error history, oldest first.
+    pub errors: Vec<ErrorEntry>,
+}
+
+/// Operators' dead-letter work: list, inspect, retry, discard.
+pub trait DeadLetterStore: Send + Sync {
+    /// Lists dead letters matching `filter` with delivery id above `after`.
+    fn list_dead_letters<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+        after: Option<i64>,
+        limit: usize,
+    ) -> impl Future<Output = Result<DeadLetterPage, StoreError>> + Send + 'c;
+
+    /// One dead letter with its error history, if it exists.
+    fn get_dead_letter(
+        &self,
+        delivery_id: i64,
+    ) -> impl Future<Output = Result<Option<DeadLetter>, StoreError>> + Send;
+
+    /// Makes the given dead letters deliverable now with attempts reset; returns how many.
+    fn retry_dead_letters<'c>(
+        &'c self,
+        ids: &'c [i64],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
+
+    /// Retries every dead letter matching `filter`; returns how many.
+    fn retry_dead_letters_matching<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
+
+    /// Discards the given dead letters for good; returns how many.
+    fn discard_dead_letters<'c>(
+        &'c self,
+        ids: &'c [i64],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
+
+    /// Discards every dead letter matching `filter`; returns how many.
+    fn discard_dead_letters_matching<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
+
+    /// The per-subscription state of one message.
+    fn message_deliveries(
+        &self,
+        message_id: Uuid,
+    ) -> impl Future<Output = Result<Vec<DeliverySummary>, StoreError>> + Send;
+}

@@ -1,0 +1,82 @@
+-- Claims up to $4 ready deliveries of subscription $1, taking tenants in turn.
+-- Touches: deliveries (locks the claimed rows with FOR UPDATE SKIP LOCKED, sets
+-- them running under a fresh lease token), reads messages for the payload.
+-- Shape: a loose index scan of dedeliveries_ready finds up to $3 tenants with
+-- ready work, starting after the cursor $2; each tenant then gets an equal share
+-- of the batch, walked in enqueue order along the same index, so one tenant's
+-- backlog cannot crowd out the rest. Only the routes this worker handles
+-- ($5 topics, $6 versions, $7 attempt budgets) are claimed; a delivery with an
+-- ordering key waits while an earlier delivery with that key is not done; a
+-- tenant at its in-flight limit $8 (NULL: none) is skipped without spending attempts.
+-- Times are the database's: statement_timestamp(), never the worker's clock.
+WITH RECURSIVE tenants AS (
+  (SELECT d.tenant FROM {schema}.deliveries d
+    WHERE d.subscription = $1 AND d.state = 'available' AND d.tenant > $2
+    ORDER BY d.tenant LIMIT 1)
+  UNION ALL
+  SELECT (SELECT d.tenant FROM {schema}.deliveries d
+           WHERE d.subscription = $1 AND d.state = 'available' AND d.tenant > t.tenant
+           ORDER BY d.tenant LIMIT 1)
+  FROM tenants t
+  WHERE t.tenant IS NOT NULL
+),
+turn AS (
+  SELECT tenant FROM tenants WHERE tenant IS NOT NULL LIMIT $3
+),
+share AS (
+  SELECT greatest(1, $4::int / greatest(count(*), 1)::int) AS per_tenant FROM turn
+),
+routes AS (
+  SELECT * FROM unnest($5::text[], $6::int[], $7::int[]) AS r (topic, schema_version, max_attempts)
+),
+picked AS MATERIALIZED (
+  SELECT c.id
+  FROM turn t
+  CROSS JOIN share s
+  CROSS JOIN LATERAL (
+    SELECT d.id
+    FROM {schema}.deliveries d
+    WHERE d.subscription = $1
+      AND d.tenant = t.tenant
+      AND d.state = 'available'
+      AND d.available_at <= statement_timestamp()
+      AND EXISTS (SELECT 1 FROM routes r WHERE r.topic = d.topic AND r.schema_version = d.schema_version)
+      AND (d.ordering_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {schema}.deliveries e
+            WHERE e.subscription = d.subscription AND e.tenant = d.tenant
+              AND e.ordering_key = d.ordering_key AND e.id < d.id
+              AND e.ordering_key IS NOT NULL AND e.state <> 'dead'))
+    ORDER BY d.id
+    LIMIT CASE
+      WHEN $8::int IS NULL THEN s.per_tenant
+      ELSE least(s.per_tenant, greatest(0, $8::int - (
+        SELECT count(*) FROM {schema}.deliveries f
+        WHERE f.subscription = $1 AND f.tenant = t.tenant AND f.state = 'running')::int))
+    END
+    FOR UPDATE OF d SKIP LOCKED
+  ) c
+),
+claimed AS (
+  UPDATE {schema}.deliveries d
+  SET state = 'running',
+      attempts = d.attempts + 1,
+      max_attempts = (SELECT r.max_attempts FROM routes r
+                      WHERE r.topic = d.topic AND r.schema_version = d.schema_version LIMIT 1),
+      lease_token = gen_random_uuid(),
+      lease_expires_at = statement_timestamp() + $9::bigint * interval '1 millisecond',
+      claimed_by = $10
+  WHERE d.id = ANY (ARRAY(SELECT id FROM picked))
+  RETURNING d.id, d.message_id, d.tenant, d.topic, d.schema_version, d.ordering_key,
+            d.attempts, d.max_attempts, d.lease_token, d.lease_expires_at
+)
+SELECT c.id, c.message_id, c.tenant, c.topic, c.schema_version, c.ordering_key,
+       m.payload::text AS payload, m.headers::text AS headers, c.attempts, c.max_attempts,
+       c.lease_token, c.lease_expires_at, m.occurred_at, m.created_at,
+       (SELECT max(tenant) FROM turn) AS last_tenant,
+       (SELECT count(*) FROM turn)::int AS tenants_in_turn
+FROM claimed c
+CROSS JOIN LATERAL (
+  SELECT m.payload, m.headers, m.occurred_at, m.created_at
+  FROM {schema}.messages m
+  WHERE m.id = c.message_id
+) m

@@ -1,0 +1,19 @@
+-- Completes claimed deliveries whose lease is still held: deletes the delivery
+-- and writes its receipt in one statement. The fence is the lease token, the
+-- running state and an unexpired lease on the database clock; rows that fail it
+-- are left alone and missing from the result.
+WITH done AS (
+  DELETE FROM {schema}.deliveries d
+  USING unnest($1::bigint[], $2::uuid[]) AS c (id, lease_token)
+  WHERE d.id = c.id
+    AND d.lease_token = c.lease_token
+    AND d.state = 'running'
+    AND d.lease_expires_at > clock_timestamp()
+  RETURNING d.id, d.tenant, d.subscription, d.message_id
+),
+receipts AS (
+  INSERT INTO {schema}.receipts (tenant, subscription, message_id)
+  SELECT tenant, subscription, message_id FROM done
+  ON CONFLICT DO NOTHING
+)
+SELECT id FROM done

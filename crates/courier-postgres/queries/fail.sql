@@ -1,0 +1,24 @@
+-- Records failed attempts on deliveries whose lease is still held (same fence
+-- as complete.sql). A delivery goes back to `available` after its delay ($4 ms)
+-- or, when the delay is NULL or the attempts are spent, to `dead`. The error
+-- history keeps the newest 20 entries.
+UPDATE {schema}.deliveries d
+SET state = CASE WHEN f.delay_ms IS NULL OR d.attempts >= d.max_attempts
+                 THEN 'dead' ELSE 'available' END,
+    available_at = CASE WHEN f.delay_ms IS NULL OR d.attempts >= d.max_attempts
+                        THEN d.available_at
+                        ELSE clock_timestamp() + f.delay_ms * interval '1 millisecond' END,
+    dead_at = CASE WHEN f.delay_ms IS NULL OR d.attempts >= d.max_attempts
+                   THEN clock_timestamp() END,
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    claimed_by = NULL,
+    errors = (CASE WHEN jsonb_array_length(d.errors) >= 20 THEN d.errors - 0 ELSE d.errors END)
+             || jsonb_build_array(jsonb_build_object(
+                  'attempt', d.attempts, 'at', clock_timestamp(), 'message', f.error))
+FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[]) AS f (id, lease_token, error, delay_ms)
+WHERE d.id = f.id
+  AND d.lease_token = f.lease_token
+  AND d.state = 'running'
+  AND d.lease_expires_at > clock_timestamp()
+RETURNING d.id, d.state = 'dead' AS dead

@@ -1,0 +1,11 @@
+-- The per-subscription state of one message: open deliveries from deliveries,
+-- completed ones from receipts.
+SELECT d.subscription, d.state, d.attempts, d.errors::text AS errors
+FROM {schema}.deliveries d WHERE d.message_id = $1
+UNION ALL
+SELECT r.subscription, 'completed', NULL::int, '[]'
+FROM {schema}.receipts r
+WHERE r.message_id = $1
+  AND NOT EXISTS (SELECT 1 FROM {schema}.deliveries d
+                  WHERE d.message_id = $1 AND d.subscription = r.subscription)
+ORDER BY 1

@@ -1,0 +1,716 @@
+//! Courier's PostgreSQL store.
+//!
+//! [`PgStore`] keeps the outbox in its own schema (default `courier`): the
+//! `messages` table producers insert into, the per-subscription `deliveries`
+//! that workers claim with `FOR UPDATE SKIP LOCKED`, `receipts`, and the
+//! subscriptions. Every query lives in `queries/*.sql`, rendered once per
+//! schema. Every lease check uses the database clock. [`PgNotifier`] turns the
+//! fan-out trigger's NOTIFY into worker wake-ups.
+
+mod error;
+mod migrate;
+mod notifier;
+mod queries;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use courier_core::{
+    truncate_chars, Availability, ClaimBatch, ClaimParams, ClaimedDelivery, Completion, DeadLetter,
+    DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliverySummary, EnqueueOutcome,
+    ErrorEntry, Failure, FailureApplied, LeaseRef, NewMessage, OutboxStore, PruneReport,
+    StoreError, SubscriptionSpec, TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS,
+};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::{PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+pub use migrate::SCHEMA_VERSION;
+pub use notifier::PgNotifier;
+
+use error::map;
+use queries::Queries;
+
+/// The schema Courier's tables live in unless another is chosen.
+pub const DEFAULT_SCHEMA: &str = "courier";
+
+/// Courier's outbox on PostgreSQL. Cheap to clone; clones share the pool.
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    schema: String,
+    queries: Queries,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("schema", &self.inner.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks a PostgreSQL schema name: `[a-z_][a-z0-9_]{0,62}` (it is spliced into SQL).
+pub fn validate_schema(schema: &str) -> Result<(), ValidationError> {
+    let mut chars = schema.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+    if !first_ok
+        || schema.len() > 63
+        || !chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    {
+        return Err(ValidationError::new(
+            "schema",
+            format!("{schema:?} must match [a-z_][a-z0-9_]{{0,62}}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Opens a pool suited to Courier: JIT off (Courier's queries are short, and
+/// JIT compilation would cost more than they do).
+pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, StoreError> {
+    let options: PgConnectOptions = url.parse().map_err(map)?;
+    let options = options.options([("jit", "off")]);
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .map_err(map)
+}
+
+impl PgStore {
+    /// A store over `pool` in the default schema `courier`.
+    pub fn new(pool: PgPool) -> Self {
+        Self::build(pool, DEFAULT_SCHEMA.to_owned())
+    }
+
+    /// A store over `pool` in `schema` (checked against `[a-z_][a-z0-9_]{0,62}`).
+    pub fn with_schema(pool: PgPool, schema: &str) -> Result<Self, ValidationError> {
+        validate_schema(schema)?;
+        Ok(Self::build(pool, schema.to_owned()))
+    }
+
+    fn build(pool: PgPool, schema: String) -> Self {
+        let queries = Queries::render(&schema);
+        Self {
+            inner: Arc::new(Inner {
+                pool,
+                schema,
+                queries,
+            }),
+        }
+    }
+
+    /// The pool the store runs its own work on.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The schema holding Courier's tables.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    /// The NOTIFY channel the fan-out trigger signals on.
+    pub fn notify_channel(&self) -> String {
+        format!("{}.courier", self.inner.schema)
+    }
+
+    /// The schema version in the database (0 before the first migration).
+    pub async fn schema_version(&self) -> Result<i64, StoreError> {
+        migrate::current(&self.inner.pool, &self.inner.schema).await
+    }
+
+    /// Enqueues one message on the caller's connection (inside their transaction).
+    pub async fn enqueue(
+        &self,
+        conn: &mut PgConnection,
+        message: &NewMessage,
+    ) -> Result<EnqueueOutcome, StoreError> {
+        let mut outcomes = self
+            .enqueue_batch(conn, std::slice::from_ref(message))
+            .await?;
+        outcomes
+            .pop()
+            .ok_or_else(|| StoreError::Corrupt("enqueue returned no outcome".into()))
+    }
+
+    fn q(&self) -> &Queries {
+        &self.inner.queries
+    }
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn parse_headers(text: &str) -> Result<BTreeMap<String, String>, StoreError> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("headers: {e}")))?;
+    let serde_json::Value::Object(map) = value else {
+        return Err(StoreError::Corrupt("headers is not a JSON object".into()));
+    };
+    Ok(map
+        .into_iter()
+        .map(|(k, v)| match v {
+            serde_json::Value::String(s) => (k, s),
+            other => (k, other.to_string()),
+        })
+        .collect())
+}
+
+fn parse_errors(text: &str) -> Result<Vec<ErrorEntry>, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("errors: {e}")))
+}
+
+fn claimed_from_row(row: &PgRow, subscription: &str) -> Result<ClaimedDelivery, sqlx::Error> {
+    let headers: String = row.try_get("headers")?;
+    Ok(ClaimedDelivery {
+        delivery_id: row.try_get("id")?,
+        message_id: row.try_get("message_id")?,
+        subscription: subscription.to_owned(),
+        tenant: row.try_get("tenant")?,
+        topic: row.try_get("topic")?,
+        schema_version: row.try_get("schema_version")?,
+        ordering_key: row.try_get("ordering_key")?,
+        payload: row.try_get("payload")?,
+        headers: parse_headers(&headers).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+        attempt: row.try_get("attempts")?,
+        max_attempts: row.try_get("max_attempts")?,
+        lease_token: row.try_get("lease_token")?,
+        lease_expires_at: row.try_get("lease_expires_at")?,
+        occurred_at: row.try_get("occurred_at")?,
+        enqueued_at: row.try_get("created_at")?,
+    })
+}
+
+fn dead_letter_from_row(row: &PgRow) -> Result<DeadLetter, StoreError> {
+    let errors: String = row.try_get("errors").map_err(map)?;
+    Ok(DeadLetter {
+        delivery_id: row.try_get("id").map_err(map)?,
+        message_id: row.try_get("message_id").map_err(map)?,
+        subscription: row.try_get("subscription").map_err(map)?,
+        tenant: row.try_get("tenant").map_err(map)?,
+        topic: row.try_get("topic").map_err(map)?,
+        schema_version: row.try_get("schema_version").map_err(map)?,
+        payload: row.try_get("payload").map_err(map)?,
+        attempts: row.try_get("attempts").map_err(map)?,
+        errors: parse_errors(&errors)?,
+        dead_at: row.try_get("dead_at").map_err(map)?,
+        enqueued_at: row.try_get("created_at").map_err(map)?,
+    })
+}
+
+fn lease_columns(leases: &[LeaseRef]) -> (Vec<i64>, Vec<Uuid>) {
+    leases
+        .iter()
+        .map(|lease| (lease.delivery_id, lease.lease_token))
+        .unzip()
+}
+
+/// Splits a topic pattern into (pattern, prefix): exact topics have no prefix,
+/// `prefix.*` matches topics starting with `prefix.`, `*` matches every topic.
+fn pattern_prefix(pattern: &str) -> Result<Option<String>, ValidationError> {
+    if pattern == "*" {
+        return Ok(Some(String::new()));
+    }
+    if let Some(stem) = pattern.strip_suffix(".*") {
+        courier_core::validate_name("topics", stem)?;
+        return Ok(Some(format!("{stem}.")));
+    }
+    courier_core::validate_name("topics", pattern)?;
+    Ok(None)
+}
+
+impl OutboxStore for PgStore {
+    type Connection = PgConnection;
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        migrate::run(&self.inner.pool, &self.inner.schema).await
+    }
+
+    async fn enqueue_batch<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        messages: &'c [NewMessage],
+    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = messages.len();
+        let mut ids = Vec::with_capacity(n);
+        let mut tenants = Vec::with_capacity(n);
+        let mut topics = Vec::with_capacity(n);
+        let mut versions = Vec::with_capacity(n);
+        let mut payloads = Vec::with_capacity(n);
+        let mut headers = Vec::with_capacity(n);
+        let mut ordering_keys = Vec::with_capacity(n);
+        let mut idempotency_keys = Vec::with_capacity(n);
+        let mut occurred = Vec::with_capacity(n);
+        let mut available_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
+        let mut delays: Vec<Option<i64>> = Vec::with_capacity(n);
+        for message in messages {
+            message.validate()?;
+            ids.push(message.id);
+            tenants.push(message.tenant.as_str());
+            topics.push(message.topic.as_str());
+            versions.push(message.schema_version);
+            payloads.push(message.payload.as_str());
+            headers.push(message.headers_json());
+            ordering_keys.push(message.ordering_key.as_deref());
+            idempotency_keys.push(message.idempotency_key.as_deref());
+            occurred.push(message.occurred_at);
+            match message.available {
+                Availability::Now => {
+                    available_at.push(None);
+                    delays.push(None);
+                }
+                Availability::At(at) => {
+                    available_at.push(Some(at));
+                    delays.push(None);
+                }
+                Availability::After(delay) => {
+                    available_at.push(None);
+                    delays.push(Some(millis(delay)));
+                }
+            }
+        }
+        let inserted: Vec<Uuid> = sqlx::query_scalar(&self.q().enqueue)
+            .bind(&ids)
+            .bind(&tenants)
+            .bind(&topics)
+            .bind(&versions)
+            .bind(&payloads)
+            .bind(&headers)
+            .bind(&ordering_keys)
+            .bind(&idempotency_keys)
+            .bind(&occurred)
+            .bind(&available_at)
+            .bind(&delays)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(map)?;
+        if inserted.len() == n {
+            return Ok(ids
+                .into_iter()
+                .map(|id| EnqueueOutcome {
+                    id,
+                    duplicate: false,
+                })
+                .collect());
+        }
+        // Some were duplicates: find the first message of each skipped key.
+        let inserted: std::collections::HashSet<Uuid> = inserted.into_iter().collect();
+        let (dup_tenants, dup_keys): (Vec<&str>, Vec<&str>) = messages
+            .iter()
+            .filter(|m| !inserted.contains(&m.id))
+            .filter_map(|m| Some((m.tenant.as_str(), m.idempotency_key.as_deref()?)))
+            .unzip();
+        let rows = sqlx::query(&self.q().find_idempotent)
+            .bind(&dup_tenants)
+            .bind(&dup_keys)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(map)?;
+        let mut existing: HashMap<(String, String), Uuid> = HashMap::with_capacity(rows.len());
+        for row in rows {
+            existing.insert(
+                (
+                    row.try_get("tenant").map_err(map)?,
+                    row.try_get("idempotency_key").map_err(map)?,
+                ),
+                row.try_get("id").map_err(map)?,
+            );
+        }
+        let mut seen_in_batch: HashMap<(&str, &str), Uuid> = HashMap::new();
+        messages
+            .iter()
+            .map(|m| {
+                if inserted.contains(&m.id) {
+                    if let Some(key) = m.idempotency_key.as_deref() {
+                        seen_in_batch.insert((m.tenant.as_str(), key), m.id);
+                    }
+                    return Ok(EnqueueOutcome {
+                        id: m.id,
+                        duplicate: false,
+                    });
+                }
+                let key = m.idempotency_key.as_deref().ok_or_else(|| {
+                    StoreError::Corrupt(format!("message {} was not inserted", m.id))
+                })?;
+                let first = seen_in_batch
+                    .get(&(m.tenant.as_str(), key))
+                    .copied()
+                    .or_else(|| existing.get(&(m.tenant.clone(), key.to_owned())).copied())
+                    .ok_or_else(|| {
+                        StoreError::Corrupt(format!(
+                            "idempotency key {key:?} conflicted but no message holds it"
+                        ))
+                    })?;
+                Ok(EnqueueOutcome {
+                    id: first,
+                    duplicate: true,
+                })
+            })
+            .collect()
+    }
+
+    async fn publish_batch<'c>(
+        &'c self,
+        messages: &'c [NewMessage],
+    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        let mut tx = self.inner.pool.begin().await.map_err(map)?;
+        let outcomes = self.enqueue_batch(&mut tx, messages).await?;
+        tx.commit().await.map_err(map)?;
+        Ok(outcomes)
+    }
+
+    async fn register_subscription<'c>(
+        &'c self,
+        spec: &'c SubscriptionSpec,
+    ) -> Result<(), StoreError> {
+        courier_core::validate_name("subscription", &spec.name)?;
+        let mut patterns = Vec::with_capacity(spec.topics.len());
+        let mut prefixes = Vec::with_capacity(spec.topics.len());
+        for pattern in &spec.topics {
+            prefixes.push(pattern_prefix(pattern)?);
+            patterns.push(pattern.as_str());
+        }
+        let mut tx = self.inner.pool.begin().await.map_err(map)?;
+        sqlx::query(&self.q().subscription_upsert)
+            .bind(&spec.name)
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?;
+        sqlx::query(&self.q().subscription_topics_add)
+            .bind(&spec.name)
+            .bind(&patterns)
+            .bind(&prefixes)
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?;
+        tx.commit().await.map_err(map)
+    }
+
+    async fn claim<'c>(&'c self, params: &'c ClaimParams) -> Result<ClaimBatch, StoreError> {
+        if params.limit == 0 || params.routes.is_empty() {
+            return Ok(ClaimBatch {
+                deliveries: Vec::new(),
+                next_tenant_cursor: params.tenant_cursor.clone(),
+            });
+        }
+        let limit = i32::try_from(params.limit).unwrap_or(i32::MAX);
+        let topics: Vec<&str> = params.routes.iter().map(|r| r.topic.as_str()).collect();
+        let versions: Vec<i32> = params.routes.iter().map(|r| r.schema_version).collect();
+        let budgets: Vec<i32> = params.routes.iter().map(|r| r.max_attempts).collect();
+        let in_flight_limit = params
+            .tenant_in_flight_limit
+            .map(|l| i32::try_from(l).unwrap_or(i32::MAX));
+        let rows = sqlx::query(&self.q().claim)
+            .bind(&params.subscription)
+            .bind(&params.tenant_cursor)
+            .bind(limit)
+            .bind(limit)
+            .bind(&topics)
+            .bind(&versions)
+            .bind(&budgets)
+            .bind(in_flight_limit)
+            .bind(millis(params.lease))
+            .bind(&params.worker_id)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        let mut next_tenant_cursor = String::new();
+        if let Some(first) = rows.first() {
+            let tenants_in_turn: i32 = first.try_get("tenants_in_turn").map_err(map)?;
+            // A full turn means more tenants may wait after the last one served.
+            if usize::try_from(tenants_in_turn).unwrap_or(0) >= params.limit {
+                next_tenant_cursor = first
+                    .try_get::<Option<String>, _>("last_tenant")
+                    .map_err(map)?
+                    .unwrap_or_default();
+            }
+        }
+        let deliveries = rows
+            .iter()
+            .map(|row| claimed_from_row(row, &params.subscription))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(map)?;
+        Ok(ClaimBatch {
+            deliveries,
+            next_tenant_cursor,
+        })
+    }
+
+    async fn complete_many<'c>(
+        &'c self,
+        completions: &'c [Completion],
+    ) -> Result<Vec<i64>, StoreError> {
+        if completions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (ids, tokens) = lease_columns(completions);
+        sqlx::query_scalar(&self.q().complete)
+            .bind(&ids)
+            .bind(&tokens)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)
+    }
+
+    async fn fail_many<'c>(
+        &'c self,
+        failures: &'c [Failure],
+    ) -> Result<Vec<FailureApplied>, StoreError> {
+        if failures.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = failures.iter().map(|f| f.lease.delivery_id).collect();
+        let tokens: Vec<Uuid> = failures.iter().map(|f| f.lease.lease_token).collect();
+        let errors: Vec<&str> = failures
+            .iter()
+            .map(|f| truncate_chars(&f.error, MAX_ERROR_CHARS))
+            .collect();
+        let delays: Vec<Option<i64>> = failures.iter().map(|f| f.retry_in.map(millis)).collect();
+        let rows = sqlx::query(&self.q().fail)
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(&errors)
+            .bind(&delays)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        rows.iter()
+            .map(|row| {
+                Ok(FailureApplied {
+                    delivery_id: row.try_get("id")?,
+                    dead: row.try_get("dead")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(map)
+    }
+
+    async fn extend_many<'c>(
+        &'c self,
+        leases: &'c [LeaseRef],
+        lease: Duration,
+    ) -> Result<Vec<i64>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (ids, tokens) = lease_columns(leases);
+        sqlx::query_scalar(&self.q().extend)
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(millis(lease))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)
+    }
+
+    async fn release_many<'c>(&'c self, leases: &'c [LeaseRef]) -> Result<Vec<i64>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (ids, tokens) = lease_columns(leases);
+        sqlx::query_scalar(&self.q().release)
+            .bind(&ids)
+            .bind(&tokens)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)
+    }
+
+    async fn rescue_expired(&self, limit: usize) -> Result<u64, StoreError> {
+        let result = sqlx::query(&self.q().rescue)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        Ok(result.rows_affected())
+    }
+
+    async fn run_transactional<'c>(
+        &'c self,
+        delivery: &'c ClaimedDelivery,
+        work: TxWork<PgConnection>,
+    ) -> Result<TransactionalOutcome, StoreError> {
+        let mut tx = self.inner.pool.begin().await.map_err(map)?;
+        let fresh = sqlx::query(&self.q().receipt_insert)
+            .bind(&delivery.tenant)
+            .bind(&delivery.subscription)
+            .bind(delivery.message_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?
+            .rows_affected()
+            == 1;
+        if fresh {
+            if let Err(error) = work(&mut tx).await {
+                tx.rollback().await.map_err(map)?;
+                return Ok(TransactionalOutcome::HandlerFailed(error));
+            }
+        }
+        let completed = sqlx::query(&self.q().complete_one)
+            .bind(delivery.delivery_id)
+            .bind(delivery.lease_token)
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?
+            .rows_affected()
+            == 1;
+        if !completed {
+            tx.rollback().await.map_err(map)?;
+            return Ok(TransactionalOutcome::LeaseLost);
+        }
+        tx.commit().await.map_err(map)?;
+        Ok(if fresh {
+            TransactionalOutcome::Applied
+        } else {
+            TransactionalOutcome::AlreadyApplied
+        })
+    }
+
+    async fn prune(&self, older_than: Duration, batch: usize) -> Result<PruneReport, StoreError> {
+        let batch = i64::try_from(batch).unwrap_or(i64::MAX);
+        let receipts = sqlx::query(&self.q().prune_receipts)
+            .bind(millis(older_than))
+            .bind(batch)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?
+            .rows_affected();
+        let messages = sqlx::query(&self.q().prune_messages)
+            .bind(millis(older_than))
+            .bind(batch)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?
+            .rows_affected();
+        Ok(PruneReport { messages, receipts })
+    }
+}
+
+impl DeadLetterStore for PgStore {
+    async fn list_dead_letters<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<DeadLetterPage, StoreError> {
+        let limit = i64::try_from(limit.clamp(1, 1000)).unwrap_or(1000);
+        let rows = sqlx::query(&self.q().dead_letters_list)
+            .bind(&filter.tenant)
+            .bind(&filter.topic)
+            .bind(&filter.subscription)
+            .bind(after.unwrap_or(0))
+            .bind(limit + 1)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        let mut items = rows
+            .iter()
+            .map(dead_letter_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next_cursor = if items.len() > usize::try_from(limit).unwrap_or(usize::MAX) {
+            items.pop();
+            items.last().map(|d| d.delivery_id)
+        } else {
+            None
+        };
+        Ok(DeadLetterPage { items, next_cursor })
+    }
+
+    async fn get_dead_letter(&self, delivery_id: i64) -> Result<Option<DeadLetter>, StoreError> {
+        let row = sqlx::query(&self.q().dead_letter_get)
+            .bind(delivery_id)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        row.as_ref().map(dead_letter_from_row).transpose()
+    }
+
+    async fn retry_dead_letters<'c>(&'c self, ids: &'c [i64]) -> Result<u64, StoreError> {
+        self.select_dead_letters(&self.q().dead_letters_retry, Some(ids), &DeadLetterFilter::default())
+            .await
+    }
+
+    async fn retry_dead_letters_matching<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+    ) -> Result<u64, StoreError> {
+        self.select_dead_letters(&self.q().dead_letters_retry, None, filter)
+            .await
+    }
+
+    async fn discard_dead_letters<'c>(&'c self, ids: &'c [i64]) -> Result<u64, StoreError> {
+        self.select_dead_letters(
+            &self.q().dead_letters_discard,
+            Some(ids),
+            &DeadLetterFilter::default(),
+        )
+        .await
+    }
+
+    async fn discard_dead_letters_matching<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+    ) -> Result<u64, StoreError> {
+        self.select_dead_letters(&self.q().dead_letters_discard, None, filter)
+            .await
+    }
+
+    async fn message_deliveries(
+        &self,
+        message_id: Uuid,
+    ) -> Result<Vec<DeliverySummary>, StoreError> {
+        let rows = sqlx::query(&self.q().message_deliveries)
+            .bind(message_id)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        rows.iter()
+            .map(|row| {
+                let errors: String = row.try_get("errors").map_err(map)?;
+                Ok(DeliverySummary {
+                    subscription: row.try_get("subscription").map_err(map)?,
+                    state: row.try_get("state").map_err(map)?,
+                    attempts: row
+                        .try_get::<Option<i32>, _>("attempts")
+                        .map_err(map)?
+                        .unwrap_or(0),
+                    errors: parse_errors(&errors)?,
+                })
+            })
+            .collect()
+    }
+}
+
+impl PgStore {
+    async fn select_dead_letters(
+        &self,
+        sql: &str,
+        ids: Option<&[i64]>,
+        filter: &DeadLetterFilter,
+    ) -> Result<u64, StoreError> {
+        let result = sqlx::query(sql)
+            .bind(ids)
+            .bind(&filter.tenant)
+            .bind(&filter.topic)
+            .bind(&filter.subscription)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        Ok(result.rows_affected())
+    }
+}

@@ -1,0 +1,80 @@
+//! Wakes idle workers when producers commit messages.
+//!
+//! The fan-out trigger sends a NOTIFY on the store's channel once per insert
+//! statement; it is delivered at commit. The notifier holds one dedicated
+//! connection that LISTENs and bumps a `watch` counter that workers wait on.
+//!
+//! Failure: when the listening connection drops (server restart,
+//! `pg_terminate_backend`), notifications sent meanwhile are lost, so the
+//! notifier wakes every worker once (they claim and find what was missed) and
+//! reconnects with capped backoff. Workers also poll, so a notifier that
+//! cannot reconnect degrades latency, never correctness.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::PgStore;
+
+const RECONNECT_MIN: Duration = Duration::from_millis(50);
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+/// Listens for the store's NOTIFY wake-ups.
+pub struct PgNotifier;
+
+impl PgNotifier {
+    /// Spawns the listener task; each notification (and each reconnect) bumps
+    /// `wake`. The task ends when `cancel` fires.
+    pub fn spawn(
+        store: &PgStore,
+        wake: watch::Sender<u64>,
+        cancel: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let pool = store.pool().clone();
+        let channel = store.notify_channel();
+        tokio::spawn(async move {
+            let mut backoff = RECONNECT_MIN;
+            while !cancel.is_cancelled() {
+                match listen_until_lost(&pool, &channel, &wake, &cancel).await {
+                    Ok(()) => backoff = RECONNECT_MIN,
+                    Err(error) => {
+                        tracing::warn!(%error, channel, "LISTEN connection failed; reconnecting");
+                        backoff = (backoff * 2).min(RECONNECT_MAX);
+                    }
+                }
+                // Anything sent while we were not listening is lost: let workers look.
+                wake.send_modify(|n| *n = n.wrapping_add(1));
+                tokio::select! {
+                    () = cancel.cancelled() => break,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+            }
+        })
+    }
+}
+
+async fn listen_until_lost(
+    pool: &sqlx::PgPool,
+    channel: &str,
+    wake: &watch::Sender<u64>,
+    cancel: &CancellationToken,
+) -> Result<(), sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(channel).await?;
+    tracing::debug!(channel, "listening for wake-ups");
+    wake.send_modify(|n| *n = n.wrapping_add(1));
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return Ok(()),
+            received = listener.try_recv() => match received? {
+                Some(_) => wake.send_modify(|n| *n = n.wrapping_add(1)),
+                None => {
+                    tracing::warn!(channel, "LISTEN connection lost; reconnecting");
+                    return Ok(());
+                }
+            }
+        }
+    }
+}

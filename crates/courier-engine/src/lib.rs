@@ -1,0 +1,38 @@
+//! Courier's worker runtime, generic over any [`OutboxStore`](courier_core::OutboxStore).
+//!
+//! A [`Worker`] serves one subscription: it claims batches of deliveries for
+//! the (topic, schema version) routes it has handlers for, runs each handler
+//! under a lease that a heartbeat keeps extending, and settles the outcome
+//! (complete, retry with backoff, or dead letter) in batched writes fenced by
+//! the lease token. Transactional handlers run inside the delivery's database
+//! transaction with its receipt and completion, so their effect happens once.
+//!
+//! Modules, one service each: [`handler`] (typed handlers and decoding),
+//! `worker` (the fetch loop and executor), `settle` (batched completion),
+//! `heartbeat` (lease extension), [`maintenance`] (rescuer and pruner).
+
+pub mod handler;
+pub mod maintenance;
+mod heartbeat;
+mod metrics_names;
+mod settle;
+mod worker;
+
+pub use handler::{handler_fn, Handler, TransactionalHandler};
+pub use maintenance::{Maintenance, MaintenanceConfig};
+pub use worker::{
+    Worker, WorkerBuilder, WorkerConfig, WorkerHandle, DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY,
+    DEFAULT_LEASE, DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_TIMEOUT,
+};
+
+/// Why a worker could not be built or started.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The configuration was refused.
+    #[error(transparent)]
+    Invalid(#[from] courier_core::ValidationError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] courier_core::StoreError),
+}

@@ -1,0 +1,753 @@
+//! The worker: claims deliveries for one subscription and runs their handlers.
+//!
+//! States of a delivery as the worker sees it: claimed (leased, attempt
+//! spent) → started (handler running, lease kept alive by the heartbeat) →
+//! settled (completed, retried with backoff, or dead-lettered). A delivery
+//! claimed but not started when shutdown begins is handed back with its
+//! attempt refunded.
+//!
+//! The fetch loop claims at most as many deliveries as it has free handler
+//! slots, so nothing waits in memory under a ticking lease. While claims come
+//! back non-empty it claims again at once (no sleeping through a backlog);
+//! when a claim is empty it waits for a wake-up (PostgreSQL NOTIFY, or the
+//! SQLite store's in-process signal), a freed slot, or the poll interval.
+//!
+//! Failure: a handler error or panic is a failed attempt; a store error while
+//! claiming backs off and retries; a crash of the whole process leaves its
+//! leases to expire, after which any worker's rescuer returns them.
+//! Shutdown stops claiming, lets running handlers finish until the deadline,
+//! then aborts the rest and records them as failed attempts to retry at once.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use courier_core::{
+    ClaimParams, ClaimedDelivery, Failure, HandlerError, OutboxStore, RetryPolicy, Route,
+    StoreError, SubscriptionSpec, TransactionalOutcome, ValidationError,
+};
+use futures_util::FutureExt;
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::handler::{ErasedHandler, PlainRoute, Prepared, TransactionalRoute};
+use crate::heartbeat::{self, InFlight};
+use crate::maintenance::{Maintenance, MaintenanceConfig};
+use crate::metrics_names::{CLAIMED, HANDLER_SECONDS, PICKUP_SECONDS, STORE_ERRORS};
+use crate::settle::{self, Settlement};
+use crate::{EngineError, Handler, TransactionalHandler};
+
+/// Handlers running at once, by default.
+pub const DEFAULT_CONCURRENCY: usize = 64;
+/// Deliveries per claim, by default.
+pub const DEFAULT_BATCH_SIZE: usize = 100;
+/// Lease length, by default.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// How long an idle worker waits between claims without a wake-up, by default.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// How long shutdown waits for running handlers, by default.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Handlers running at once.
+    pub concurrency: usize,
+    /// The most deliveries claimed in one round trip.
+    pub batch_size: usize,
+    /// How long a claim lasts without a heartbeat (database clock).
+    pub lease: Duration,
+    /// Time between heartbeats; a third of the lease if `None`.
+    pub heartbeat_interval: Option<Duration>,
+    /// Time between claims when idle and no wake-up arrives.
+    pub poll_interval: Duration,
+    /// The most deliveries of one tenant running at once in this subscription.
+    pub tenant_in_flight_limit: Option<u32>,
+    /// How long shutdown waits for running handlers.
+    pub shutdown_timeout: Duration,
+    /// The retry policy for topics without one of their own.
+    pub retry: RetryPolicy,
+    /// Who this worker is, in leases and logs.
+    pub worker_id: String,
+    /// Rescuer and pruner run by this worker; `None` leaves them to another process.
+    pub maintenance: Option<MaintenanceConfig>,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: DEFAULT_CONCURRENCY,
+            batch_size: DEFAULT_BATCH_SIZE,
+            lease: DEFAULT_LEASE,
+            heartbeat_interval: None,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            tenant_in_flight_limit: None,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            retry: RetryPolicy::default(),
+            worker_id: default_worker_id(),
+            maintenance: Some(MaintenanceConfig::default()),
+        }
+    }
+}
+
+fn default_worker_id() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".to_owned());
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}-{}", std::process::id(), &suffix[..8])
+}
+
+impl WorkerConfig {
+    /// Checks every field, naming the one refused.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        if self.concurrency == 0 || self.concurrency > 10_000 {
+            return Err(ValidationError::new(
+                "concurrency",
+                format!("must be between 1 and 10000, got {}", self.concurrency),
+            ));
+        }
+        if self.batch_size == 0 || self.batch_size > 10_000 {
+            return Err(ValidationError::new(
+                "batch_size",
+                format!("must be between 1 and 10000, got {}", self.batch_size),
+            ));
+        }
+        if self.lease < Duration::from_millis(100) {
+            return Err(ValidationError::new("lease", "must be at least 100 ms"));
+        }
+        if let Some(interval) = self.heartbeat_interval {
+            if interval.is_zero() || interval >= self.lease {
+                return Err(ValidationError::new(
+                    "heartbeat_interval",
+                    "must be above zero and shorter than the lease",
+                ));
+            }
+        }
+        if self.poll_interval.is_zero() {
+            return Err(ValidationError::new("poll_interval", "must be above zero"));
+        }
+        if self.tenant_in_flight_limit == Some(0) {
+            return Err(ValidationError::new("tenant_in_flight_limit", "must be at least 1"));
+        }
+        if self.worker_id.is_empty() || self.worker_id.len() > 200 {
+            return Err(ValidationError::new("worker_id", "must be 1 to 200 bytes"));
+        }
+        self.retry.validate()?;
+        if let Some(maintenance) = &self.maintenance {
+            maintenance.validate()?;
+        }
+        Ok(())
+    }
+
+    fn heartbeat(&self) -> Duration {
+        self.heartbeat_interval.unwrap_or(self.lease / 3)
+    }
+}
+
+type RouteTable<C> = HashMap<(String, i32), Arc<dyn ErasedHandler<C>>>;
+
+/// Configures a worker: its subscription, handlers and settings.
+pub struct WorkerBuilder<S: OutboxStore> {
+    store: S,
+    subscription: String,
+    routes: RouteTable<S::Connection>,
+    duplicate_route: Option<(String, i32)>,
+    policies: HashMap<String, RetryPolicy>,
+    config: WorkerConfig,
+    wake: Option<watch::Receiver<u64>>,
+}
+
+impl<S: OutboxStore> WorkerBuilder<S> {
+    /// A worker for `subscription` over `store`, with default settings.
+    pub fn new(store: S, subscription: impl Into<String>) -> Self {
+        Self {
+            store,
+            subscription: subscription.into(),
+            routes: HashMap::new(),
+            duplicate_route: None,
+            policies: HashMap::new(),
+            config: WorkerConfig::default(),
+            wake: None,
+        }
+    }
+
+    fn route(mut self, topic: String, version: i32, handler: Arc<dyn ErasedHandler<S::Connection>>) -> Self {
+        let key = (topic, version);
+        if self.routes.contains_key(&key) {
+            self.duplicate_route = Some(key);
+        } else {
+            self.routes.insert(key, handler);
+        }
+        self
+    }
+
+    /// Handles `topic` at `schema_version` with `handler` (effects outside the database).
+    pub fn handle<H: Handler>(self, topic: impl Into<String>, schema_version: i32, handler: H) -> Self {
+        self.route(topic.into(), schema_version, Arc::new(PlainRoute(Arc::new(handler))))
+    }
+
+    /// Handles `topic` at `schema_version` inside the delivery's transaction,
+    /// so the effect, the receipt and the completion commit together.
+    pub fn handle_transactional<H: TransactionalHandler<S::Connection>>(
+        self,
+        topic: impl Into<String>,
+        schema_version: i32,
+        handler: H,
+    ) -> Self {
+        self.route(
+            topic.into(),
+            schema_version,
+            Arc::new(TransactionalRoute(Arc::new(handler))),
+        )
+    }
+
+    /// Replaces every setting at once.
+    pub fn config(mut self, config: WorkerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Handlers running at once.
+    pub fn concurrency(mut self, concurrency: usize) -> Self {
+        self.config.concurrency = concurrency;
+        self
+    }
+
+    /// The most deliveries claimed in one round trip.
+    pub fn batch_size(mut self, batch_size: usize) -> Self {
+        self.config.batch_size = batch_size;
+        self
+    }
+
+    /// How long a claim lasts without a heartbeat.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// Time between heartbeats (a third of the lease by default).
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.config.heartbeat_interval = Some(interval);
+        self
+    }
+
+    /// Time between claims when idle and no wake-up arrives.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.config.poll_interval = interval;
+        self
+    }
+
+    /// The most deliveries of one tenant running at once.
+    pub fn tenant_in_flight_limit(mut self, limit: u32) -> Self {
+        self.config.tenant_in_flight_limit = Some(limit);
+        self
+    }
+
+    /// How long shutdown waits for running handlers.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.config.shutdown_timeout = timeout;
+        self
+    }
+
+    /// The retry policy for topics without one of their own.
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.config.retry = policy;
+        self
+    }
+
+    /// The retry policy for one topic.
+    pub fn topic_retry_policy(mut self, topic: impl Into<String>, policy: RetryPolicy) -> Self {
+        self.policies.insert(topic.into(), policy);
+        self
+    }
+
+    /// Who this worker is, in leases and logs.
+    pub fn worker_id(mut self, id: impl Into<String>) -> Self {
+        self.config.worker_id = id.into();
+        self
+    }
+
+    /// Maintenance run by this worker (`None`: none).
+    pub fn maintenance(mut self, maintenance: Option<MaintenanceConfig>) -> Self {
+        self.config.maintenance = maintenance;
+        self
+    }
+
+    /// Wakes the idle worker whenever this counter changes.
+    pub fn wake_on(mut self, wake: watch::Receiver<u64>) -> Self {
+        self.wake = Some(wake);
+        self
+    }
+
+    /// Validates the configuration and registers the subscription with the
+    /// topics of its handlers (topics are added, never removed).
+    pub async fn build(self) -> Result<Worker<S>, EngineError> {
+        courier_core::validate_name("subscription", &self.subscription)?;
+        self.config.validate()?;
+        if let Some((topic, version)) = self.duplicate_route {
+            return Err(ValidationError::new(
+                "handlers",
+                format!("two handlers for topic {topic:?} version {version}"),
+            )
+            .into());
+        }
+        if self.routes.is_empty() {
+            return Err(ValidationError::new("handlers", "a worker needs at least one handler").into());
+        }
+        let mut claim_routes = Vec::with_capacity(self.routes.len());
+        for (topic, version) in self.routes.keys() {
+            courier_core::validate_name("topic", topic)?;
+            if *version < 1 {
+                return Err(ValidationError::new(
+                    "schema_version",
+                    format!("must be at least 1, got {version} for topic {topic:?}"),
+                )
+                .into());
+            }
+            let policy = self.policies.get(topic).copied().unwrap_or(self.config.retry);
+            claim_routes.push(Route {
+                topic: topic.clone(),
+                schema_version: *version,
+                max_attempts: policy.max_attempts,
+            });
+        }
+        for (topic, policy) in &self.policies {
+            policy.validate()?;
+            if !claim_routes.iter().any(|r| &r.topic == topic) {
+                return Err(ValidationError::new(
+                    "retry",
+                    format!("a policy names topic {topic:?}, which has no handler"),
+                )
+                .into());
+            }
+        }
+        claim_routes.sort_by(|a, b| (&a.topic, a.schema_version).cmp(&(&b.topic, b.schema_version)));
+        let mut topics: Vec<String> = claim_routes.iter().map(|r| r.topic.clone()).collect();
+        topics.dedup();
+        self.store
+            .register_subscription(&SubscriptionSpec {
+                name: self.subscription.clone(),
+                topics,
+            })
+            .await?;
+        Ok(Worker {
+            shared: Arc::new(Shared {
+                store: self.store,
+                subscription: self.subscription,
+                routes: self.routes,
+                policies: self.policies,
+                claim_routes,
+                config: self.config,
+                in_flight: Arc::new(Mutex::new(HashMap::new())),
+                stopping: CancellationToken::new(),
+            }),
+            wake: self.wake,
+        })
+    }
+}
+
+struct Shared<S: OutboxStore> {
+    store: S,
+    subscription: String,
+    routes: RouteTable<S::Connection>,
+    policies: HashMap<String, RetryPolicy>,
+    claim_routes: Vec<Route>,
+    config: WorkerConfig,
+    in_flight: InFlight,
+    stopping: CancellationToken,
+}
+
+/// A configured worker, registered with the store, not yet running.
+pub struct Worker<S: OutboxStore> {
+    shared: Arc<Shared<S>>,
+    wake: Option<watch::Receiver<u64>>,
+}
+
+/// A running worker; [`WorkerHandle::shutdown`] stops it gracefully.
+pub struct WorkerHandle {
+    stop: CancellationToken,
+    fetcher: tokio::task::JoinHandle<()>,
+    worker_id: String,
+}
+
+impl<S: OutboxStore> Worker<S> {
+    /// The subscription this worker serves.
+    pub fn subscription(&self) -> &str {
+        &self.shared.subscription
+    }
+
+    /// Claims one batch, runs every handler to completion and settles the
+    /// outcomes before returning how many deliveries were claimed. For tests
+    /// and tools that want deterministic steps instead of a running loop.
+    pub async fn run_once(&self) -> Result<usize, StoreError> {
+        let batch = self.claim(self.shared.config.batch_size, String::new()).await?;
+        let count = batch.len();
+        let mut runs = JoinSet::new();
+        for delivery in batch {
+            self.track(&delivery);
+            let shared = Arc::clone(&self.shared);
+            runs.spawn(async move {
+                let delivery_id = delivery.delivery_id;
+                let settlement = execute(Arc::clone(&shared), delivery).await;
+                untrack(&shared.in_flight, delivery_id);
+                settlement
+            });
+        }
+        let mut settlements = Vec::with_capacity(count);
+        while let Some(result) = runs.join_next().await {
+            if let Ok(settlement) = result {
+                settlements.push(settlement);
+            }
+        }
+        settle::settle_batch(&self.shared.store, &self.shared.subscription, settlements).await;
+        Ok(count)
+    }
+
+    /// Runs one heartbeat now; returns how many leases were found lost.
+    pub async fn heartbeat_once(&self) -> usize {
+        heartbeat::beat_once(
+            &self.shared.store,
+            &self.shared.subscription,
+            &self.shared.in_flight,
+            self.shared.config.lease,
+        )
+        .await
+    }
+
+    async fn claim(&self, limit: usize, tenant_cursor: String) -> Result<Vec<ClaimedDelivery>, StoreError> {
+        Ok(claim(&self.shared, limit, tenant_cursor).await?.0)
+    }
+
+    fn track(&self, delivery: &ClaimedDelivery) {
+        track(&self.shared.in_flight, delivery);
+    }
+
+    /// Starts the fetch loop, heartbeat, settler and (if configured)
+    /// maintenance on the current tokio runtime.
+    pub fn start(self) -> WorkerHandle {
+        let stop = self.shared.stopping.clone();
+        let worker_id = self.shared.config.worker_id.clone();
+        let fetcher = tokio::spawn(run(self.shared, self.wake));
+        WorkerHandle {
+            stop,
+            fetcher,
+            worker_id,
+        }
+    }
+}
+
+impl WorkerHandle {
+    /// The worker's id, as written into its leases.
+    pub fn worker_id(&self) -> &str {
+        &self.worker_id
+    }
+
+    /// Stops claiming, waits for running handlers up to the shutdown timeout,
+    /// settles every outcome and returns when the worker has stopped.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        if let Err(error) = self.fetcher.await {
+            tracing::error!(%error, "worker task ended abnormally");
+        }
+    }
+
+    /// Whether the worker has stopped (after shutdown, or a fatal error).
+    pub fn is_finished(&self) -> bool {
+        self.fetcher.is_finished()
+    }
+}
+
+fn track(in_flight: &InFlight, delivery: &ClaimedDelivery) {
+    let mut guard = in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    guard.insert(delivery.delivery_id, delivery.lease());
+}
+
+fn untrack(in_flight: &InFlight, delivery_id: i64) {
+    let mut guard = in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    guard.remove(&delivery_id);
+}
+
+async fn claim<S: OutboxStore>(
+    shared: &Shared<S>,
+    limit: usize,
+    tenant_cursor: String,
+) -> Result<(Vec<ClaimedDelivery>, String), StoreError> {
+    let params = ClaimParams {
+        subscription: shared.subscription.clone(),
+        routes: shared.claim_routes.clone(),
+        limit,
+        lease: shared.config.lease,
+        worker_id: shared.config.worker_id.clone(),
+        tenant_cursor,
+        tenant_in_flight_limit: shared.config.tenant_in_flight_limit,
+    };
+    let batch = shared.store.claim(&params).await?;
+    if !batch.deliveries.is_empty() {
+        metrics::counter!(CLAIMED, "subscription" => shared.subscription.clone())
+            .increment(u64::try_from(batch.deliveries.len()).unwrap_or(u64::MAX));
+    }
+    Ok((batch.deliveries, batch.next_tenant_cursor))
+}
+
+/// The fetch loop, with the services it owns, until shutdown completes.
+async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Receiver<u64>>) {
+    let config = &shared.config;
+    let (settle_tx, settle_rx) = mpsc::unbounded_channel();
+    let settler = tokio::spawn(settle::run(
+        shared.store.clone(),
+        shared.subscription.clone(),
+        settle_rx,
+    ));
+    let services_stop = CancellationToken::new();
+    let heartbeat = tokio::spawn(heartbeat::run(
+        shared.store.clone(),
+        shared.subscription.clone(),
+        Arc::clone(&shared.in_flight),
+        config.lease,
+        config.heartbeat(),
+        services_stop.clone(),
+    ));
+    let maintenance = config.maintenance.clone().and_then(|maintenance_config| {
+        Maintenance::new(shared.store.clone(), maintenance_config)
+            .map(|m| tokio::spawn(m.run(services_stop.clone())))
+            .ok()
+    });
+
+    let slots = Arc::new(Semaphore::new(config.concurrency));
+    let freed = Arc::new(Notify::new());
+    let threshold = (config.batch_size.min(config.concurrency) / 4).max(1);
+    let mut running: JoinSet<()> = JoinSet::new();
+    let mut cursor = String::new();
+    let mut error_backoff = Duration::from_millis(50);
+    tracing::info!(subscription = shared.subscription, worker_id = config.worker_id, "worker started");
+
+    while !shared.stopping.is_cancelled() {
+        while running.try_join_next().is_some() {}
+        let free = slots.available_permits();
+        if free < threshold {
+            tokio::select! {
+                () = shared.stopping.cancelled() => break,
+                () = freed.notified() => continue,
+            }
+        }
+        let want = free.min(config.batch_size);
+        match claim(&shared, want, std::mem::take(&mut cursor)).await {
+            Ok((deliveries, next_cursor)) => {
+                error_backoff = Duration::from_millis(50);
+                cursor = next_cursor;
+                let claimed = deliveries.len();
+                for delivery in deliveries {
+                    let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+                        // Cannot happen: we claimed no more than the free slots.
+                        let _ = settle_tx.send(Settlement::Release { lease: delivery.lease() });
+                        continue;
+                    };
+                    track(&shared.in_flight, &delivery);
+                    let task_shared = Arc::clone(&shared);
+                    let task_settle = settle_tx.clone();
+                    let task_freed = Arc::clone(&freed);
+                    running.spawn(async move {
+                        let delivery_id = delivery.delivery_id;
+                        let settlement = execute(Arc::clone(&task_shared), delivery).await;
+                        untrack(&task_shared.in_flight, delivery_id);
+                        drop(permit);
+                        task_freed.notify_one();
+                        let _ = task_settle.send(settlement);
+                    });
+                }
+                if claimed > 0 {
+                    continue;
+                }
+            }
+            Err(error) => {
+                metrics::counter!(STORE_ERRORS, "operation" => "claim").increment(1);
+                tracing::warn!(subscription = shared.subscription, %error, "claim failed; backing off");
+                tokio::select! {
+                    () = shared.stopping.cancelled() => break,
+                    () = tokio::time::sleep(error_backoff) => {}
+                }
+                error_backoff = (error_backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        }
+        // Nothing ready: wait for a wake-up, a freed slot or the poll interval.
+        let woken = async {
+            match wake.as_mut() {
+                Some(receiver) => {
+                    if receiver.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            () = shared.stopping.cancelled() => break,
+            () = woken => {}
+            () = tokio::time::sleep(config.poll_interval) => {}
+        }
+    }
+
+    // Shutdown: let running handlers finish up to the deadline.
+    let deadline = tokio::time::sleep(config.shutdown_timeout);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            () = &mut deadline => break,
+            next = running.join_next() => if next.is_none() { break },
+        }
+    }
+    if !running.is_empty() {
+        running.abort_all();
+        while running.join_next().await.is_some() {}
+        let abandoned = heartbeat::snapshot(&shared.in_flight);
+        tracing::warn!(
+            subscription = shared.subscription,
+            abandoned = abandoned.len(),
+            "shutdown deadline passed; recording unfinished handlers as failed attempts"
+        );
+        for lease in abandoned {
+            untrack(&shared.in_flight, lease.delivery_id);
+            let _ = settle_tx.send(Settlement::Fail {
+                failure: Failure {
+                    lease,
+                    error: "worker shut down before the handler finished".to_owned(),
+                    retry_in: Some(Duration::ZERO),
+                },
+                topic: String::new(),
+            });
+        }
+    }
+    drop(settle_tx);
+    if let Err(error) = settler.await {
+        tracing::error!(%error, "settler ended abnormally");
+    }
+    services_stop.cancel();
+    let _ = heartbeat.await;
+    if let Some(maintenance) = maintenance {
+        let _ = maintenance.await;
+    }
+    tracing::info!(subscription = shared.subscription, worker_id = config.worker_id, "worker stopped");
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
+enum Outcome {
+    Succeeded,
+    Committed,
+    LeaseLost,
+    Failed(HandlerError),
+}
+
+/// Runs one delivery's handler and turns its outcome into a settlement.
+async fn execute<S: OutboxStore>(shared: Arc<Shared<S>>, delivery: ClaimedDelivery) -> Settlement {
+    if shared.stopping.is_cancelled() {
+        return Settlement::Release {
+            lease: delivery.lease(),
+        };
+    }
+    let span = tracing::info_span!(
+        "courier.deliver",
+        subscription = %shared.subscription,
+        message_id = %delivery.message_id,
+        tenant = %delivery.tenant,
+        topic = %delivery.topic,
+        attempt = delivery.attempt,
+    );
+    async move {
+        let pickup = chrono::Utc::now() - delivery.enqueued_at;
+        if delivery.attempt == 1 {
+            if let Ok(pickup) = pickup.to_std() {
+                metrics::histogram!(PICKUP_SECONDS, "subscription" => shared.subscription.clone())
+                    .record(pickup.as_secs_f64());
+            }
+        }
+        let started = Instant::now();
+        let outcome = match shared
+            .routes
+            .get(&(delivery.topic.clone(), delivery.schema_version))
+        {
+            None => Outcome::Failed(HandlerError::permanent(format!(
+                "no handler for {} v{}",
+                delivery.topic, delivery.schema_version
+            ))),
+            Some(route) => match route.prepare(&delivery) {
+                Err(error) => Outcome::Failed(error),
+                Ok(Prepared::Plain(future)) => match AssertUnwindSafe(future).catch_unwind().await {
+                    Ok(Ok(())) => Outcome::Succeeded,
+                    Ok(Err(error)) => Outcome::Failed(error),
+                    Err(panic) => Outcome::Failed(HandlerError::retry(format!(
+                        "handler panicked: {}",
+                        panic_message(panic.as_ref())
+                    ))),
+                },
+                Ok(Prepared::Transactional(work)) => {
+                    match AssertUnwindSafe(shared.store.run_transactional(&delivery, work))
+                        .catch_unwind()
+                        .await
+                    {
+                        Ok(Ok(TransactionalOutcome::Applied | TransactionalOutcome::AlreadyApplied)) => {
+                            Outcome::Committed
+                        }
+                        Ok(Ok(TransactionalOutcome::LeaseLost)) => Outcome::LeaseLost,
+                        Ok(Ok(TransactionalOutcome::HandlerFailed(error))) => Outcome::Failed(error),
+                        Ok(Err(error)) => Outcome::Failed(HandlerError::retry(format!(
+                            "store error around the handler's transaction: {error}"
+                        ))),
+                        Err(panic) => Outcome::Failed(HandlerError::retry(format!(
+                            "handler panicked: {}",
+                            panic_message(panic.as_ref())
+                        ))),
+                    }
+                }
+            },
+        };
+        metrics::histogram!(HANDLER_SECONDS, "subscription" => shared.subscription.clone(), "topic" => delivery.topic.clone())
+            .record(started.elapsed().as_secs_f64());
+        let topic = delivery.topic.clone();
+        match outcome {
+            Outcome::Succeeded => Settlement::Complete {
+                lease: delivery.lease(),
+                topic,
+            },
+            Outcome::Committed => Settlement::Committed { topic },
+            Outcome::LeaseLost => {
+                tracing::warn!("lease lost; the handler's writes were rolled back");
+                Settlement::Lost
+            }
+            Outcome::Failed(error) => {
+                let policy = shared
+                    .policies
+                    .get(&delivery.topic)
+                    .copied()
+                    .unwrap_or(shared.config.retry);
+                let retry_in = match &error {
+                    HandlerError::Permanent(_) => None,
+                    HandlerError::RetryAfter { delay, .. } => Some(*delay),
+                    HandlerError::Retry(_) => Some(policy.backoff(delivery.attempt)),
+                };
+                tracing::warn!(error = %error, permanent = retry_in.is_none(), "handler failed");
+                Settlement::Fail {
+                    failure: Failure {
+                        lease: delivery.lease(),
+                        error: error.to_string(),
+                        retry_in,
+                    },
+                    topic,
+                }
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}

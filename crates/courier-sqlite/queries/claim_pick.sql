@@ -1,0 +1,23 @@
+-- One tenant's share of a claim (a fragment of claim.sql, repeated per tenant in
+-- the turn; the tenant and quota placeholders become that tenant's parameter
+-- numbers).
+-- Walks deliveries_ready for (subscription ?1, tenant) in enqueue order and stops
+-- after the quota. Only routes the worker handles are taken; a delivery with an
+-- ordering key waits while an earlier delivery with that key is not dead
+-- (deliveries_ordering answers that). Times are the database clock.
+-- Lines starting with "--" are stripped before the fragment is repeated.
+SELECT id FROM (
+  SELECT d.id FROM deliveries d
+  WHERE d.subscription = ?1
+    AND d.tenant = ?{tenant}
+    AND d.state = 'available'
+    AND d.available_at <= CAST(round(unixepoch('subsec') * 1000) AS INTEGER)
+    AND (d.topic, d.schema_version) IN (SELECT r.topic, r.schema_version FROM routes r)
+    AND (d.ordering_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM deliveries e
+          WHERE e.subscription = d.subscription AND e.tenant = d.tenant
+            AND e.ordering_key = d.ordering_key AND e.id < d.id
+            AND e.state <> 'dead'))
+  ORDER BY d.id
+  LIMIT ?{quota}
+)

@@ -1,0 +1,29 @@
+-- The first step of a claim: up to ?3 tenants with available deliveries in
+-- subscription ?1, in byte order after the cursor ?2, with (when ?4 is true)
+-- how many deliveries each already has running, for the in-flight limit.
+-- Touches: reads deliveries. Locks: runs inside the claim's BEGIN IMMEDIATE
+-- transaction, so no other writer changes the answer before the update.
+-- Shape: a loose index scan; each step seeks deliveries_ready for the next
+-- tenant after the previous one, so a tenant with a huge backlog costs one seek,
+-- not a scan of its backlog. The running counts use deliveries_running.
+WITH RECURSIVE turn (tenant, position) AS (
+  SELECT (SELECT d.tenant FROM deliveries d
+           WHERE d.subscription = ?1 AND d.state = 'available' AND d.tenant > ?2
+           ORDER BY d.tenant LIMIT 1),
+         1
+  UNION ALL
+  SELECT (SELECT d.tenant FROM deliveries d
+           WHERE d.subscription = ?1 AND d.state = 'available' AND d.tenant > t.tenant
+           ORDER BY d.tenant LIMIT 1),
+         t.position + 1
+  FROM turn t
+  WHERE t.tenant IS NOT NULL AND t.position < ?3
+)
+SELECT t.tenant,
+       CASE WHEN ?4 THEN (SELECT count(*) FROM deliveries f
+                           WHERE f.subscription = ?1 AND f.tenant = t.tenant
+                             AND f.state = 'running')
+            ELSE 0 END AS running
+FROM turn t
+WHERE t.tenant IS NOT NULL
+ORDER BY t.tenant

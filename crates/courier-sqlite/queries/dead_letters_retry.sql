@@ -1,0 +1,15 @@
+-- Makes dead letters deliverable now with their attempts reset; the error
+-- history is kept. Selected by ids (?1, a JSON array) or, when ?1 is NULL, by
+-- filter (?2 tenant, ?3 topic, ?4 subscription; NULL: any).
+-- Touches: deliveries (update). Locks: one autocommit statement.
+UPDATE deliveries
+SET state = 'available',
+    attempts = 0,
+    available_at = CAST(round(unixepoch('subsec') * 1000) AS INTEGER),
+    dead_at = NULL
+WHERE state = 'dead'
+  AND ((?1 IS NOT NULL AND id IN (SELECT value FROM json_each(?1)))
+       OR (?1 IS NULL
+           AND (?2 IS NULL OR tenant = ?2)
+           AND (?3 IS NULL OR topic = ?3)
+           AND (?4 IS NULL OR subscription = ?4)))

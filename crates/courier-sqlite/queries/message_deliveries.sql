@@ -1,0 +1,12 @@
+-- The per-subscription state of one message: open deliveries from deliveries,
+-- completed ones from receipts. Touches: reads deliveries and receipts through
+-- their (message_id, subscription) keys. Locks: nothing.
+SELECT d.subscription, d.state, d.attempts, d.errors
+FROM deliveries d WHERE d.message_id = ?1
+UNION ALL
+SELECT r.subscription, 'completed', NULL, '[]'
+FROM receipts r
+WHERE r.message_id = ?1
+  AND NOT EXISTS (SELECT 1 FROM deliveries d
+                  WHERE d.message_id = ?1 AND d.subscription = r.subscription)
+ORDER BY 1

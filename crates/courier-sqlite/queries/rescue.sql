@@ -1,0 +1,29 @@
+-- Returns up to ?1 deliveries whose lease expired (database clock) to the queue,
+-- or dead-letters those that used their last attempt, noting the expiry in the
+-- error history (newest 20 kept).
+-- Touches: deliveries (update). Locks: one autocommit statement; SQLite's single
+-- writer means a completing worker either finished before this or finds its
+-- lease gone. Shape: INDEXED BY keeps the scan on the small deliveries_running
+-- index; without statistics the planner would rather walk every delivery in id
+-- order to avoid sorting the few expired ones.
+UPDATE deliveries
+SET state = CASE WHEN attempts >= coalesce(max_attempts, 1) THEN 'dead' ELSE 'available' END,
+    dead_at = CASE WHEN attempts >= coalesce(max_attempts, 1)
+                   THEN CAST(round(unixepoch('subsec') * 1000) AS INTEGER) END,
+    available_at = CAST(round(unixepoch('subsec') * 1000) AS INTEGER),
+    errors = json_insert(
+      CASE WHEN json_array_length(errors) >= 20 THEN json_remove(errors, '$[0]') ELSE errors END,
+      '$[#]',
+      json_object('attempt', attempts,
+                  'at', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
+                  'message', 'lease expired (worker ' || coalesce(claimed_by, '?') || ')')),
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    claimed_by = NULL
+WHERE id IN (
+  SELECT id FROM deliveries INDEXED BY deliveries_running
+  WHERE state = 'running'
+    AND lease_expires_at <= CAST(round(unixepoch('subsec') * 1000) AS INTEGER)
+  ORDER BY id
+  LIMIT ?1
+)

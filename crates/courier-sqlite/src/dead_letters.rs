@@ -1,0 +1,136 @@
+//! [`DeadLetterStore`] for SQLite: list, inspect, retry and discard.
+
+use courier_core::{
+    DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliverySummary, StoreError,
+};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::error::map;
+use crate::rows::{self, get};
+use crate::{queries, SqliteStore};
+
+/// The most dead letters one page holds.
+pub const MAX_DEAD_LETTER_PAGE: usize = 1000;
+
+impl DeadLetterStore for SqliteStore {
+    async fn list_dead_letters<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<DeadLetterPage, StoreError> {
+        let limit = limit.clamp(1, MAX_DEAD_LETTER_PAGE);
+        let fetched = sqlx::query(queries::DEAD_LETTERS_LIST)
+            .bind(&filter.tenant)
+            .bind(&filter.topic)
+            .bind(&filter.subscription)
+            .bind(after.unwrap_or(0))
+            .bind(i64::try_from(limit + 1).unwrap_or(i64::MAX))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        let mut items = fetched
+            .iter()
+            .map(rows::dead_letter)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next_cursor = if items.len() > limit {
+            items.pop();
+            items.last().map(|d| d.delivery_id)
+        } else {
+            None
+        };
+        Ok(DeadLetterPage { items, next_cursor })
+    }
+
+    async fn get_dead_letter(
+        &self,
+        delivery_id: i64,
+    ) -> Result<Option<courier_core::DeadLetter>, StoreError> {
+        let row = sqlx::query(queries::DEAD_LETTER_GET)
+            .bind(delivery_id)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        row.as_ref().map(rows::dead_letter).transpose()
+    }
+
+    async fn retry_dead_letters<'c>(&'c self, ids: &'c [i64]) -> Result<u64, StoreError> {
+        self.select_dead_letters(
+            queries::DEAD_LETTERS_RETRY,
+            Some(ids),
+            &DeadLetterFilter::default(),
+        )
+        .await
+    }
+
+    async fn retry_dead_letters_matching<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+    ) -> Result<u64, StoreError> {
+        self.select_dead_letters(queries::DEAD_LETTERS_RETRY, None, filter)
+            .await
+    }
+
+    async fn discard_dead_letters<'c>(&'c self, ids: &'c [i64]) -> Result<u64, StoreError> {
+        self.select_dead_letters(
+            queries::DEAD_LETTERS_DISCARD,
+            Some(ids),
+            &DeadLetterFilter::default(),
+        )
+        .await
+    }
+
+    async fn discard_dead_letters_matching<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+    ) -> Result<u64, StoreError> {
+        self.select_dead_letters(queries::DEAD_LETTERS_DISCARD, None, filter)
+            .await
+    }
+
+    async fn message_deliveries(
+        &self,
+        message_id: Uuid,
+    ) -> Result<Vec<DeliverySummary>, StoreError> {
+        let fetched = sqlx::query(queries::MESSAGE_DELIVERIES)
+            .bind(message_id.to_string())
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        fetched
+            .iter()
+            .map(|row| {
+                let errors: String = get(row, "errors")?;
+                Ok(DeliverySummary {
+                    subscription: get(row, "subscription")?,
+                    state: get(row, "state")?,
+                    attempts: get::<Option<i32>>(row, "attempts")?.unwrap_or(0),
+                    errors: rows::parse_errors(&errors)?,
+                })
+            })
+            .collect()
+    }
+}
+
+impl SqliteStore {
+    /// Runs a dead-letter retry or discard selected by `ids` or, when `ids` is
+    /// `None`, by `filter`.
+    async fn select_dead_letters(
+        &self,
+        sql: &str,
+        ids: Option<&[i64]>,
+        filter: &DeadLetterFilter,
+    ) -> Result<u64, StoreError> {
+        let ids = ids.map(|ids| Value::from(ids.to_vec()).to_string());
+        let result = sqlx::query(sql)
+            .bind(ids)
+            .bind(&filter.tenant)
+            .bind(&filter.topic)
+            .bind(&filter.subscription)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        Ok(result.rows_affected())
+    }
+}

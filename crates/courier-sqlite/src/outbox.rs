@@ -1,0 +1,493 @@
+//! [`OutboxStore`] for SQLite: enqueue, claim and settle deliveries.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use courier_core::{
+    truncate_chars, validate_name, Availability, ClaimBatch, ClaimParams, ClaimedDelivery,
+    Completion, EnqueueOutcome, Failure, FailureApplied, LeaseRef, NewMessage, OutboxStore,
+    PruneReport, StoreError, SubscriptionSpec, TransactionalOutcome, TxWork, ValidationError,
+    MAX_ERROR_CHARS,
+};
+use serde_json::{json, Value};
+use sqlx::{Connection, SqliteConnection};
+use uuid::Uuid;
+
+use crate::error::map;
+use crate::rows::{self, get};
+use crate::{migrate, millis, queries, SqliteStore};
+
+/// The most bound parameters one SQLite statement takes (`SQLITE_MAX_VARIABLE_NUMBER`
+/// in the bundled build).
+const MAX_BOUND_PARAMETERS: usize = 32_766;
+
+/// Messages per enqueue statement; a larger batch is split, inside a savepoint
+/// so that it stays all or nothing.
+const ENQUEUE_ROWS_PER_STATEMENT: usize = MAX_BOUND_PARAMETERS / queries::ENQUEUE_PARAMS_PER_ROW;
+
+/// The most tenants one claim serves. A turn with more tenants than this is
+/// cut here and the cursor continues after the last one; it keeps the claim
+/// statement's parameters and compound terms well inside SQLite's limits.
+pub const MAX_TENANTS_PER_TURN: usize = 1000;
+
+/// `[delivery id, lease token]` pairs as the JSON array the settle queries read.
+fn leases_json<'a>(leases: impl Iterator<Item = &'a LeaseRef>) -> String {
+    Value::Array(
+        leases
+            .map(|lease| json!([lease.delivery_id, lease.lease_token.to_string()]))
+            .collect(),
+    )
+    .to_string()
+}
+
+/// Keeps `ids` in the order of `requested` (the caller's order), once each.
+fn in_request_order(requested: impl Iterator<Item = i64>, applied: &HashSet<i64>) -> Vec<i64> {
+    let mut seen = HashSet::new();
+    requested
+        .filter(|id| applied.contains(id) && seen.insert(*id))
+        .collect()
+}
+
+/// Splits a topic pattern into (pattern, prefix): exact topics have no prefix,
+/// `stem.*` matches topics starting with `stem.`, `*` matches every topic.
+fn pattern_prefix(pattern: &str) -> Result<Option<String>, ValidationError> {
+    if pattern == "*" {
+        return Ok(Some(String::new()));
+    }
+    if let Some(stem) = pattern.strip_suffix(".*") {
+        validate_name("topics", stem)?;
+        return Ok(Some(format!("{stem}.")));
+    }
+    validate_name("topics", pattern)?;
+    Ok(None)
+}
+
+impl SqliteStore {
+    /// Inserts `messages` (already validated) in one statement; returns the
+    /// ids actually inserted.
+    async fn insert_messages(
+        conn: &mut SqliteConnection,
+        messages: &[NewMessage],
+    ) -> Result<HashSet<Uuid>, StoreError> {
+        let sql = queries::enqueue(messages.len());
+        let mut query = sqlx::query(&sql);
+        for message in messages {
+            let (available_at, delay) = match message.available {
+                Availability::Now => (None, None),
+                Availability::At(at) => (Some(at.timestamp_millis()), None),
+                Availability::After(delay) => (None, Some(millis(delay))),
+            };
+            query = query
+                .bind(message.id.to_string())
+                .bind(message.tenant.as_str())
+                .bind(message.topic.as_str())
+                .bind(message.schema_version)
+                .bind(message.payload.as_str())
+                .bind(message.headers_json())
+                .bind(message.ordering_key.as_deref())
+                .bind(message.idempotency_key.as_deref())
+                .bind(message.occurred_at.timestamp_millis())
+                .bind(available_at)
+                .bind(delay);
+        }
+        let returned = query.fetch_all(&mut *conn).await.map_err(map)?;
+        returned.iter().map(|row| rows::uuid(row, "id")).collect()
+    }
+}
+
+impl OutboxStore for SqliteStore {
+    type Connection = SqliteConnection;
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        migrate::run(&self.inner.pool).await
+    }
+
+    async fn enqueue_batch<'c>(
+        &'c self,
+        conn: &'c mut SqliteConnection,
+        messages: &'c [NewMessage],
+    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        for message in messages {
+            message.validate()?;
+        }
+        let inserted = if messages.len() <= ENQUEUE_ROWS_PER_STATEMENT {
+            Self::insert_messages(conn, messages).await?
+        } else {
+            // More rows than one statement can bind: a savepoint (or, outside a
+            // transaction, a transaction) keeps the batch all or nothing.
+            let mut tx = conn.begin().await.map_err(map)?;
+            let mut inserted = HashSet::with_capacity(messages.len());
+            for chunk in messages.chunks(ENQUEUE_ROWS_PER_STATEMENT) {
+                inserted.extend(Self::insert_messages(&mut tx, chunk).await?);
+            }
+            tx.commit().await.map_err(map)?;
+            inserted
+        };
+        self.wake();
+        if inserted.len() == messages.len() {
+            return Ok(messages
+                .iter()
+                .map(|m| EnqueueOutcome {
+                    id: m.id,
+                    duplicate: false,
+                })
+                .collect());
+        }
+        // Some were duplicates: find the first message of each skipped key.
+        let keys: Vec<Value> = messages
+            .iter()
+            .filter(|m| !inserted.contains(&m.id))
+            .filter_map(|m| Some(json!([m.tenant, m.idempotency_key.as_deref()?])))
+            .collect();
+        let rows = sqlx::query(queries::FIND_IDEMPOTENT)
+            .bind(Value::Array(keys).to_string())
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(map)?;
+        let mut existing: HashMap<(String, String), Uuid> = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            existing.insert(
+                (get(row, "tenant")?, get(row, "idempotency_key")?),
+                rows::uuid(row, "id")?,
+            );
+        }
+        let mut seen_in_batch: HashMap<(&str, &str), Uuid> = HashMap::new();
+        messages
+            .iter()
+            .map(|m| {
+                if inserted.contains(&m.id) {
+                    if let Some(key) = m.idempotency_key.as_deref() {
+                        seen_in_batch.insert((m.tenant.as_str(), key), m.id);
+                    }
+                    return Ok(EnqueueOutcome {
+                        id: m.id,
+                        duplicate: false,
+                    });
+                }
+                let key = m.idempotency_key.as_deref().ok_or_else(|| {
+                    StoreError::Corrupt(format!("message {} was not inserted", m.id))
+                })?;
+                let first = seen_in_batch
+                    .get(&(m.tenant.as_str(), key))
+                    .copied()
+                    .or_else(|| existing.get(&(m.tenant.clone(), key.to_owned())).copied())
+                    .ok_or_else(|| {
+                        StoreError::Corrupt(format!(
+                            "idempotency key {key:?} conflicted but no message holds it"
+                        ))
+                    })?;
+                Ok(EnqueueOutcome {
+                    id: first,
+                    duplicate: true,
+                })
+            })
+            .collect()
+    }
+
+    async fn publish_batch<'c>(
+        &'c self,
+        messages: &'c [NewMessage],
+    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        let mut tx = self.begin().await?;
+        let outcomes = self.enqueue_batch(&mut tx, messages).await?;
+        tx.commit().await.map_err(map)?;
+        // Again after the commit: the bump inside enqueue_batch may have woken
+        // a worker before the messages were visible.
+        self.wake();
+        Ok(outcomes)
+    }
+
+    async fn register_subscription<'c>(
+        &'c self,
+        spec: &'c SubscriptionSpec,
+    ) -> Result<(), StoreError> {
+        validate_name("subscription", &spec.name)?;
+        let mut topics = Vec::with_capacity(spec.topics.len());
+        for pattern in &spec.topics {
+            topics.push(json!([pattern, pattern_prefix(pattern)?]));
+        }
+        let mut tx = self.begin().await?;
+        sqlx::query(queries::SUBSCRIPTION_UPSERT)
+            .bind(&spec.name)
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?;
+        sqlx::query(queries::SUBSCRIPTION_TOPICS_ADD)
+            .bind(&spec.name)
+            .bind(Value::Array(topics).to_string())
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?;
+        tx.commit().await.map_err(map)
+    }
+
+    async fn claim<'c>(&'c self, params: &'c ClaimParams) -> Result<ClaimBatch, StoreError> {
+        if params.limit == 0 || params.routes.is_empty() {
+            return Ok(ClaimBatch {
+                deliveries: Vec::new(),
+                next_tenant_cursor: params.tenant_cursor.clone(),
+            });
+        }
+        let turn_size = params.limit.min(MAX_TENANTS_PER_TURN);
+        let routes = Value::Array(
+            params
+                .routes
+                .iter()
+                .map(|r| json!([r.topic, r.schema_version, r.max_attempts]))
+                .collect(),
+        )
+        .to_string();
+
+        let mut tx = self.begin().await?;
+        let tenant_rows = sqlx::query(queries::CLAIM_TENANTS)
+            .bind(&params.subscription)
+            .bind(&params.tenant_cursor)
+            .bind(i64::try_from(turn_size).unwrap_or(i64::MAX))
+            .bind(params.tenant_in_flight_limit.is_some())
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map)?;
+        let mut turn: Vec<(String, i64)> = Vec::with_capacity(tenant_rows.len());
+        for row in &tenant_rows {
+            turn.push((get(row, "tenant")?, get(row, "running")?));
+        }
+        // A full turn means more tenants may wait after the last one in it. The
+        // cursor moves on even when nothing was claimed from this turn (routes
+        // or in-flight limits), so tenants later in byte order are not starved.
+        let next_tenant_cursor = match turn.last() {
+            Some((last, _)) if turn.len() >= turn_size => last.clone(),
+            _ => String::new(),
+        };
+        let share = (params.limit / turn.len().max(1)).max(1);
+        let share = i64::try_from(share).unwrap_or(i64::MAX);
+        let quotas: Vec<(&str, i64)> = turn
+            .iter()
+            .filter_map(|(tenant, running)| {
+                let quota = match params.tenant_in_flight_limit {
+                    None => share,
+                    Some(limit) => share.min((i64::from(limit) - running).max(0)),
+                };
+                (quota > 0).then_some((tenant.as_str(), quota))
+            })
+            .collect();
+        if quotas.is_empty() {
+            tx.commit().await.map_err(map)?;
+            return Ok(ClaimBatch {
+                deliveries: Vec::new(),
+                next_tenant_cursor,
+            });
+        }
+
+        let sql = queries::claim(quotas.len());
+        let mut query = sqlx::query(&sql)
+            .bind(&params.subscription)
+            .bind(&routes)
+            .bind(millis(params.lease))
+            .bind(&params.worker_id);
+        for (tenant, quota) in &quotas {
+            query = query.bind(*tenant).bind(*quota);
+        }
+        let rows = query.fetch_all(&mut *tx).await.map_err(map)?;
+        tx.commit().await.map_err(map)?;
+
+        let mut deliveries = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if let Some(delivery) = rows::claimed(row, &params.subscription)? {
+                deliveries.push(delivery);
+            }
+        }
+        deliveries.sort_by_key(|d: &ClaimedDelivery| d.delivery_id);
+        Ok(ClaimBatch {
+            deliveries,
+            next_tenant_cursor,
+        })
+    }
+
+    async fn complete_many<'c>(
+        &'c self,
+        completions: &'c [Completion],
+    ) -> Result<Vec<i64>, StoreError> {
+        if completions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin().await?;
+        let rows = sqlx::query(queries::COMPLETE)
+            .bind(leases_json(completions.iter()))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map)?;
+        let mut applied = HashSet::with_capacity(rows.len());
+        let mut receipts = Vec::with_capacity(rows.len());
+        for row in &rows {
+            applied.insert(get::<i64>(row, "id")?);
+            receipts.push(json!([
+                get::<String>(row, "tenant")?,
+                get::<String>(row, "subscription")?,
+                get::<String>(row, "message_id")?,
+            ]));
+        }
+        if !receipts.is_empty() {
+            sqlx::query(queries::COMPLETE_RECEIPTS)
+                .bind(Value::Array(receipts).to_string())
+                .execute(&mut *tx)
+                .await
+                .map_err(map)?;
+        }
+        tx.commit().await.map_err(map)?;
+        Ok(in_request_order(
+            completions.iter().map(|c| c.delivery_id),
+            &applied,
+        ))
+    }
+
+    async fn fail_many<'c>(
+        &'c self,
+        failures: &'c [Failure],
+    ) -> Result<Vec<FailureApplied>, StoreError> {
+        if failures.is_empty() {
+            return Ok(Vec::new());
+        }
+        let items = Value::Array(
+            failures
+                .iter()
+                .map(|f| {
+                    json!([
+                        f.lease.delivery_id,
+                        f.lease.lease_token.to_string(),
+                        truncate_chars(&f.error, MAX_ERROR_CHARS),
+                        f.retry_in.map(millis),
+                    ])
+                })
+                .collect(),
+        )
+        .to_string();
+        let rows = sqlx::query(queries::FAIL)
+            .bind(items)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        let mut dead_by_id = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            dead_by_id.insert(get::<i64>(row, "id")?, get::<i64>(row, "dead")? != 0);
+        }
+        let applied: HashSet<i64> = dead_by_id.keys().copied().collect();
+        Ok(
+            in_request_order(failures.iter().map(|f| f.lease.delivery_id), &applied)
+                .into_iter()
+                .map(|delivery_id| FailureApplied {
+                    delivery_id,
+                    dead: dead_by_id.get(&delivery_id).copied().unwrap_or(false),
+                })
+                .collect(),
+        )
+    }
+
+    async fn extend_many<'c>(
+        &'c self,
+        leases: &'c [LeaseRef],
+        lease: Duration,
+    ) -> Result<Vec<i64>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = sqlx::query_scalar(queries::EXTEND)
+            .bind(leases_json(leases.iter()))
+            .bind(millis(lease))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        let applied = ids.into_iter().collect();
+        Ok(in_request_order(
+            leases.iter().map(|l| l.delivery_id),
+            &applied,
+        ))
+    }
+
+    async fn release_many<'c>(&'c self, leases: &'c [LeaseRef]) -> Result<Vec<i64>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = sqlx::query_scalar(queries::RELEASE)
+            .bind(leases_json(leases.iter()))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        let applied = ids.into_iter().collect();
+        Ok(in_request_order(
+            leases.iter().map(|l| l.delivery_id),
+            &applied,
+        ))
+    }
+
+    async fn rescue_expired(&self, limit: usize) -> Result<u64, StoreError> {
+        let result = sqlx::query(queries::RESCUE)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        Ok(result.rows_affected())
+    }
+
+    async fn run_transactional<'c>(
+        &'c self,
+        delivery: &'c ClaimedDelivery,
+        work: TxWork<SqliteConnection>,
+    ) -> Result<TransactionalOutcome, StoreError> {
+        let mut tx = self.begin().await?;
+        let fresh = sqlx::query(queries::RECEIPT_INSERT)
+            .bind(&delivery.tenant)
+            .bind(&delivery.subscription)
+            .bind(delivery.message_id.to_string())
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?
+            .rows_affected()
+            == 1;
+        if fresh {
+            if let Err(error) = work(&mut tx).await {
+                tx.rollback().await.map_err(map)?;
+                return Ok(TransactionalOutcome::HandlerFailed(error));
+            }
+        }
+        let completed = sqlx::query(queries::COMPLETE_ONE)
+            .bind(delivery.delivery_id)
+            .bind(delivery.lease_token.to_string())
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?
+            .rows_affected()
+            == 1;
+        if !completed {
+            tx.rollback().await.map_err(map)?;
+            return Ok(TransactionalOutcome::LeaseLost);
+        }
+        tx.commit().await.map_err(map)?;
+        Ok(if fresh {
+            TransactionalOutcome::Applied
+        } else {
+            TransactionalOutcome::AlreadyApplied
+        })
+    }
+
+    async fn prune(&self, older_than: Duration, batch: usize) -> Result<PruneReport, StoreError> {
+        let batch = i64::try_from(batch).unwrap_or(i64::MAX);
+        let receipts = sqlx::query(queries::PRUNE_RECEIPTS)
+            .bind(millis(older_than))
+            .bind(batch)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?
+            .rows_affected();
+        let messages = sqlx::query(queries::PRUNE_MESSAGES)
+            .bind(millis(older_than))
+            .bind(batch)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?
+            .rows_affected();
+        Ok(PruneReport { messages, receipts })
+    }
+}

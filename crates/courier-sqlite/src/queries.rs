@@ -1,0 +1,137 @@
+//! The store's SQL, read from `queries/*.sql`.
+//!
+//! One SQLite file is one Courier database, so nothing is rendered per store.
+//! Two statements have a variable number of rows or pieces (a batch enqueue,
+//! a claim over several tenants); they are assembled here from fragments
+//! whose values are always bound parameters, never spliced text.
+
+use std::sync::LazyLock;
+
+macro_rules! queries {
+    ($($name:ident => $file:literal),* $(,)?) => {
+        $(
+            #[doc = concat!("`queries/", $file, "`.")]
+            pub(crate) const $name: &str = include_str!(concat!("../queries/", $file));
+        )*
+    };
+}
+
+queries!(
+    CLAIM_TENANTS => "claim_tenants.sql",
+    COMPLETE => "complete.sql",
+    COMPLETE_ONE => "complete_one.sql",
+    COMPLETE_RECEIPTS => "complete_receipts.sql",
+    DEAD_LETTER_GET => "dead_letter_get.sql",
+    DEAD_LETTERS_DISCARD => "dead_letters_discard.sql",
+    DEAD_LETTERS_LIST => "dead_letters_list.sql",
+    DEAD_LETTERS_RETRY => "dead_letters_retry.sql",
+    EXTEND => "extend.sql",
+    FAIL => "fail.sql",
+    FIND_IDEMPOTENT => "find_idempotent.sql",
+    MESSAGE_DELIVERIES => "message_deliveries.sql",
+    PRUNE_MESSAGES => "prune_messages.sql",
+    PRUNE_RECEIPTS => "prune_receipts.sql",
+    RECEIPT_INSERT => "receipt_insert.sql",
+    RELEASE => "release.sql",
+    RESCUE => "rescue.sql",
+    SUBSCRIPTION_TOPICS_ADD => "subscription_topics_add.sql",
+    SUBSCRIPTION_UPSERT => "subscription_upsert.sql",
+);
+
+const CLAIM: &str = include_str!("../queries/claim.sql");
+const CLAIM_PICK: &str = include_str!("../queries/claim_pick.sql");
+const ENQUEUE: &str = include_str!("../queries/enqueue.sql");
+const ENQUEUE_ROW: &str = include_str!("../queries/enqueue_row.sql");
+
+/// Bound parameters one enqueued message takes (see `enqueue_row.sql`).
+pub(crate) const ENQUEUE_PARAMS_PER_ROW: usize = 11;
+
+/// Bound parameters the claim statement takes before the per-tenant pieces.
+pub(crate) const CLAIM_SHARED_PARAMS: usize = 4;
+
+/// Per-tenant pieces per compound SELECT in a claim; SQLite refuses compounds
+/// of more than 500 terms, so larger turns nest groups of this many.
+const CLAIM_PICKS_PER_GROUP: usize = 200;
+
+static ENQUEUE_ROW_BODY: LazyLock<String> = LazyLock::new(|| strip_comments(ENQUEUE_ROW));
+static CLAIM_PICK_BODY: LazyLock<String> = LazyLock::new(|| strip_comments(CLAIM_PICK));
+
+/// A fragment's SQL without its `--` comment lines, so that repeating it does
+/// not repeat the comment.
+fn strip_comments(sql: &str) -> String {
+    sql.lines()
+        .filter(|line| !line.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The batch insert of `rows` messages.
+pub(crate) fn enqueue(rows: usize) -> String {
+    let row = ENQUEUE_ROW_BODY.trim();
+    let mut values = String::with_capacity(rows * (row.len() + 2));
+    for index in 0..rows {
+        if index > 0 {
+            values.push_str(",\n");
+        }
+        values.push_str(row);
+    }
+    ENQUEUE.replace("{rows}", &values)
+}
+
+/// The claim update over `tenants` per-tenant pieces. Piece `i` (0-based)
+/// reads its tenant from parameter `CLAIM_SHARED_PARAMS + 2i + 1` and its
+/// quota from the one after.
+pub(crate) fn claim(tenants: usize) -> String {
+    let piece = CLAIM_PICK_BODY.trim();
+    let pieces: Vec<String> = (0..tenants)
+        .map(|index| {
+            let tenant = CLAIM_SHARED_PARAMS + 2 * index + 1;
+            piece
+                .replace("{tenant}", &tenant.to_string())
+                .replace("{quota}", &(tenant + 1).to_string())
+        })
+        .collect();
+    let picks = if pieces.len() <= CLAIM_PICKS_PER_GROUP {
+        pieces.join("\nUNION ALL\n")
+    } else {
+        let mut picks = String::new();
+        for (index, group) in pieces.chunks(CLAIM_PICKS_PER_GROUP).enumerate() {
+            if index > 0 {
+                picks.push_str("\nUNION ALL\n");
+            }
+            picks.push_str("SELECT id FROM (\n");
+            picks.push_str(&group.join("\nUNION ALL\n"));
+            picks.push_str("\n)");
+        }
+        picks
+    };
+    CLAIM.replace("{picks}", &picks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fragments_lose_their_comments_and_number_their_parameters() {
+        let claim = claim(2);
+        assert!(claim.contains("d.tenant = ?5"));
+        assert!(claim.contains("LIMIT ?6"));
+        assert!(claim.contains("d.tenant = ?7"));
+        assert!(claim.contains("LIMIT ?8"));
+        assert!(!claim.contains("{picks}"));
+        assert_eq!(claim.matches("One tenant's share").count(), 0);
+        let enqueue = enqueue(3);
+        assert_eq!(enqueue.matches("coalesce(?, CAST").count(), 3);
+        assert_eq!(enqueue.matches('?').count(), 3 * ENQUEUE_PARAMS_PER_ROW);
+    }
+
+    #[test]
+    fn large_turns_nest_their_compound_selects() {
+        let claim = claim(450);
+        assert_eq!(
+            claim.matches("SELECT id FROM (\nSELECT id FROM (").count(),
+            3
+        );
+    }
+}

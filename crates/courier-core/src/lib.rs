@@ -22,6 +22,6 @@ pub use names::{validate_name, NAME_MAX_LEN};
 pub use retry::RetryPolicy;
 pub use store::{
     ClaimBatch, ClaimParams, Completion, DeadLetter, DeadLetterFilter, DeadLetterPage,
-    DeadLetterStore, DeliverySummary, Failure, FailureApplied, LeaseRef, OutboxStore,
-    PruneReport, Route, SubscriptionSpec, TransactionalOutcome, TxWork,
+    DeadLetterStore, DeliverySummary, Failure, FailureApplied, LeaseRef, OutboxStore, PruneReport,
+    Route, SubscriptionSpec, TransactionalOutcome, TxWork,
 };

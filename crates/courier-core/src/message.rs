@@ -180,26 +180,37 @@ impl NewMessage {
         if self.headers.len() > MAX_HEADERS {
             return Err(ValidationError::new(
                 "headers",
-                format!("has {} entries; the limit is {MAX_HEADERS}", self.headers.len()),
+                format!(
+                    "has {} entries; the limit is {MAX_HEADERS}",
+                    self.headers.len()
+                ),
             ));
         }
         for (name, value) in &self.headers {
             if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
                 return Err(ValidationError::new(
                     "headers",
-                    format!("header name {name:?} must be 1 to 128 bytes without control characters"),
+                    format!(
+                        "header name {name:?} must be 1 to 128 bytes without control characters"
+                    ),
                 ));
             }
             if value.len() > 4096 {
                 return Err(ValidationError::new(
                     "headers",
-                    format!("header {name:?} is {} bytes; the limit is 4096", value.len()),
+                    format!(
+                        "header {name:?} is {} bytes; the limit is 4096",
+                        value.len()
+                    ),
                 ));
             }
         }
         if let Availability::After(delay) = self.available {
             if delay > Duration::from_secs(100 * 365 * 24 * 3600) {
-                return Err(ValidationError::new("available_at", "delay is over 100 years"));
+                return Err(ValidationError::new(
+                    "available_at",
+                    "delay is over 100 years",
+                ));
             }
         }
         Ok(())
@@ -220,7 +231,10 @@ fn validate_key(field: &'static str, key: Option<&str>) -> Result<(), Validation
         ));
     }
     if key.chars().any(char::is_control) {
-        return Err(ValidationError::new(field, "must not contain control characters"));
+        return Err(ValidationError::new(
+            field,
+            "must not contain control characters",
+        ));
     }
     Ok(())
 }
@@ -353,9 +367,15 @@ mod tests {
             NewMessage::new("bad tenant", "t", &1).map_err(|e| e.field),
             Err("tenant")
         );
-        assert_eq!(NewMessage::new("a", "t:x", &1).map_err(|e| e.field), Err("topic"));
+        assert_eq!(
+            NewMessage::new("a", "t:x", &1).map_err(|e| e.field),
+            Err("topic")
+        );
         let big = "x".repeat(MAX_PAYLOAD_BYTES);
-        assert_eq!(NewMessage::new("a", "t", &big).map_err(|e| e.field), Err("payload"));
+        assert_eq!(
+            NewMessage::new("a", "t", &big).map_err(|e| e.field),
+            Err("payload")
+        );
         assert_eq!(
             NewMessage::from_json_text("a", "t", "{not json").map_err(|e| e.field),
             Err("payload")

@@ -42,7 +42,13 @@ mod tests {
 
     #[test]
     fn accepts_the_grammar() {
-        for name in ["a", "billing", "invoice.created", "wrong_questions_v1", "A-1.b_c"] {
+        for name in [
+            "a",
+            "billing",
+            "invoice.created",
+            "wrong_questions_v1",
+            "A-1.b_c",
+        ] {
             assert!(validate_name("topic", name).is_ok(), "{name}");
         }
         assert!(validate_name("topic", &"a".repeat(128)).is_ok());

@@ -102,7 +102,10 @@ mod tests {
         for attempt in 1..20 {
             let delay = policy.backoff(attempt);
             let ceiling = policy.ceiling(attempt);
-            assert!(delay >= ceiling / 2 && delay <= ceiling, "{attempt}: {delay:?}");
+            assert!(
+                delay >= ceiling / 2 && delay <= ceiling,
+                "{attempt}: {delay:?}"
+            );
         }
     }
 

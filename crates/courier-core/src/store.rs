@@ -110,9 +110,8 @@ pub enum TransactionalOutcome {
 }
 
 /// A transactional handler's work, run inside the delivery's transaction.
-pub type TxWork<C> = Box<
-    dyn for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<(), HandlerError>> + Send + 'static,
->;
+pub type TxWork<C> =
+    Box<dyn for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<(), HandlerError>> + Send + 'static>;
 
 /// What a retention pass removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

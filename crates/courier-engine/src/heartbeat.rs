@@ -47,7 +47,9 @@ pub(crate) async fn beat_once<S: OutboxStore>(
                 snapshot(in_flight).iter().map(|l| l.delivery_id).collect();
             let lost = leases
                 .iter()
-                .filter(|l| !extended.contains(&l.delivery_id) && still_running.contains(&l.delivery_id))
+                .filter(|l| {
+                    !extended.contains(&l.delivery_id) && still_running.contains(&l.delivery_id)
+                })
                 .count();
             if lost > 0 {
                 tracing::warn!(subscription, lost, "leases expired under running handlers");

@@ -12,8 +12,8 @@
 //! `heartbeat` (lease extension), [`maintenance`] (rescuer and pruner).
 
 pub mod handler;
-pub mod maintenance;
 mod heartbeat;
+pub mod maintenance;
 mod metrics_names;
 mod settle;
 mod worker;

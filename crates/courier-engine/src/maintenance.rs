@@ -54,10 +54,16 @@ impl MaintenanceConfig {
     /// Checks the intervals and batch size.
     pub fn validate(&self) -> Result<(), ValidationError> {
         if self.rescue_interval.is_zero() {
-            return Err(ValidationError::new("maintenance.rescue_interval", "must be above zero"));
+            return Err(ValidationError::new(
+                "maintenance.rescue_interval",
+                "must be above zero",
+            ));
         }
         if self.prune_interval.is_zero() {
-            return Err(ValidationError::new("maintenance.prune_interval", "must be above zero"));
+            return Err(ValidationError::new(
+                "maintenance.prune_interval",
+                "must be above zero",
+            ));
         }
         if self.batch == 0 || self.batch > 100_000 {
             return Err(ValidationError::new(

@@ -114,7 +114,12 @@ pub(crate) async fn settle_batch<S: OutboxStore>(
                 metrics::counter!(FAILED, "subscription" => subscription.to_owned(), "topic" => topic.clone())
                     .increment(1);
                 if result.dead {
-                    tracing::warn!(subscription, delivery_id = result.delivery_id, topic, "dead-lettered");
+                    tracing::warn!(
+                        subscription,
+                        delivery_id = result.delivery_id,
+                        topic,
+                        "dead-lettered"
+                    );
                     metrics::counter!(DEAD_LETTERED, "subscription" => subscription.to_owned(), "topic" => topic)
                         .increment(1);
                 }
@@ -126,7 +131,11 @@ pub(crate) async fn settle_batch<S: OutboxStore>(
         if let Some(applied) =
             with_retries("release", subscription, || store.release_many(&releases)).await
         {
-            tracing::debug!(subscription, released = applied.len(), "handed back unstarted deliveries");
+            tracing::debug!(
+                subscription,
+                released = applied.len(),
+                "handed back unstarted deliveries"
+            );
         }
     }
 }
@@ -134,7 +143,12 @@ pub(crate) async fn settle_batch<S: OutboxStore>(
 fn note_lost(subscription: &str, operation: &str, asked: usize, applied: usize) {
     let lost = asked.saturating_sub(applied);
     if lost > 0 {
-        tracing::warn!(subscription, operation, lost, "leases lost before settling; the deliveries will be retried");
+        tracing::warn!(
+            subscription,
+            operation,
+            lost,
+            "leases lost before settling; the deliveries will be retried"
+        );
         metrics::counter!(LEASES_LOST, "subscription" => subscription.to_owned())
             .increment(u64::try_from(lost).unwrap_or(u64::MAX));
     }

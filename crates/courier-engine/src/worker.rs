@@ -129,7 +129,10 @@ impl WorkerConfig {
             return Err(ValidationError::new("poll_interval", "must be above zero"));
         }
         if self.tenant_in_flight_limit == Some(0) {
-            return Err(ValidationError::new("tenant_in_flight_limit", "must be at least 1"));
+            return Err(ValidationError::new(
+                "tenant_in_flight_limit",
+                "must be at least 1",
+            ));
         }
         if self.worker_id.is_empty() || self.worker_id.len() > 200 {
             return Err(ValidationError::new("worker_id", "must be 1 to 200 bytes"));
@@ -173,19 +176,35 @@ impl<S: OutboxStore> WorkerBuilder<S> {
         }
     }
 
-    fn route(mut self, topic: String, version: i32, handler: Arc<dyn ErasedHandler<S::Connection>>) -> Self {
-        let key = (topic, version);
-        if self.routes.contains_key(&key) {
-            self.duplicate_route = Some(key);
-        } else {
-            self.routes.insert(key, handler);
+    fn route(
+        mut self,
+        topic: String,
+        version: i32,
+        handler: Arc<dyn ErasedHandler<S::Connection>>,
+    ) -> Self {
+        match self.routes.entry((topic, version)) {
+            std::collections::hash_map::Entry::Occupied(taken) => {
+                self.duplicate_route = Some(taken.key().clone());
+            }
+            std::collections::hash_map::Entry::Vacant(free) => {
+                free.insert(handler);
+            }
         }
         self
     }
 
     /// Handles `topic` at `schema_version` with `handler` (effects outside the database).
-    pub fn handle<H: Handler>(self, topic: impl Into<String>, schema_version: i32, handler: H) -> Self {
-        self.route(topic.into(), schema_version, Arc::new(PlainRoute(Arc::new(handler))))
+    pub fn handle<H: Handler>(
+        self,
+        topic: impl Into<String>,
+        schema_version: i32,
+        handler: H,
+    ) -> Self {
+        self.route(
+            topic.into(),
+            schema_version,
+            Arc::new(PlainRoute(Arc::new(handler))),
+        )
     }
 
     /// Handles `topic` at `schema_version` inside the delivery's transaction,
@@ -294,7 +313,9 @@ impl<S: OutboxStore> WorkerBuilder<S> {
             .into());
         }
         if self.routes.is_empty() {
-            return Err(ValidationError::new("handlers", "a worker needs at least one handler").into());
+            return Err(
+                ValidationError::new("handlers", "a worker needs at least one handler").into(),
+            );
         }
         let mut claim_routes = Vec::with_capacity(self.routes.len());
         for (topic, version) in self.routes.keys() {
@@ -306,7 +327,11 @@ impl<S: OutboxStore> WorkerBuilder<S> {
                 )
                 .into());
             }
-            let policy = self.policies.get(topic).copied().unwrap_or(self.config.retry);
+            let policy = self
+                .policies
+                .get(topic)
+                .copied()
+                .unwrap_or(self.config.retry);
             claim_routes.push(Route {
                 topic: topic.clone(),
                 schema_version: *version,
@@ -323,7 +348,8 @@ impl<S: OutboxStore> WorkerBuilder<S> {
                 .into());
             }
         }
-        claim_routes.sort_by(|a, b| (&a.topic, a.schema_version).cmp(&(&b.topic, b.schema_version)));
+        claim_routes
+            .sort_by(|a, b| (&a.topic, a.schema_version).cmp(&(&b.topic, b.schema_version)));
         let mut topics: Vec<String> = claim_routes.iter().map(|r| r.topic.clone()).collect();
         topics.dedup();
         self.store
@@ -382,7 +408,9 @@ impl<S: OutboxStore> Worker<S> {
     /// outcomes before returning how many deliveries were claimed. For tests
     /// and tools that want deterministic steps instead of a running loop.
     pub async fn run_once(&self) -> Result<usize, StoreError> {
-        let batch = self.claim(self.shared.config.batch_size, String::new()).await?;
+        let batch = self
+            .claim(self.shared.config.batch_size, String::new())
+            .await?;
         let count = batch.len();
         let mut runs = JoinSet::new();
         for delivery in batch {
@@ -416,7 +444,11 @@ impl<S: OutboxStore> Worker<S> {
         .await
     }
 
-    async fn claim(&self, limit: usize, tenant_cursor: String) -> Result<Vec<ClaimedDelivery>, StoreError> {
+    async fn claim(
+        &self,
+        limit: usize,
+        tenant_cursor: String,
+    ) -> Result<Vec<ClaimedDelivery>, StoreError> {
         Ok(claim(&self.shared, limit, tenant_cursor).await?.0)
     }
 
@@ -460,12 +492,16 @@ impl WorkerHandle {
 }
 
 fn track(in_flight: &InFlight, delivery: &ClaimedDelivery) {
-    let mut guard = in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut guard = in_flight
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     guard.insert(delivery.delivery_id, delivery.lease());
 }
 
 fn untrack(in_flight: &InFlight, delivery_id: i64) {
-    let mut guard = in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut guard = in_flight
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     guard.remove(&delivery_id);
 }
 
@@ -521,7 +557,11 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
     let mut running: JoinSet<()> = JoinSet::new();
     let mut cursor = String::new();
     let mut error_backoff = Duration::from_millis(50);
-    tracing::info!(subscription = shared.subscription, worker_id = config.worker_id, "worker started");
+    tracing::info!(
+        subscription = shared.subscription,
+        worker_id = config.worker_id,
+        "worker started"
+    );
 
     while !shared.stopping.is_cancelled() {
         while running.try_join_next().is_some() {}
@@ -533,6 +573,7 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
             }
         }
         let want = free.min(config.batch_size);
+        let turn_started_mid_way = !cursor.is_empty();
         match claim(&shared, want, std::mem::take(&mut cursor)).await {
             Ok((deliveries, next_cursor)) => {
                 error_backoff = Duration::from_millis(50);
@@ -541,7 +582,9 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
                 for delivery in deliveries {
                     let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
                         // Cannot happen: we claimed no more than the free slots.
-                        let _ = settle_tx.send(Settlement::Release { lease: delivery.lease() });
+                        let _ = settle_tx.send(Settlement::Release {
+                            lease: delivery.lease(),
+                        });
                         continue;
                     };
                     track(&shared.in_flight, &delivery);
@@ -557,7 +600,10 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
                         let _ = task_settle.send(settlement);
                     });
                 }
-                if claimed > 0 {
+                // Work was found, more tenants wait after the cursor, or the
+                // turn started mid-way and the tenants before it are yet to
+                // be asked: claim again at once instead of sleeping.
+                if claimed > 0 || !cursor.is_empty() || turn_started_mid_way {
                     continue;
                 }
             }
@@ -629,7 +675,11 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
     if let Some(maintenance) = maintenance {
         let _ = maintenance.await;
     }
-    tracing::info!(subscription = shared.subscription, worker_id = config.worker_id, "worker stopped");
+    tracing::info!(
+        subscription = shared.subscription,
+        worker_id = config.worker_id,
+        "worker stopped"
+    );
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

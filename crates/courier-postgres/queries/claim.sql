@@ -69,14 +69,22 @@ claimed AS (
   RETURNING d.id, d.message_id, d.tenant, d.topic, d.schema_version, d.ordering_key,
             d.attempts, d.max_attempts, d.lease_token, d.lease_expires_at
 )
+-- One row per claimed delivery; when nothing was claimed, one row of NULLs
+-- that still carries the turn (so the cursor advances past tenants whose
+-- work was not claimable this time).
 SELECT c.id, c.message_id, c.tenant, c.topic, c.schema_version, c.ordering_key,
-       m.payload::text AS payload, m.headers::text AS headers, c.attempts, c.max_attempts,
-       c.lease_token, c.lease_expires_at, m.occurred_at, m.created_at,
-       (SELECT max(tenant) FROM turn) AS last_tenant,
-       (SELECT count(*) FROM turn)::int AS tenants_in_turn
-FROM claimed c
-CROSS JOIN LATERAL (
-  SELECT m.payload, m.headers, m.occurred_at, m.created_at
-  FROM {schema}.messages m
-  WHERE m.id = c.message_id
-) m
+       c.payload, c.headers, c.attempts, c.max_attempts,
+       c.lease_token, c.lease_expires_at, c.occurred_at, c.created_at,
+       meta.last_tenant, meta.tenants_in_turn
+FROM (SELECT max(tenant) AS last_tenant, count(*)::int AS tenants_in_turn FROM turn) meta
+LEFT JOIN (
+  SELECT cl.id, cl.message_id, cl.tenant, cl.topic, cl.schema_version, cl.ordering_key,
+         m.payload::text AS payload, m.headers::text AS headers, cl.attempts, cl.max_attempts,
+         cl.lease_token, cl.lease_expires_at, m.occurred_at, m.created_at
+  FROM claimed cl
+  CROSS JOIN LATERAL (
+    SELECT m.payload, m.headers, m.occurred_at, m.created_at
+    FROM {schema}.messages m
+    WHERE m.id = cl.message_id
+  ) m
+) c ON true

@@ -19,9 +19,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use courier_core::{
     truncate_chars, Availability, ClaimBatch, ClaimParams, ClaimedDelivery, Completion, DeadLetter,
-    DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliverySummary, EnqueueOutcome,
-    ErrorEntry, Failure, FailureApplied, LeaseRef, NewMessage, OutboxStore, PruneReport,
-    StoreError, SubscriptionSpec, TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS,
+    DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliverySummary, EnqueueOutcome, ErrorEntry,
+    Failure, FailureApplied, LeaseRef, NewMessage, OutboxStore, PruneReport, StoreError,
+    SubscriptionSpec, TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Row};
@@ -442,6 +442,7 @@ impl OutboxStore for PgStore {
         }
         let deliveries = rows
             .iter()
+            .filter(|row| matches!(row.try_get::<Option<i64>, _>("id"), Ok(Some(_))))
             .map(|row| claimed_from_row(row, &params.subscription))
             .collect::<Result<Vec<_>, _>>()
             .map_err(map)?;
@@ -641,8 +642,12 @@ impl DeadLetterStore for PgStore {
     }
 
     async fn retry_dead_letters<'c>(&'c self, ids: &'c [i64]) -> Result<u64, StoreError> {
-        self.select_dead_letters(&self.q().dead_letters_retry, Some(ids), &DeadLetterFilter::default())
-            .await
+        self.select_dead_letters(
+            &self.q().dead_letters_retry,
+            Some(ids),
+            &DeadLetterFilter::default(),
+        )
+        .await
     }
 
     async fn retry_dead_letters_matching<'c>(

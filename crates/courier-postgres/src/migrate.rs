@@ -7,7 +7,8 @@ use sqlx::PgPool;
 use crate::error::map;
 
 /// (version, name, SQL with `{schema}` placeholders), oldest first.
-const MIGRATIONS: &[(i64, &str, &str)] = &[(1, "outbox", include_str!("../migrations/0001_outbox.sql"))];
+const MIGRATIONS: &[(i64, &str, &str)] =
+    &[(1, "outbox", include_str!("../migrations/0001_outbox.sql"))];
 
 /// The newest schema version this build knows.
 pub const SCHEMA_VERSION: i64 = 1;
@@ -27,13 +28,13 @@ pub(crate) async fn run(pool: &PgPool, schema: &str) -> Result<(), StoreError> {
            applied_at timestamptz NOT NULL DEFAULT now());"
     );
     sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&bootstrap))
-    .await
-    .map_err(map)?;
+        .await
+        .map_err(map)?;
     let select_current = format!("SELECT max(version) FROM {schema}.schema_migrations");
     let current: Option<i64> = sqlx::query_scalar(&select_current)
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(map)?;
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(map)?;
     let current = current.unwrap_or(0);
     if current > SCHEMA_VERSION {
         return Err(StoreError::SchemaTooNew {
@@ -50,13 +51,14 @@ pub(crate) async fn run(pool: &PgPool, schema: &str) -> Result<(), StoreError> {
         sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&rendered))
             .await
             .map_err(map)?;
-        let record = format!("INSERT INTO {schema}.schema_migrations (version, name) VALUES ($1, $2)");
+        let record =
+            format!("INSERT INTO {schema}.schema_migrations (version, name) VALUES ($1, $2)");
         sqlx::query(&record)
-        .bind(version)
-        .bind(name)
-        .execute(&mut *tx)
-        .await
-        .map_err(map)?;
+            .bind(version)
+            .bind(name)
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?;
     }
     tx.commit().await.map_err(map)
 }
@@ -73,10 +75,11 @@ pub(crate) async fn current(pool: &PgPool, schema: &str) -> Result<i64, StoreErr
     if !exists {
         return Ok(0);
     }
-    let version: Option<i64> =
-        sqlx::query_scalar(&format!("SELECT max(version) FROM {schema}.schema_migrations"))
-            .fetch_one(pool)
-            .await
-            .map_err(map)?;
+    let version: Option<i64> = sqlx::query_scalar(&format!(
+        "SELECT max(version) FROM {schema}.schema_migrations"
+    ))
+    .fetch_one(pool)
+    .await
+    .map_err(map)?;
     Ok(version.unwrap_or(0))
 }

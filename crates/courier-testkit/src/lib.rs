@@ -1,0 +1,404 @@
+//! Fixtures for Courier's tests: every test gets a fresh PostgreSQL schema or
+//! a fresh SQLite file, so the suite runs in parallel against real databases.
+//!
+//! [`Backend`] is what the engine suite is written against; it is implemented
+//! by [`PgFixture`] and [`SqliteFixture`], and `backend_tests!` generates each
+//! test once per backend.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use courier::postgres::PgStore;
+use courier::sqlite::SqliteStore;
+use courier::{Courier, DeadLetterStore, HandlerError, Message, OutboxStore, TransactionalHandler};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgConnection, PgPool, SqliteConnection, SqlitePool};
+use uuid::Uuid;
+
+/// The PostgreSQL server tests use: `DATABASE_URL`, or the project machines' default.
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A backend under test: Courier over a fresh database, plus raw SQL access.
+pub trait Backend: Send + Sync + 'static {
+    /// The store.
+    type Store: OutboxStore<Connection: EffectConnection> + DeadLetterStore;
+
+    /// Courier over the fresh database.
+    fn courier(&self) -> &Courier<Self::Store>;
+
+    /// Runs a statement (DDL, setup) on the test database.
+    fn execute(&self, sql: &str) -> impl std::future::Future<Output = anyhow::Result<u64>> + Send;
+
+    /// Runs a query returning one integer.
+    fn scalar(&self, sql: &str) -> impl std::future::Future<Output = anyhow::Result<i64>> + Send;
+
+    /// Creates the `effects` table the [`RecordEffect`] handler writes.
+    fn create_effects_table(&self) -> impl std::future::Future<Output = anyhow::Result<()>> + Send {
+        async {
+            self.execute(
+                "CREATE TABLE effects (
+                   subscription text NOT NULL,
+                   message_id text NOT NULL,
+                   calls integer NOT NULL,
+                   PRIMARY KEY (subscription, message_id))",
+            )
+            .await?;
+            Ok(())
+        }
+    }
+
+    /// Enqueues `messages` inside a transaction that commits.
+    fn enqueue_committed(
+        &self,
+        messages: &[courier::NewMessage],
+    ) -> impl std::future::Future<Output = anyhow::Result<Vec<courier::EnqueueOutcome>>> + Send;
+
+    /// Enqueues `messages` inside a transaction that rolls back.
+    fn enqueue_rolled_back(
+        &self,
+        messages: &[courier::NewMessage],
+    ) -> impl std::future::Future<Output = anyhow::Result<()>> + Send;
+
+    /// Shortens every lease on the database so the next expiry check sees them expired.
+    fn expire_leases(&self) -> impl std::future::Future<Output = anyhow::Result<u64>> + Send;
+}
+
+/// A fresh PostgreSQL schema holding Courier's tables and the test's own.
+pub struct PgFixture {
+    courier: Courier<PgStore>,
+    /// A pool whose `search_path` is the test schema.
+    pub pool: PgPool,
+    /// The test schema's name.
+    pub schema: String,
+}
+
+impl PgFixture {
+    /// A new schema, migrated, with a pool of `max_connections`.
+    pub async fn new() -> anyhow::Result<Self> {
+        Self::with_connections(10).await
+    }
+
+    /// A new schema, migrated, with a pool of `max_connections`.
+    pub async fn with_connections(max_connections: u32) -> anyhow::Result<Self> {
+        let schema = format!("t_{}", &Uuid::new_v4().simple().to_string()[..16]);
+        let pool = pg_pool(&schema, max_connections).await?;
+        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+            .execute(&pool)
+            .await?;
+        let courier = Courier::postgres_with_schema(pool.clone(), &schema)?;
+        courier.migrate().await?;
+        Ok(Self {
+            courier,
+            pool,
+            schema,
+        })
+    }
+}
+
+/// A pool on the test server whose `search_path` is `schema`.
+pub async fn pg_pool(schema: &str, max_connections: u32) -> anyhow::Result<PgPool> {
+    let options: PgConnectOptions = database_url().parse()?;
+    let options = options.options([("search_path", schema), ("jit", "off")]);
+    Ok(PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(options)
+        .await?)
+}
+
+impl Backend for PgFixture {
+    type Store = PgStore;
+
+    fn courier(&self) -> &Courier<PgStore> {
+        &self.courier
+    }
+
+    async fn execute(&self, sql: &str) -> anyhow::Result<u64> {
+        Ok(sqlx::raw_sql(sql)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    async fn scalar(&self, sql: &str) -> anyhow::Result<i64> {
+        let value: i64 = sqlx::query_scalar(sql).fetch_one(&self.pool).await?;
+        Ok(value)
+    }
+
+    async fn enqueue_committed(
+        &self,
+        messages: &[courier::NewMessage],
+    ) -> anyhow::Result<Vec<courier::EnqueueOutcome>> {
+        let mut tx = self.pool.begin().await?;
+        let outcomes = self.courier.enqueue_batch(&mut tx, messages).await?;
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
+    async fn enqueue_rolled_back(&self, messages: &[courier::NewMessage]) -> anyhow::Result<()> {
+        let mut tx = self.pool.begin().await?;
+        self.courier.enqueue_batch(&mut tx, messages).await?;
+        tx.rollback().await?;
+        Ok(())
+    }
+
+    async fn expire_leases(&self) -> anyhow::Result<u64> {
+        self.execute(
+            "UPDATE deliveries SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE state = 'running'",
+        )
+        .await
+    }
+}
+
+/// A fresh SQLite database file in a temporary directory.
+pub struct SqliteFixture {
+    courier: Courier<SqliteStore>,
+    /// The store's pool.
+    pub pool: SqlitePool,
+    /// The database file.
+    pub path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SqliteFixture {
+    /// A new database file, migrated.
+    pub async fn new() -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("courier.db");
+        let path_text = path
+            .to_str()
+            .ok_or_else(|| anyhow::anyhow!("temporary path is not UTF-8"))?;
+        let pool = courier::sqlite::connect(path_text, 8).await?;
+        let courier = Courier::sqlite(pool.clone());
+        courier.migrate().await?;
+        Ok(Self {
+            courier,
+            pool,
+            path,
+            _dir: dir,
+        })
+    }
+}
+
+impl Backend for SqliteFixture {
+    type Store = SqliteStore;
+
+    fn courier(&self) -> &Courier<SqliteStore> {
+        &self.courier
+    }
+
+    async fn execute(&self, sql: &str) -> anyhow::Result<u64> {
+        Ok(sqlx::raw_sql(sql)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    async fn scalar(&self, sql: &str) -> anyhow::Result<i64> {
+        let value: i64 = sqlx::query_scalar(sql).fetch_one(&self.pool).await?;
+        Ok(value)
+    }
+
+    async fn enqueue_committed(
+        &self,
+        messages: &[courier::NewMessage],
+    ) -> anyhow::Result<Vec<courier::EnqueueOutcome>> {
+        let mut tx = self.pool.begin().await?;
+        let outcomes = self.courier.enqueue_batch(&mut tx, messages).await?;
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
+    async fn enqueue_rolled_back(&self, messages: &[courier::NewMessage]) -> anyhow::Result<()> {
+        let mut tx = self.pool.begin().await?;
+        self.courier.enqueue_batch(&mut tx, messages).await?;
+        tx.rollback().await?;
+        Ok(())
+    }
+
+    async fn expire_leases(&self) -> anyhow::Result<u64> {
+        self.execute(
+            "UPDATE deliveries SET lease_expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) - 1000 WHERE state = 'running'",
+        )
+        .await
+    }
+}
+
+/// The payload most tests send.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// A number the test can check.
+    pub n: i64,
+}
+
+/// Counts handler invocations per message id, across every attempt.
+#[derive(Debug, Clone, Default)]
+pub struct CallCounter {
+    calls: Arc<Mutex<HashMap<Uuid, u32>>>,
+    order: Arc<Mutex<Vec<(Uuid, i64)>>>,
+}
+
+impl CallCounter {
+    /// Records one call.
+    pub fn record(&self, id: Uuid, n: i64) {
+        if let Ok(mut calls) = self.calls.lock() {
+            *calls.entry(id).or_insert(0) += 1;
+        }
+        if let Ok(mut order) = self.order.lock() {
+            order.push((id, n));
+        }
+    }
+
+    /// Calls made for `id`.
+    pub fn calls(&self, id: Uuid) -> u32 {
+        self.calls
+            .lock()
+            .map(|c| c.get(&id).copied().unwrap_or(0))
+            .unwrap_or(0)
+    }
+
+    /// Calls made in all.
+    pub fn total(&self) -> u64 {
+        self.calls
+            .lock()
+            .map(|c| c.values().map(|v| u64::from(*v)).sum())
+            .unwrap_or(0)
+    }
+
+    /// Distinct messages called.
+    pub fn distinct(&self) -> usize {
+        self.calls.lock().map(|c| c.len()).unwrap_or(0)
+    }
+
+    /// The payload numbers in call order.
+    pub fn order(&self) -> Vec<i64> {
+        self.order
+            .lock()
+            .map(|o| o.iter().map(|(_, n)| *n).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// A transactional handler that upserts `effects(subscription, message_id)`,
+/// incrementing `calls`: a committed effect applied twice would show `calls = 2`.
+#[derive(Debug, Clone, Default)]
+pub struct RecordEffect {
+    /// Counts invocations (committed or not).
+    pub counter: CallCounter,
+    /// Sleep this long inside the transaction before writing.
+    pub delay: Duration,
+}
+
+/// A connection the [`RecordEffect`] handler can write its effect through.
+pub trait EffectConnection: Send + 'static {
+    /// Upserts `effects(subscription, message_id)`, incrementing `calls`.
+    fn record_effect<'a>(
+        &'a mut self,
+        subscription: &'a str,
+        message_id: String,
+    ) -> impl std::future::Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+}
+
+impl EffectConnection for PgConnection {
+    async fn record_effect<'a>(
+        &'a mut self,
+        subscription: &'a str,
+        message_id: String,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO effects (subscription, message_id, calls) VALUES ($1, $2, 1)
+             ON CONFLICT (subscription, message_id) DO UPDATE SET calls = effects.calls + 1",
+        )
+        .bind(subscription)
+        .bind(message_id)
+        .execute(self)
+        .await?;
+        Ok(())
+    }
+}
+
+impl EffectConnection for SqliteConnection {
+    async fn record_effect<'a>(
+        &'a mut self,
+        subscription: &'a str,
+        message_id: String,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO effects (subscription, message_id, calls) VALUES (?1, ?2, 1)
+             ON CONFLICT (subscription, message_id) DO UPDATE SET calls = effects.calls + 1",
+        )
+        .bind(subscription)
+        .bind(message_id)
+        .execute(self)
+        .await?;
+        Ok(())
+    }
+}
+
+impl<C: EffectConnection> TransactionalHandler<C> for RecordEffect {
+    type Payload = Event;
+
+    async fn handle(&self, message: &Message<Event>, conn: &mut C) -> Result<(), HandlerError> {
+        self.counter.record(message.id, message.payload.n);
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        conn.record_effect(&message.subscription, message.id.to_string())
+            .await?;
+        Ok(())
+    }
+}
+
+/// Waits until `check` returns true, polling every 20 ms, for at most `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `n` messages for `tenant` on `topic` with payloads `0..n`.
+pub fn events(tenant: &str, topic: &str, n: i64) -> anyhow::Result<Vec<courier::NewMessage>> {
+    (0..n)
+        .map(|i| Ok(courier::NewMessage::new(tenant, topic, &Event { n: i })?))
+        .collect()
+}
+
+/// Generates one `#[tokio::test]` per backend for each named generic test
+/// function `async fn name<B: Backend>(backend: B) -> anyhow::Result<()>`.
+#[macro_export]
+macro_rules! backend_tests {
+    ($($name:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() -> anyhow::Result<()> {
+                    super::$name($crate::PgFixture::new().await?).await
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() -> anyhow::Result<()> {
+                    super::$name($crate::SqliteFixture::new().await?).await
+                }
+            )*
+        }
+    };
+}

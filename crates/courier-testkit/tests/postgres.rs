@@ -1,0 +1,328 @@
+//! PostgreSQL-only promises: the SQL contract for non-Rust producers,
+//! LISTEN/NOTIFY wake-ups that survive a killed connection, and workers in
+//! separate processes racing over one outbox.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use courier::{handler_fn, HandlerError, Message, NewMessage};
+use courier_testkit::{events, eventually, Backend, CallCounter, Event, PgFixture};
+
+fn counting(counter: CallCounter) -> impl courier::Handler<Payload = Event> {
+    handler_fn(move |message: Message<Event>| {
+        let counter = counter.clone();
+        async move {
+            counter.record(message.id, message.payload.n);
+            Ok::<(), HandlerError>(())
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_sql_insert_is_delivered_to_every_matching_subscription() -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    let exact = CallCounter::default();
+    let wildcard = CallCounter::default();
+    let everything = CallCounter::default();
+    let unrelated = CallCounter::default();
+    let courier = pg.courier();
+    let exact_worker = courier
+        .worker("exact")
+        .handle("invoice.paid", 1, counting(exact.clone()))
+        .maintenance(None)
+        .build()
+        .await?;
+    let wildcard_worker = courier
+        .worker("wildcard")
+        .handle("invoice.paid", 1, counting(wildcard.clone()))
+        .maintenance(None)
+        .build()
+        .await?;
+    let all_worker = courier
+        .worker("all")
+        .handle("invoice.paid", 1, counting(everything.clone()))
+        .maintenance(None)
+        .build()
+        .await?;
+    let unrelated_worker = courier
+        .worker("unrelated")
+        .handle("order.placed", 1, counting(unrelated.clone()))
+        .maintenance(None)
+        .build()
+        .await?;
+    // Widen two subscriptions' patterns the way the daemon's config does.
+    courier::OutboxStore::register_subscription(
+        courier.store(),
+        &courier::SubscriptionSpec {
+            name: "wildcard".into(),
+            topics: vec!["invoice.*".into()],
+        },
+    )
+    .await?;
+    courier::OutboxStore::register_subscription(
+        courier.store(),
+        &courier::SubscriptionSpec {
+            name: "all".into(),
+            topics: vec!["*".into()],
+        },
+    )
+    .await?;
+    // The documented contract: only tenant, topic and payload are required.
+    pg.execute(
+        r#"INSERT INTO messages (tenant, topic, payload) VALUES ('acme', 'invoice.paid', '{"n": 41}');
+           INSERT INTO messages (tenant, topic, schema_version, payload, headers, ordering_key, idempotency_key)
+             VALUES ('acme', 'invoice.paid', 1, '{"n": 42}', '{"source": "php"}', 'invoice-9', 'pay-9');"#,
+    )
+    .await?;
+    let duplicate = pg
+        .execute(
+            r#"INSERT INTO messages (tenant, topic, payload, idempotency_key) VALUES ('acme', 'invoice.paid', '{"n": 43}', 'pay-9')
+               ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"#,
+        )
+        .await?;
+    assert_eq!(duplicate, 0);
+    let version: i64 = pg
+        .scalar("SELECT count(*) FROM messages WHERE (id::text)::uuid IS NOT NULL AND substr(id::text, 15, 1) = '7'")
+        .await?;
+    assert_eq!(version, 2, "ids default to UUIDv7");
+    assert_eq!(exact_worker.run_once().await?, 2);
+    assert_eq!(wildcard_worker.run_once().await?, 2);
+    assert_eq!(all_worker.run_once().await?, 2);
+    assert_eq!(unrelated_worker.run_once().await?, 0);
+    assert_eq!(
+        (
+            exact.total(),
+            wildcard.total(),
+            everything.total(),
+            unrelated.total()
+        ),
+        (2, 2, 2, 0)
+    );
+    // Bad rows are refused by the table itself.
+    assert!(pg
+        .execute("INSERT INTO messages (tenant, topic, payload) VALUES ('a:b', 't', '{}')")
+        .await
+        .is_err());
+    assert!(pg
+        .execute(
+            "INSERT INTO messages (tenant, topic, payload, headers) VALUES ('a', 't', '{}', '[1]')"
+        )
+        .await
+        .is_err());
+    Ok(())
+}
+
+async fn listener_pid(pg: &PgFixture) -> anyhow::Result<Option<i32>> {
+    let pid: Option<i32> = sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE query = $1 AND pid <> pg_backend_pid() LIMIT 1",
+    )
+    .bind(format!("LISTEN \"{}.courier\"", pg.schema))
+    .fetch_optional(&pg.pool)
+    .await?;
+    Ok(pid)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_wakes_an_idle_worker_even_after_its_listen_connection_is_killed(
+) -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    let counter = CallCounter::default();
+    let worker = pg
+        .courier()
+        .worker("sub")
+        .handle("topic", 1, counting(counter.clone()))
+        .poll_interval(Duration::from_secs(120))
+        .build()
+        .await?
+        .start();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            matches!(listener_pid(&pg).await, Ok(Some(_)))
+        })
+        .await
+    );
+    // Let the worker go idle, then publish: only NOTIFY can wake it in time.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = Instant::now();
+    pg.enqueue_committed(&events("acme", "topic", 1)?).await?;
+    assert!(eventually(Duration::from_secs(5), || async { counter.total() == 1 }).await);
+    assert!(sent.elapsed() < Duration::from_secs(5));
+
+    let pid = listener_pid(&pg)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no listener"))?;
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&pg.pool)
+        .await?;
+    assert!(killed);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            matches!(listener_pid(&pg).await, Ok(Some(new)) if new != pid)
+        })
+        .await,
+        "the notifier did not listen again"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = Instant::now();
+    pg.enqueue_committed(&events("acme", "topic", 1)?).await?;
+    assert!(
+        eventually(Duration::from_secs(5), || async { counter.total() == 2 }).await,
+        "not picked up after re-listen"
+    );
+    assert!(sent.elapsed() < Duration::from_secs(5));
+    worker.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_workers_in_two_processes_apply_each_message_once_per_subscription(
+) -> anyhow::Result<()> {
+    let pg = PgFixture::with_connections(4).await?;
+    pg.create_effects_table().await?;
+    pg.execute("CREATE TABLE handler_calls (subscription text NOT NULL, message_id text NOT NULL)")
+        .await?;
+    // Register both subscriptions before publishing, as deployed workers would have.
+    for name in ["alpha", "beta"] {
+        courier::OutboxStore::register_subscription(
+            pg.courier().store(),
+            &courier::SubscriptionSpec {
+                name: name.into(),
+                topics: vec!["order.placed".into()],
+            },
+        )
+        .await?;
+    }
+    let n: i64 = 10_000;
+    for chunk in events("acme", "order.placed", n)?.chunks(1000) {
+        pg.enqueue_committed(chunk).await?;
+    }
+    let spawn = || {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_courier-test-worker"))
+            .args([
+                "--schema",
+                &pg.schema,
+                "--subscriptions",
+                "alpha,beta",
+                "--workers",
+                "2",
+            ])
+            .env("DATABASE_URL", courier_testkit::database_url())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+    };
+    let (mut first, mut second) = (spawn()?, spawn()?);
+    let (a, b) = tokio::join!(first.wait(), second.wait());
+    assert!(a?.success() && b?.success(), "a worker process failed");
+    for subscription in ["alpha", "beta"] {
+        let receipts = pg
+            .scalar(&format!(
+                "SELECT count(*) FROM receipts WHERE subscription = '{subscription}'"
+            ))
+            .await?;
+        let effects = pg
+            .scalar(&format!(
+                "SELECT count(*) FROM effects WHERE subscription = '{subscription}' AND calls = 1"
+            ))
+            .await?;
+        let calls = pg
+            .scalar(&format!(
+                "SELECT count(*) FROM handler_calls WHERE subscription = '{subscription}'"
+            ))
+            .await?;
+        assert_eq!((receipts, effects, calls), (n, n, n), "{subscription}");
+    }
+    assert_eq!(
+        pg.scalar("SELECT count(*) FROM effects WHERE calls <> 1")
+            .await?,
+        0
+    );
+    assert_eq!(pg.scalar("SELECT count(*) FROM deliveries").await?, 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_run_once_when_many_processes_start_together() -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    let fresh = format!("{}_m", pg.schema);
+    let pool = courier_testkit::pg_pool(&fresh, 8).await?;
+    let runs = (0..6).map(|_| {
+        let courier = courier::Courier::postgres_with_schema(pool.clone(), &fresh);
+        async move { courier?.migrate().await.map_err(anyhow::Error::from) }
+    });
+    for result in futures_util::future::join_all(runs).await {
+        result?;
+    }
+    let applied: i64 =
+        sqlx::query_scalar(&format!("SELECT count(*) FROM {fresh}.schema_migrations"))
+            .fetch_one(&pool)
+            .await?;
+    assert_eq!(applied, 1);
+    sqlx::query(&format!("DROP SCHEMA {fresh} CASCADE"))
+        .execute(&pool)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_newer_than_this_build_is_refused() -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    pg.execute("INSERT INTO schema_migrations (version, name) VALUES (999, 'future')")
+        .await?;
+    let result = pg.courier().migrate().await;
+    assert!(
+        matches!(
+            result,
+            Err(courier::StoreError::SchemaTooNew { found: 999, .. })
+        ),
+        "{result:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_messages_are_refused_before_anything_is_stored() -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    let good = NewMessage::new("acme", "topic", &Event { n: 1 })?;
+    let bad = NewMessage::new("acme", "topic", &Event { n: 2 })?.with_ordering_key("");
+    let result = pg.enqueue_committed(&[good, bad]).await;
+    assert!(result.is_err());
+    assert_eq!(pg.scalar("SELECT count(*) FROM messages").await?, 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_heartbeat_keeps_a_long_transactional_handler_s_lease() -> anyhow::Result<()> {
+    // On PostgreSQL the heartbeat writes beside the handler's open transaction.
+    // (SQLite has one writer: there a transactional handler must finish within its lease.)
+    let pg = PgFixture::new().await?;
+    pg.create_effects_table().await?;
+    let effect = courier_testkit::RecordEffect {
+        delay: Duration::from_millis(1500),
+        ..Default::default()
+    };
+    let worker = pg
+        .courier()
+        .worker("sub")
+        .handle_transactional("topic", 1, effect.clone())
+        .lease(Duration::from_millis(400))
+        .build()
+        .await?
+        .start();
+    pg.enqueue_committed(&events("acme", "topic", 1)?).await?;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            matches!(pg.scalar("SELECT count(*) FROM deliveries").await, Ok(0))
+        })
+        .await
+    );
+    worker.shutdown().await;
+    assert_eq!(effect.counter.total(), 1);
+    assert_eq!(
+        pg.scalar("SELECT count(*) FROM effects WHERE calls = 1")
+            .await?,
+        1
+    );
+    Ok(())
+}

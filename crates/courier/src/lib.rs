@@ -1,0 +1,260 @@
+//! Courier: durable event delivery for services.
+//!
+//! Write an event in the same database transaction as the change that caused
+//! it ([`Courier::enqueue`]); Courier delivers it to every subscription whose
+//! topics match, under leases, with retries, dead letters and receipts, so
+//! each event takes effect exactly once although workers crash and handlers
+//! fail.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use courier::{handler_fn, Courier, HandlerError, Message, NewMessage};
+//!
+//! let courier = Courier::connect_sqlite("./app.db").await?;
+//! courier.migrate().await?;
+//!
+//! // Producer: the message commits or rolls back with the application's data.
+//! let mut tx = courier.store().pool().begin().await?;
+//! courier
+//!     .enqueue(&mut tx, &NewMessage::new("acme", "invoice.paid", &serde_json::json!({"id": 7}))?)
+//!     .await?;
+//! tx.commit().await?;
+//!
+//! // Consumer: a worker for the `billing` subscription.
+//! let worker = courier
+//!     .worker("billing")
+//!     .handle("invoice.paid", 1, handler_fn(|message: Message<serde_json::Value>| async move {
+//!         println!("paid: {}", message.payload);
+//!         Ok::<(), HandlerError>(())
+//!     }))
+//!     .build()
+//!     .await?
+//!     .start();
+//! worker.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+use std::sync::{Arc, OnceLock};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub use courier_core::{
+    truncate_chars, validate_name, Availability, ClaimBatch, ClaimParams, ClaimedDelivery,
+    DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliverySummary, EnqueueOutcome,
+    ErrorEntry, Failure, FailureApplied, HandlerError, LeaseRef, Message, NewMessage, OutboxStore,
+    PruneReport, RetryPolicy, Route, StoreError, SubscriptionSpec, TransactionalOutcome,
+    ValidationError, MAX_ERROR_CHARS, MAX_PAYLOAD_BYTES,
+};
+pub use courier_engine::{
+    handler_fn, EngineError, Handler, Maintenance, MaintenanceConfig, TransactionalHandler, Worker,
+    WorkerBuilder, WorkerConfig, WorkerHandle,
+};
+
+/// The PostgreSQL backend.
+#[cfg(feature = "postgres")]
+pub mod postgres {
+    pub use courier_postgres::*;
+}
+
+/// The SQLite backend.
+#[cfg(feature = "sqlite")]
+pub mod sqlite {
+    pub use courier_sqlite::*;
+}
+
+/// Starts the wake-up source of a store (a LISTEN connection, or an
+/// in-process signal) and returns a receiver workers wait on.
+type WakeStarter<S> = fn(&S, CancellationToken) -> watch::Receiver<u64>;
+
+/// Courier over one store: enqueue, workers, dead letters, maintenance.
+///
+/// Cheap to clone. Dropping the last clone stops its wake-up listener.
+pub struct Courier<S: OutboxStore> {
+    store: S,
+    wake: Arc<Wake<S>>,
+}
+
+struct Wake<S> {
+    starter: WakeStarter<S>,
+    receiver: OnceLock<watch::Receiver<u64>>,
+    stop: CancellationToken,
+}
+
+impl<S> Drop for Wake<S> {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl<S: OutboxStore> Clone for Courier<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            wake: Arc::clone(&self.wake),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Courier<courier_postgres::PgStore> {
+    /// Courier on PostgreSQL, in the schema `courier`.
+    pub fn postgres(pool: sqlx::PgPool) -> Self {
+        Self::from_postgres_store(courier_postgres::PgStore::new(pool))
+    }
+
+    /// Courier on PostgreSQL in `schema` (`[a-z_][a-z0-9_]{0,62}`).
+    pub fn postgres_with_schema(pool: sqlx::PgPool, schema: &str) -> Result<Self, ValidationError> {
+        Ok(Self::from_postgres_store(
+            courier_postgres::PgStore::with_schema(pool, schema)?,
+        ))
+    }
+
+    /// Opens a pool to `url` (JIT off, 10 connections) and wraps it.
+    pub async fn connect_postgres(url: &str) -> Result<Self, StoreError> {
+        Ok(Self::postgres(courier_postgres::connect(url, 10).await?))
+    }
+
+    /// Courier over an existing PostgreSQL store.
+    pub fn from_postgres_store(store: courier_postgres::PgStore) -> Self {
+        Self::with_wake(store, |store, stop| {
+            let (sender, receiver) = watch::channel(0);
+            courier_postgres::PgNotifier::spawn(store, sender, stop);
+            receiver
+        })
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl Courier<courier_sqlite::SqliteStore> {
+    /// Courier on SQLite over `pool`.
+    pub fn sqlite(pool: sqlx::SqlitePool) -> Self {
+        Self::from_sqlite_store(courier_sqlite::SqliteStore::new(pool))
+    }
+
+    /// Opens (creating it if needed) the SQLite database at `path`, in WAL mode.
+    pub async fn connect_sqlite(path: &str) -> Result<Self, StoreError> {
+        Ok(Self::sqlite(courier_sqlite::connect(path, 8).await?))
+    }
+
+    /// Courier over an existing SQLite store.
+    pub fn from_sqlite_store(store: courier_sqlite::SqliteStore) -> Self {
+        Self::with_wake(store, |store, _stop| store.wakeups())
+    }
+}
+
+impl<S: OutboxStore + DeadLetterStore> Courier<S> {
+    fn with_wake(store: S, starter: WakeStarter<S>) -> Self {
+        Self {
+            store,
+            wake: Arc::new(Wake {
+                starter,
+                receiver: OnceLock::new(),
+                stop: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// The store, for backend-specific work (its pool, schema, ...).
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Creates or upgrades Courier's tables; safe to run from many processes at once.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        self.store.migrate().await
+    }
+
+    /// Enqueues one message on the caller's connection, inside their
+    /// transaction: it exists if and only if that transaction commits.
+    pub async fn enqueue(
+        &self,
+        conn: &mut S::Connection,
+        message: &NewMessage,
+    ) -> Result<EnqueueOutcome, StoreError> {
+        let mut outcomes = self
+            .store
+            .enqueue_batch(conn, std::slice::from_ref(message))
+            .await?;
+        outcomes
+            .pop()
+            .ok_or_else(|| StoreError::Corrupt("enqueue returned no outcome".into()))
+    }
+
+    /// Enqueues many messages in one round trip on the caller's connection.
+    pub async fn enqueue_batch(
+        &self,
+        conn: &mut S::Connection,
+        messages: &[NewMessage],
+    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        self.store.enqueue_batch(conn, messages).await
+    }
+
+    /// Enqueues messages in a transaction of Courier's own (no application data with them).
+    pub async fn publish(
+        &self,
+        messages: &[NewMessage],
+    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        self.store.publish_batch(messages).await
+    }
+
+    /// Starts configuring a worker for `subscription`, woken when messages arrive.
+    /// Must be called inside a tokio runtime.
+    pub fn worker(&self, subscription: impl Into<String>) -> WorkerBuilder<S> {
+        let receiver = self
+            .wake
+            .receiver
+            .get_or_init(|| (self.wake.starter)(&self.store, self.wake.stop.clone()))
+            .clone();
+        WorkerBuilder::new(self.store.clone(), subscription).wake_on(receiver)
+    }
+
+    /// The rescuer and pruner, for a process that runs maintenance without workers.
+    pub fn maintenance(
+        &self,
+        config: MaintenanceConfig,
+    ) -> Result<Maintenance<S>, ValidationError> {
+        Maintenance::new(self.store.clone(), config)
+    }
+
+    /// Lists dead letters matching `filter`, `limit` at a time, after the cursor `after`.
+    pub async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<DeadLetterPage, StoreError> {
+        self.store.list_dead_letters(filter, after, limit).await
+    }
+
+    /// One dead letter with its error history.
+    pub async fn dead_letter(&self, delivery_id: i64) -> Result<Option<DeadLetter>, StoreError> {
+        self.store.get_dead_letter(delivery_id).await
+    }
+
+    /// Makes dead letters deliverable again with attempts reset; returns how many.
+    pub async fn retry_dead_letters(&self, delivery_ids: &[i64]) -> Result<u64, StoreError> {
+        self.store.retry_dead_letters(delivery_ids).await
+    }
+
+    /// Retries every dead letter matching `filter`; returns how many.
+    pub async fn retry_dead_letters_matching(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> Result<u64, StoreError> {
+        self.store.retry_dead_letters_matching(filter).await
+    }
+
+    /// Discards dead letters for good; returns how many.
+    pub async fn discard_dead_letters(&self, delivery_ids: &[i64]) -> Result<u64, StoreError> {
+        self.store.discard_dead_letters(delivery_ids).await
+    }
+
+    /// Discards every dead letter matching `filter`; returns how many.
+    pub async fn discard_dead_letters_matching(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> Result<u64, StoreError> {
+        self.store.discard_dead_letters_matching(filter).await
+    }
+}

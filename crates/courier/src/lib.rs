@@ -14,7 +14,7 @@
 //! courier.migrate().await?;
 //!
 //! // Producer: the message commits or rolls back with the application's data.
-//! let mut tx = courier.store().pool().begin().await?;
+//! let mut tx = courier.store().begin().await?; // BEGIN IMMEDIATE on SQLite
 //! courier
 //!     .enqueue(&mut tx, &NewMessage::new("acme", "invoice.paid", &serde_json::json!({"id": 7}))?)
 //!     .await?;

@@ -11,10 +11,13 @@
 //! expire, so the deliveries are redelivered (at least once, never lost).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use courier_core::{Failure, LeaseRef, OutboxStore, StoreError};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
+
+use crate::heartbeat::InFlight;
 
 use crate::metrics_names::{COMPLETED, DEAD_LETTERED, FAILED, LEASES_LOST, STORE_ERRORS};
 
@@ -35,16 +38,34 @@ pub(crate) enum Settlement {
     /// The handler never started: hand back without spending the attempt.
     Release { lease: LeaseRef },
     /// Already settled inside the handler's transaction.
-    Committed { topic: String },
+    Committed { delivery_id: i64, topic: String },
     /// The lease was lost before the outcome could be written.
-    Lost,
+    Lost { delivery_id: i64 },
 }
 
-/// Writes queued settlements until every sender is dropped.
+impl Settlement {
+    /// The delivery this outcome is about.
+    pub(crate) fn delivery_id(&self) -> i64 {
+        match self {
+            Settlement::Complete { lease, .. } | Settlement::Release { lease } => lease.delivery_id,
+            Settlement::Fail { failure, .. } => failure.lease.delivery_id,
+            Settlement::Committed { delivery_id, .. } | Settlement::Lost { delivery_id } => {
+                *delivery_id
+            }
+        }
+    }
+}
+
+/// Writes queued settlements until every sender is dropped. A delivery's
+/// lease stays in `in_flight` (and so keeps its heartbeat) until its outcome
+/// is written; `settled` is signalled after each write, since a settled
+/// delivery can release the next message of its ordering key.
 pub(crate) async fn run<S: OutboxStore>(
     store: S,
     subscription: String,
     mut queue: mpsc::UnboundedReceiver<Settlement>,
+    in_flight: InFlight,
+    settled: Arc<Notify>,
 ) {
     let mut batch = Vec::with_capacity(64);
     while let Some(first) = queue.recv().await {
@@ -55,7 +76,20 @@ pub(crate) async fn run<S: OutboxStore>(
                 Err(_) => break,
             }
         }
+        let ids: Vec<i64> = batch.iter().map(Settlement::delivery_id).collect();
         settle_batch(&store, &subscription, std::mem::take(&mut batch)).await;
+        untrack_all(&in_flight, &ids);
+        settled.notify_one();
+    }
+}
+
+/// Forgets the leases of settled deliveries.
+pub(crate) fn untrack_all(in_flight: &InFlight, ids: &[i64]) {
+    let mut guard = in_flight
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for id in ids {
+        guard.remove(id);
     }
 }
 
@@ -80,11 +114,11 @@ pub(crate) async fn settle_batch<S: OutboxStore>(
                 failures.push(failure);
             }
             Settlement::Release { lease } => releases.push(lease),
-            Settlement::Committed { topic } => {
+            Settlement::Committed { topic, .. } => {
                 metrics::counter!(COMPLETED, "subscription" => subscription.to_owned(), "topic" => topic)
                     .increment(1);
             }
-            Settlement::Lost => {
+            Settlement::Lost { .. } => {
                 metrics::counter!(LEASES_LOST, "subscription" => subscription.to_owned())
                     .increment(1);
             }

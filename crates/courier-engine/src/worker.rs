@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use courier_core::{
-    ClaimParams, ClaimedDelivery, Failure, HandlerError, OutboxStore, RetryPolicy, Route,
+    ClaimParams, ClaimedDelivery, Failure, HandlerError, LeaseRef, OutboxStore, RetryPolicy, Route,
     StoreError, SubscriptionSpec, TransactionalOutcome, ValidationError,
 };
 use futures_util::FutureExt;
@@ -413,15 +413,11 @@ impl<S: OutboxStore> Worker<S> {
             .await?;
         let count = batch.len();
         let mut runs = JoinSet::new();
+        let ids: Vec<i64> = batch.iter().map(|d| d.delivery_id).collect();
         for delivery in batch {
             self.track(&delivery);
             let shared = Arc::clone(&self.shared);
-            runs.spawn(async move {
-                let delivery_id = delivery.delivery_id;
-                let settlement = execute(Arc::clone(&shared), delivery).await;
-                untrack(&shared.in_flight, delivery_id);
-                settlement
-            });
+            runs.spawn(async move { execute(shared, delivery).await });
         }
         let mut settlements = Vec::with_capacity(count);
         while let Some(result) = runs.join_next().await {
@@ -430,6 +426,7 @@ impl<S: OutboxStore> Worker<S> {
             }
         }
         settle::settle_batch(&self.shared.store, &self.shared.subscription, settlements).await;
+        settle::untrack_all(&self.shared.in_flight, &ids);
         Ok(count)
     }
 
@@ -498,11 +495,28 @@ fn track(in_flight: &InFlight, delivery: &ClaimedDelivery) {
     guard.insert(delivery.delivery_id, delivery.lease());
 }
 
-fn untrack(in_flight: &InFlight, delivery_id: i64) {
-    let mut guard = in_flight
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    guard.remove(&delivery_id);
+/// Records a failed attempt if a delivery's task ends without an outcome:
+/// a panic outside the handler, or an abort at the shutdown deadline.
+struct OutcomeGuard {
+    settle: mpsc::UnboundedSender<Settlement>,
+    lease: LeaseRef,
+    topic: String,
+    settled: bool,
+}
+
+impl Drop for OutcomeGuard {
+    fn drop(&mut self) {
+        if !self.settled {
+            let _ = self.settle.send(Settlement::Fail {
+                failure: Failure {
+                    lease: self.lease,
+                    error: "the handler did not finish (worker shutdown deadline, or a panic outside the handler)".to_owned(),
+                    retry_in: Some(Duration::ZERO),
+                },
+                topic: std::mem::take(&mut self.topic),
+            });
+        }
+    }
 }
 
 async fn claim<S: OutboxStore>(
@@ -531,10 +545,13 @@ async fn claim<S: OutboxStore>(
 async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Receiver<u64>>) {
     let config = &shared.config;
     let (settle_tx, settle_rx) = mpsc::unbounded_channel();
+    let settled = Arc::new(Notify::new());
     let settler = tokio::spawn(settle::run(
         shared.store.clone(),
         shared.subscription.clone(),
         settle_rx,
+        Arc::clone(&shared.in_flight),
+        Arc::clone(&settled),
     ));
     let services_stop = CancellationToken::new();
     let heartbeat = tokio::spawn(heartbeat::run(
@@ -556,6 +573,9 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
     let threshold = (config.batch_size.min(config.concurrency) / 4).max(1);
     let mut running: JoinSet<()> = JoinSet::new();
     let mut cursor = String::new();
+    // A lap is a run of claims from the first tenant to the last; the loop
+    // sleeps only after a whole lap found nothing.
+    let mut lap_claimed = false;
     let mut error_backoff = Duration::from_millis(50);
     tracing::info!(
         subscription = shared.subscription,
@@ -573,7 +593,9 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
             }
         }
         let want = free.min(config.batch_size);
-        let turn_started_mid_way = !cursor.is_empty();
+        if cursor.is_empty() {
+            lap_claimed = false;
+        }
         match claim(&shared, want, std::mem::take(&mut cursor)).await {
             Ok((deliveries, next_cursor)) => {
                 error_backoff = Duration::from_millis(50);
@@ -589,21 +611,25 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
                     };
                     track(&shared.in_flight, &delivery);
                     let task_shared = Arc::clone(&shared);
-                    let task_settle = settle_tx.clone();
                     let task_freed = Arc::clone(&freed);
+                    let mut guard = OutcomeGuard {
+                        settle: settle_tx.clone(),
+                        lease: delivery.lease(),
+                        topic: delivery.topic.clone(),
+                        settled: false,
+                    };
                     running.spawn(async move {
-                        let delivery_id = delivery.delivery_id;
-                        let settlement = execute(Arc::clone(&task_shared), delivery).await;
-                        untrack(&task_shared.in_flight, delivery_id);
+                        let settlement = execute(task_shared, delivery).await;
+                        guard.settled = true;
                         drop(permit);
                         task_freed.notify_one();
-                        let _ = task_settle.send(settlement);
+                        let _ = guard.settle.send(settlement);
                     });
                 }
-                // Work was found, more tenants wait after the cursor, or the
-                // turn started mid-way and the tenants before it are yet to
-                // be asked: claim again at once instead of sleeping.
-                if claimed > 0 || !cursor.is_empty() || turn_started_mid_way {
+                lap_claimed |= claimed > 0;
+                // Work was found, more tenants wait after the cursor, or this
+                // lap found work: claim again at once instead of sleeping.
+                if claimed > 0 || !cursor.is_empty() || lap_claimed {
                     continue;
                 }
             }
@@ -618,7 +644,8 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
                 continue;
             }
         }
-        // Nothing ready: wait for a wake-up, a freed slot or the poll interval.
+        // Nothing ready: wait for a wake-up, a settled delivery (it may
+        // release the next of its ordering key) or the poll interval.
         let woken = async {
             match wake.as_mut() {
                 Some(receiver) => {
@@ -632,6 +659,7 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
         tokio::select! {
             () = shared.stopping.cancelled() => break,
             () = woken => {}
+            () = settled.notified() => {}
             () = tokio::time::sleep(config.poll_interval) => {}
         }
     }
@@ -646,25 +674,14 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
         }
     }
     if !running.is_empty() {
-        running.abort_all();
-        while running.join_next().await.is_some() {}
-        let abandoned = heartbeat::snapshot(&shared.in_flight);
         tracing::warn!(
             subscription = shared.subscription,
-            abandoned = abandoned.len(),
+            unfinished = running.len(),
             "shutdown deadline passed; recording unfinished handlers as failed attempts"
         );
-        for lease in abandoned {
-            untrack(&shared.in_flight, lease.delivery_id);
-            let _ = settle_tx.send(Settlement::Fail {
-                failure: Failure {
-                    lease,
-                    error: "worker shut down before the handler finished".to_owned(),
-                    retry_in: Some(Duration::ZERO),
-                },
-                topic: String::new(),
-            });
-        }
+        // Each aborted task's guard records its failed attempt.
+        running.abort_all();
+        while running.join_next().await.is_some() {}
     }
     drop(settle_tx);
     if let Err(error) = settler.await {
@@ -731,7 +748,15 @@ async fn execute<S: OutboxStore>(shared: Arc<Shared<S>>, delivery: ClaimedDelive
                 "no handler for {} v{}",
                 delivery.topic, delivery.schema_version
             ))),
-            Some(route) => match route.prepare(&delivery) {
+            Some(route) => match std::panic::catch_unwind(AssertUnwindSafe(|| {
+                route.prepare(&delivery)
+            }))
+            .unwrap_or_else(|panic| {
+                Err(HandlerError::retry(format!(
+                    "decoding the payload panicked: {}",
+                    panic_message(panic.as_ref())
+                )))
+            }) {
                 Err(error) => Outcome::Failed(error),
                 Ok(Prepared::Plain(future)) => match AssertUnwindSafe(future).catch_unwind().await {
                     Ok(Ok(())) => Outcome::Succeeded,
@@ -770,10 +795,15 @@ async fn execute<S: OutboxStore>(shared: Arc<Shared<S>>, delivery: ClaimedDelive
                 lease: delivery.lease(),
                 topic,
             },
-            Outcome::Committed => Settlement::Committed { topic },
+            Outcome::Committed => Settlement::Committed {
+                delivery_id: delivery.delivery_id,
+                topic,
+            },
             Outcome::LeaseLost => {
                 tracing::warn!("lease lost; the handler's writes were rolled back");
-                Settlement::Lost
+                Settlement::Lost {
+                    delivery_id: delivery.delivery_id,
+                }
             }
             Outcome::Failed(error) => {
                 let policy = shared
@@ -790,7 +820,9 @@ async fn execute<S: OutboxStore>(shared: Arc<Shared<S>>, delivery: ClaimedDelive
                 Settlement::Fail {
                     failure: Failure {
                         lease: delivery.lease(),
-                        error: error.to_string(),
+                        // PostgreSQL text cannot hold NUL; one such error must
+                        // not sink the batch it is written with.
+                        error: error.to_string().replace('\0', "\u{FFFD}"),
                         retry_in,
                     },
                     topic,

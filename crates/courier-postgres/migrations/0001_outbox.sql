@@ -110,6 +110,15 @@ CREATE INDEX receipts_completed_at ON {schema}.receipts USING brin (completed_at
 -- idle workers once per statement (NOTIFY is delivered at commit, deduplicated).
 CREATE FUNCTION {schema}.fan_out() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+  -- Producers of the same (tenant, ordering key) take turns until commit, so a
+  -- key's deliveries get ids in commit order and a later message can never be
+  -- claimed before an earlier one becomes visible. Locks are taken in a fixed
+  -- order so two producers never deadlock on them.
+  PERFORM pg_advisory_xact_lock(k.lock_key)
+  FROM (SELECT DISTINCT hashtextextended('{schema}:' || n.tenant || ':' || n.ordering_key, 0) AS lock_key
+        FROM new_messages n
+        WHERE n.ordering_key IS NOT NULL
+        ORDER BY 1) k;
   INSERT INTO {schema}.deliveries
     (message_id, subscription, tenant, topic, schema_version, ordering_key, available_at)
   SELECT n.id, s.subscription, n.tenant, n.topic, n.schema_version, n.ordering_key, n.available_at

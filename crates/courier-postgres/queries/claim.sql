@@ -6,7 +6,10 @@
 -- of the batch, walked in enqueue order along the same index, so one tenant's
 -- backlog cannot crowd out the rest. Only the routes this worker handles
 -- ($5 topics, $6 versions, $7 attempt budgets) are claimed; a delivery with an
--- ordering key waits while an earlier delivery with that key is not done; a
+-- ordering key waits while an earlier delivery with that key is not done or
+-- any delivery with that key is running (so a retried dead letter never runs
+-- beside a later one); the fan-out trigger serialises producers per key, so
+-- enqueue order is commit order. A
 -- tenant at its in-flight limit $8 (NULL: none) is skipped without spending attempts.
 -- Times are the database's: statement_timestamp(), never the worker's clock.
 WITH RECURSIVE tenants AS (
@@ -44,8 +47,9 @@ picked AS MATERIALIZED (
       AND (d.ordering_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM {schema}.deliveries e
             WHERE e.subscription = d.subscription AND e.tenant = d.tenant
-              AND e.ordering_key = d.ordering_key AND e.id < d.id
-              AND e.ordering_key IS NOT NULL AND e.state <> 'dead'))
+              AND e.ordering_key = d.ordering_key AND e.ordering_key IS NOT NULL
+              AND e.state <> 'dead'
+              AND (e.id < d.id OR e.state = 'running')))
     ORDER BY d.id
     LIMIT CASE
       WHEN $8::int IS NULL THEN s.per_tenant

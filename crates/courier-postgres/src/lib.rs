@@ -415,7 +415,7 @@ impl OutboxStore for PgStore {
         let in_flight_limit = params
             .tenant_in_flight_limit
             .map(|l| i32::try_from(l).unwrap_or(i32::MAX));
-        let rows = sqlx::query(&self.q().claim)
+        let claim = sqlx::query(&self.q().claim)
             .bind(&params.subscription)
             .bind(&params.tenant_cursor)
             .bind(limit)
@@ -425,10 +425,26 @@ impl OutboxStore for PgStore {
             .bind(&budgets)
             .bind(in_flight_limit)
             .bind(millis(params.lease))
-            .bind(&params.worker_id)
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(map)?;
+            .bind(&params.worker_id);
+        let rows = if in_flight_limit.is_some() {
+            // Counting a tenant's running deliveries is only exact if no other
+            // claim of this subscription is in flight: take turns, so each
+            // claim's snapshot includes the previous claim's rows.
+            let mut tx = self.inner.pool.begin().await.map_err(map)?;
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                .bind(format!(
+                    "{}:claim:{}",
+                    self.inner.schema, params.subscription
+                ))
+                .execute(&mut *tx)
+                .await
+                .map_err(map)?;
+            let rows = claim.fetch_all(&mut *tx).await.map_err(map)?;
+            tx.commit().await.map_err(map)?;
+            rows
+        } else {
+            claim.fetch_all(&self.inner.pool).await.map_err(map)?
+        };
         let mut next_tenant_cursor = String::new();
         if let Some(first) = rows.first() {
             let tenants_in_turn: i32 = first.try_get("tenants_in_turn").map_err(map)?;

@@ -3,7 +3,9 @@
 -- numbers).
 -- Walks deliveries_ready for (subscription ?1, tenant) in enqueue order and stops
 -- after the quota. Only routes the worker handles are taken; a delivery with an
--- ordering key waits while an earlier delivery with that key is not dead
+-- ordering key waits while an earlier delivery with that key is not dead, or
+-- while any delivery with that key is running (a retried dead letter must not
+-- overtake a later one already running)
 -- (deliveries_ordering answers that). Times are the database clock.
 -- Lines starting with "--" are stripped before the fragment is repeated.
 SELECT id FROM (
@@ -16,8 +18,9 @@ SELECT id FROM (
     AND (d.ordering_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM deliveries e
           WHERE e.subscription = d.subscription AND e.tenant = d.tenant
-            AND e.ordering_key = d.ordering_key AND e.id < d.id
-            AND e.state <> 'dead'))
+            AND e.ordering_key = d.ordering_key
+            AND e.state <> 'dead'
+            AND (e.id < d.id OR e.state = 'running')))
   ORDER BY d.id
   LIMIT ?{quota}
 )

@@ -1,6 +1,6 @@
 //! The engine suite: every contract point, run against PostgreSQL and SQLite.
 
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -443,50 +443,67 @@ async fn a_small_tenant_is_served_within_the_first_batches<B: Backend>(
 async fn tenant_in_flight_limit_defers_without_spending_attempts<B: Backend>(
     backend: B,
 ) -> anyhow::Result<()> {
-    let running = Arc::new(AtomicI64::new(0));
-    let peak = Arc::new(AtomicI64::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let counter = CallCounter::default();
-    let (r, p, c) = (Arc::clone(&running), Arc::clone(&peak), counter.clone());
-    let worker = backend
-        .courier()
-        .worker("sub")
-        .handle(
-            "topic",
-            1,
-            handler_fn(move |message: Message<Event>| {
-                let (running, peak, counter) = (Arc::clone(&r), Arc::clone(&p), c.clone());
-                async move {
-                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
-                    peak.fetch_max(now, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    running.fetch_sub(1, Ordering::SeqCst);
-                    counter.record(message.id, message.payload.n);
-                    Ok::<(), HandlerError>(())
-                }
-            }),
-        )
-        .concurrency(20)
-        .tenant_in_flight_limit(2)
-        .poll_interval(Duration::from_millis(20))
-        .build()
-        .await?
-        .start();
+    let mut workers = Vec::new();
+    // Two workers claim concurrently: the limit holds across them.
+    for _ in 0..2 {
+        let (g, c) = (Arc::clone(&gate), counter.clone());
+        workers.push(
+            backend
+                .courier()
+                .worker("sub")
+                .handle(
+                    "topic",
+                    1,
+                    handler_fn(move |message: Message<Event>| {
+                        let (gate, counter) = (Arc::clone(&g), c.clone());
+                        async move {
+                            counter.record(message.id, message.payload.n);
+                            if let Ok(permit) = gate.acquire().await {
+                                permit.forget();
+                            }
+                            Ok::<(), HandlerError>(())
+                        }
+                    }),
+                )
+                .concurrency(20)
+                .tenant_in_flight_limit(2)
+                .poll_interval(Duration::from_millis(20))
+                .build()
+                .await?
+                .start(),
+        );
+    }
     backend
         .enqueue_committed(&events("acme", "topic", 12)?)
         .await?;
-    assert!(eventually(WAIT, || drained(&backend)).await);
-    worker.shutdown().await;
-    assert!(
-        peak.load(Ordering::SeqCst) <= 2,
-        "peak {}",
-        peak.load(Ordering::SeqCst)
+    backend
+        .enqueue_committed(&events("other", "topic", 3)?)
+        .await?;
+    assert!(eventually(WAIT, || async { counter.total() == 4 }).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(counter.total(), 4, "each tenant is held at its limit of 2");
+    assert_eq!(
+        backend
+            .scalar("SELECT count(*) FROM deliveries WHERE tenant = 'acme' AND state = 'running'")
+            .await?,
+        2
     );
     assert_eq!(
-        counter.total(),
-        12,
-        "deferred deliveries must not be retried"
+        backend
+            .scalar("SELECT count(*) FROM deliveries WHERE tenant = 'acme' AND state = 'available' AND attempts = 0")
+            .await?,
+        10,
+        "deferred deliveries must not spend attempts"
     );
-    assert_eq!(counter.distinct(), 12);
+    gate.add_permits(1000);
+    assert!(eventually(WAIT, || drained(&backend)).await);
+    for worker in workers {
+        worker.shutdown().await;
+    }
+    assert_eq!(counter.total(), 15);
+    assert_eq!(counter.distinct(), 15);
     Ok(())
 }
 
@@ -1161,6 +1178,84 @@ async fn bad_worker_configuration_is_refused_with_the_field<B: Backend>(
     Ok(())
 }
 
+async fn a_retried_dead_head_never_runs_beside_a_later_message_of_its_key<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    use courier::{DeadLetterStore, OutboxStore};
+    backend
+        .courier()
+        .worker("sub")
+        .handle("topic", 1, counting(CallCounter::default()))
+        .build()
+        .await?;
+    let keyed: Vec<NewMessage> = (0..2)
+        .map(|n| Ok(NewMessage::new("acme", "topic", &Event { n })?.with_ordering_key("k")))
+        .collect::<anyhow::Result<_>>()?;
+    backend.enqueue_committed(&keyed).await?;
+    let store = backend.courier().store();
+    let head = store.claim(&courier_core_params("sub")).await?.deliveries;
+    assert_eq!(head.len(), 1, "only the head of the key is claimable");
+    let dead = courier::Failure {
+        lease: head[0].lease(),
+        error: "rejected".into(),
+        retry_in: None,
+    };
+    assert_eq!(store.fail_many(&[dead]).await?.len(), 1);
+    // The dead head no longer blocks: the second message runs.
+    let second = store.claim(&courier_core_params("sub")).await?.deliveries;
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].message_id, keyed[1].id);
+    // An operator retries the head while the second is running: it must wait.
+    assert_eq!(store.retry_dead_letters(&[head[0].delivery_id]).await?, 1);
+    assert!(store
+        .claim(&courier_core_params("sub"))
+        .await?
+        .deliveries
+        .is_empty());
+    assert_eq!(store.complete_many(&[second[0].lease()]).await?.len(), 1);
+    let retried = store.claim(&courier_core_params("sub")).await?.deliveries;
+    assert_eq!(retried.len(), 1);
+    assert_eq!(retried[0].message_id, keyed[0].id);
+    Ok(())
+}
+
+/// A payload type whose decoding panics.
+#[derive(Debug)]
+struct Explosive;
+
+impl<'de> serde::Deserialize<'de> for Explosive {
+    fn deserialize<D: serde::Deserializer<'de>>(_deserializer: D) -> Result<Self, D::Error> {
+        panic!("decoder bug")
+    }
+}
+
+async fn a_panic_while_decoding_is_a_failed_attempt<B: Backend>(backend: B) -> anyhow::Result<()> {
+    let worker = backend
+        .courier()
+        .worker("sub")
+        .handle(
+            "topic",
+            1,
+            handler_fn(|_message: Message<Explosive>| async { Ok::<(), HandlerError>(()) }),
+        )
+        .maintenance(None)
+        .build()
+        .await?;
+    backend
+        .enqueue_committed(&events("acme", "topic", 1)?)
+        .await?;
+    assert_eq!(worker.run_once().await?, 1);
+    assert_eq!(
+        backend
+            .scalar("SELECT count(*) FROM deliveries WHERE state = 'available' AND attempts = 1")
+            .await?,
+        1,
+        "the delivery must be back in the queue, not stuck running"
+    );
+    assert_eq!(worker.heartbeat_once().await, 0);
+    Ok(())
+}
+
 backend_tests!(
     rolled_back_enqueue_leaves_no_message,
     idempotent_enqueue_returns_the_first_id,
@@ -1188,4 +1283,6 @@ backend_tests!(
     dead_letters_are_listed_retried_and_discarded,
     pruning_removes_finished_work_and_keeps_dead_letters,
     bad_worker_configuration_is_refused_with_the_field,
+    a_retried_dead_head_never_runs_beside_a_later_message_of_its_key,
+    a_panic_while_decoding_is_a_failed_attempt,
 );

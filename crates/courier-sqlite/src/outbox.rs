@@ -437,6 +437,16 @@ impl OutboxStore for SqliteStore {
         work: TxWork<SqliteConnection>,
     ) -> Result<TransactionalOutcome, StoreError> {
         let mut tx = self.begin().await?;
+        let held: i64 = sqlx::query_scalar(queries::LEASE_CHECK)
+            .bind(delivery.delivery_id)
+            .bind(delivery.lease_token.to_string())
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map)?;
+        if held != 1 {
+            tx.rollback().await.map_err(map)?;
+            return Ok(TransactionalOutcome::LeaseLost);
+        }
         let fresh = sqlx::query(queries::RECEIPT_INSERT)
             .bind(&delivery.tenant)
             .bind(&delivery.subscription)

@@ -21,6 +21,7 @@ queries!(
     COMPLETE => "complete.sql",
     COMPLETE_ONE => "complete_one.sql",
     COMPLETE_RECEIPTS => "complete_receipts.sql",
+    LEASE_CHECK => "lease_check.sql",
     DEAD_LETTER_GET => "dead_letter_get.sql",
     DEAD_LETTERS_DISCARD => "dead_letters_discard.sql",
     DEAD_LETTERS_LIST => "dead_letters_list.sql",

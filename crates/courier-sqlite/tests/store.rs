@@ -1286,3 +1286,39 @@ async fn a_busy_database_is_a_transient_error() -> TestResult {
         .await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn transactional_work_that_outlives_its_lease_inside_the_write_lock_completes() -> TestResult
+{
+    // The lease is checked when the transaction takes SQLite's write lock;
+    // nobody can take the delivery over until it commits.
+    let db = fresh().await?;
+    db.execute("CREATE TABLE effects (message_id TEXT PRIMARY KEY)")
+        .await?;
+    db.subscribe("all", &["*"]).await?;
+    let m = message("acme", "t")?;
+    db.publish(std::slice::from_ref(&m)).await?;
+    let mut short = params("all", vec![route("t", 1, 10)], 1);
+    short.lease = Duration::from_millis(200);
+    let claimed = db.claim(&short).await?;
+    let slow = tx_work(move |conn| {
+        async move {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            sqlx::query("INSERT INTO effects (message_id) VALUES (?1)")
+                .bind(m.id.to_string())
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+        .boxed()
+    });
+    let outcome = db.store.run_transactional(&claimed[0], slow).await?;
+    assert!(
+        matches!(outcome, TransactionalOutcome::Applied),
+        "{outcome:?}"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM effects").await?, 1);
+    assert_eq!(db.count("SELECT count(*) FROM receipts").await?, 1);
+    assert_eq!(db.store.rescue_expired(10).await?, 0);
+    Ok(())
+}

@@ -5,8 +5,9 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use courier::MaintenanceConfig;
 use courier::{handler_fn, HandlerError, Message, NewMessage};
-use courier_testkit::{events, eventually, Backend, CallCounter, Event, PgFixture};
+use courier_testkit::{events, eventually, Backend, CallCounter, Event, PgFixture, RecordEffect};
 
 fn counting(counter: CallCounter) -> impl courier::Handler<Payload = Event> {
     handler_fn(move |message: Message<Event>| {
@@ -293,36 +294,65 @@ async fn invalid_messages_are_refused_before_anything_is_stored() -> anyhow::Res
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_heartbeat_keeps_a_long_transactional_handler_s_lease() -> anyhow::Result<()> {
-    // On PostgreSQL the heartbeat writes beside the handler's open transaction.
-    // (SQLite has one writer: there a transactional handler must finish within its lease.)
-    let pg = PgFixture::new().await?;
-    pg.create_effects_table().await?;
-    let effect = courier_testkit::RecordEffect {
+async fn zombie_completion_is_refused_after_lease_expiry() -> anyhow::Result<()> {
+    // A worker partitioned from its heartbeats while its transactional handler
+    // runs: another worker takes the delivery over, the zombie's completion is
+    // refused and its writes roll back. (SQLite has no such zombie: the
+    // handler's transaction holds the single write lock, so nobody can take
+    // the delivery over; see courier-sqlite's store tests.)
+    let backend = PgFixture::new().await?;
+    backend.create_effects_table().await?;
+    let zombie_effect = RecordEffect {
         delay: Duration::from_millis(1500),
-        ..Default::default()
+        ..RecordEffect::default()
     };
-    let worker = pg
+    let zombie = backend
         .courier()
-        .worker("sub")
-        .handle_transactional("topic", 1, effect.clone())
-        .lease(Duration::from_millis(400))
+        .worker("ledger")
+        .handle_transactional("order.placed", 1, zombie_effect.clone())
+        .lease(Duration::from_millis(300))
+        .maintenance(None)
         .build()
-        .await?
-        .start();
-    pg.enqueue_committed(&events("acme", "topic", 1)?).await?;
-    assert!(
-        eventually(Duration::from_secs(30), || async {
-            matches!(pg.scalar("SELECT count(*) FROM deliveries").await, Ok(0))
-        })
-        .await
-    );
-    worker.shutdown().await;
-    assert_eq!(effect.counter.total(), 1);
+        .await?;
+    backend
+        .enqueue_committed(&events("acme", "order.placed", 1)?)
+        .await?;
+    // run_once runs no heartbeat: this worker behaves like a partitioned one.
+    let zombie_run = tokio::spawn(async move { zombie.run_once().await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let maintenance = backend
+        .courier()
+        .maintenance(MaintenanceConfig::default())?;
+    let rescued = maintenance.rescue_once().await?;
+    let rescuer = backend.courier().worker("ledger");
+    let healthy_effect = RecordEffect::default();
+    let healthy = rescuer
+        .handle_transactional("order.placed", 1, healthy_effect.clone())
+        .maintenance(None)
+        .build()
+        .await?;
+    assert_eq!(rescued, 1, "the expired lease must be rescued");
+    assert_eq!(healthy.run_once().await?, 1);
+    zombie_run.await??;
     assert_eq!(
-        pg.scalar("SELECT count(*) FROM effects WHERE calls = 1")
-            .await?,
-        1
+        zombie_effect.counter.total(),
+        1,
+        "the zombie ran its handler"
     );
+    assert_eq!(
+        healthy_effect.counter.total(),
+        1,
+        "the rescuer ran its handler"
+    );
+    assert_eq!(backend.scalar("SELECT count(*) FROM effects").await?, 1);
+    assert_eq!(
+        backend
+            .scalar("SELECT CAST(max(calls) AS BIGINT) FROM effects")
+            .await?,
+        1,
+        "the zombie's write must have rolled back"
+    );
+    assert_eq!(backend.scalar("SELECT count(*) FROM receipts").await?, 1);
+    assert_eq!(backend.scalar("SELECT count(*) FROM deliveries").await?, 0);
     Ok(())
 }

@@ -7,12 +7,16 @@
 //! ([`OutboxStore`], [`DeadLetterStore`]) that the PostgreSQL and SQLite
 //! backends implement and the conformance suite checks.
 
+mod admin;
 mod error;
 mod message;
 mod names;
 mod retry;
 mod store;
 
+pub use admin::{
+    AdminStore, DeliveryStats, MessageFilter, MessagePage, StoredMessage, SubscriptionInfo,
+};
 pub use error::{HandlerError, StoreError, ValidationError};
 pub use message::{
     truncate_chars, Availability, ClaimedDelivery, EnqueueOutcome, ErrorEntry, Message, NewMessage,

@@ -40,10 +40,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use courier_core::{
-    truncate_chars, validate_name, Availability, ClaimBatch, ClaimParams, ClaimedDelivery,
-    DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliverySummary, EnqueueOutcome,
-    ErrorEntry, Failure, FailureApplied, HandlerError, LeaseRef, Message, NewMessage, OutboxStore,
-    PruneReport, RetryPolicy, Route, StoreError, SubscriptionSpec, TransactionalOutcome,
+    truncate_chars, validate_name, AdminStore, Availability, ClaimBatch, ClaimParams,
+    ClaimedDelivery, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliveryStats,
+    DeliverySummary, EnqueueOutcome, ErrorEntry, Failure, FailureApplied, HandlerError, LeaseRef,
+    Message, MessageFilter, MessagePage, NewMessage, OutboxStore, PruneReport, RetryPolicy, Route,
+    StoreError, StoredMessage, SubscriptionInfo, SubscriptionSpec, TransactionalOutcome,
     ValidationError, MAX_ERROR_CHARS, MAX_PAYLOAD_BYTES,
 };
 pub use courier_engine::{

@@ -1,0 +1,132 @@
+//! Operators' view of the outbox: messages, their per-subscription state,
+//! counts, and subscriptions (list, pause, resume).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::{DeliverySummary, StoreError};
+
+/// A stored message, as operators see it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StoredMessage {
+    /// The message id.
+    pub id: Uuid,
+    /// The tenant.
+    pub tenant: String,
+    /// The topic.
+    pub topic: String,
+    /// The payload's schema version.
+    pub schema_version: i32,
+    /// The payload as JSON text.
+    pub payload: String,
+    /// The headers.
+    pub headers: BTreeMap<String, String>,
+    /// The ordering key, if any.
+    pub ordering_key: Option<String>,
+    /// The idempotency key, if any.
+    pub idempotency_key: Option<String>,
+    /// When the event happened (producer clock).
+    pub occurred_at: DateTime<Utc>,
+    /// When it first became deliverable.
+    pub available_at: DateTime<Utc>,
+    /// When it was enqueued (database clock).
+    pub enqueued_at: DateTime<Utc>,
+}
+
+/// Which messages a listing returns. Every field narrows; `None` is any.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MessageFilter {
+    /// Only these tenants (a token's scope); `None` is every tenant.
+    pub tenants: Option<Vec<String>>,
+    /// Only this topic.
+    pub topic: Option<String>,
+    /// Only messages with a delivery in this state: `available`, `running`,
+    /// `dead`, or `completed` (a receipt exists).
+    pub state: Option<String>,
+    /// Only messages owed to (or applied by) this subscription; with `state`,
+    /// the state of this subscription's delivery.
+    pub subscription: Option<String>,
+}
+
+/// One page of messages, newest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MessagePage {
+    /// The messages, by id descending (UUIDv7 ids descend in time).
+    pub items: Vec<StoredMessage>,
+    /// Pass as `before` to get the next page; `None` on the last page.
+    pub next_cursor: Option<Uuid>,
+}
+
+/// Open deliveries of one (subscription, topic) by state, and the age of the oldest.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeliveryStats {
+    /// The subscription.
+    pub subscription: String,
+    /// The topic.
+    pub topic: String,
+    /// Deliveries waiting (including those in backoff or delayed).
+    pub available: i64,
+    /// Deliveries under a lease.
+    pub running: i64,
+    /// Dead letters.
+    pub dead: i64,
+    /// Seconds since the oldest waiting or running delivery was enqueued
+    /// (database clock); `None` when none is open.
+    pub oldest_pending_age_seconds: Option<f64>,
+}
+
+/// A subscription as registered.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SubscriptionInfo {
+    /// The name.
+    pub name: String,
+    /// Its topic patterns.
+    pub topics: Vec<String>,
+    /// Whether claiming is paused (its messages wait, nothing is lost).
+    pub paused: bool,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+}
+
+/// The operator's read and control operations.
+pub trait AdminStore: Send + Sync {
+    /// One message with the state of each subscription's delivery.
+    fn get_message(
+        &self,
+        id: Uuid,
+    ) -> impl Future<Output = Result<Option<(StoredMessage, Vec<DeliverySummary>)>, StoreError>> + Send;
+
+    /// Messages matching `filter` with id below `before`, newest first.
+    fn list_messages<'c>(
+        &'c self,
+        filter: &'c MessageFilter,
+        before: Option<Uuid>,
+        limit: usize,
+    ) -> impl Future<Output = Result<MessagePage, StoreError>> + Send + 'c;
+
+    /// Open deliveries per (subscription, topic), for the given tenants (`None`: all).
+    fn delivery_stats<'c>(
+        &'c self,
+        tenants: Option<&'c [String]>,
+    ) -> impl Future<Output = Result<Vec<DeliveryStats>, StoreError>> + Send + 'c;
+
+    /// Every subscription, by name.
+    fn list_subscriptions(
+        &self,
+    ) -> impl Future<Output = Result<Vec<SubscriptionInfo>, StoreError>> + Send;
+
+    /// Pauses or resumes claiming for a subscription; returns whether it exists.
+    /// A paused subscription's deliveries wait; running ones finish.
+    fn set_subscription_paused<'c>(
+        &'c self,
+        name: &'c str,
+        paused: bool,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'c;
+
+    /// Whether the database answers and its schema is the one this build expects.
+    fn ready(&self) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}

@@ -1,0 +1,1010 @@
+//! The daemon's configuration: a TOML file, every key overridable by an
+//! environment variable, validated before anything starts.
+//!
+//! Sources, later ones winning: the defaults, the TOML file, then environment
+//! variables `COURIER_<KEY>` where `<KEY>` is the key's path in upper case
+//! with `__` between levels and array indices as numbers:
+//! `COURIER_LISTEN`, `COURIER_DATABASE_URL`, `COURIER_SUBSCRIPTIONS__0__TARGET__URL`.
+//! An environment value is read as a TOML integer, float, boolean, array or
+//! quoted string when it parses as one, and as a plain string otherwise
+//! (`COURIER_MAX_PAYLOAD_BYTES=65536` is a number, `COURIER_LISTEN=0.0.0.0:7070`
+//! a string; write `'"123"'` for a string of digits). `COURIER_CONFIG`,
+//! `COURIER_URL` and `COURIER_TOKEN` belong to the command line and are not keys.
+//!
+//! Failure: an unknown key, a value of the wrong type or a value outside its
+//! range is a [`ConfigError`] naming the key (and the environment variable it
+//! came from), the value and why, so the daemon refuses to start instead of
+//! running with a guess.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use base64::Engine as _;
+use courier::{validate_name, RetryPolicy, MAX_PAYLOAD_BYTES};
+use serde::Deserialize;
+
+/// The database used when none is configured: an SQLite file in the working directory.
+pub const DEFAULT_DATABASE_URL: &str = "./courier.db";
+/// The PostgreSQL schema holding Courier's tables, by default.
+pub const DEFAULT_SCHEMA: &str = "courier";
+/// The address the daemon listens on, by default (loopback only).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+/// The largest accepted payload, by default (the store's own limit, 1 MiB).
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = MAX_PAYLOAD_BYTES;
+/// How long shutdown waits for in-flight deliveries, by default.
+pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
+/// How long one webhook request may take, by default.
+pub const DEFAULT_WEBHOOK_TIMEOUT_MS: u64 = 10_000;
+/// The longest accepted webhook timeout.
+pub const MAX_WEBHOOK_TIMEOUT_MS: u64 = 300_000;
+/// The longest accepted shutdown timeout.
+pub const MAX_SHUTDOWN_TIMEOUT_MS: u64 = 3_600_000;
+/// The most handlers of one subscription running at once.
+pub const MAX_CONCURRENCY: usize = 10_000;
+/// The prefix of every environment variable that sets a key.
+pub const ENV_PREFIX: &str = "COURIER_";
+/// `COURIER_*` variables that belong to the command line, not to the config.
+pub const ENV_NOT_KEYS: &[&str] = &["CONFIG", "URL", "TOKEN"];
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config file is not TOML.
+    #[error("config file {path} is not valid TOML: {message}")]
+    Syntax {
+        /// The file (or `<text>` for a string).
+        path: String,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// A key is unknown or its value is refused.
+    #[error("config key `{key}`{}: {reason}", value.as_ref().map(|v| format!(" = {v}")).unwrap_or_default())]
+    Invalid {
+        /// The key's path (`listen`, `subscriptions[0].target.url`), with the
+        /// environment variable it came from, if any.
+        key: String,
+        /// The refused value, as written (secrets are not shown).
+        value: Option<String>,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl ConfigError {
+    fn invalid(key: impl Into<String>, value: Option<String>, reason: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            key: key.into(),
+            value,
+            reason: reason.into(),
+        }
+    }
+
+    /// The key the error concerns, if it concerns one.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::Invalid { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// What a bearer token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Dead letters (retry, discard) and subscriptions (pause, resume); implies `read`.
+    Admin,
+    /// Publishing messages.
+    Publish,
+    /// Reading messages, dead letters, stats, subscriptions and metrics.
+    Read,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Admin => "admin",
+            Role::Publish => "publish",
+            Role::Read => "read",
+        })
+    }
+}
+
+/// A string that is never printed by `Debug`.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"<redacted>\"")
+    }
+}
+
+/// One bearer token: stored as the hex SHA-256 of the token, never in clear.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// A name for logs.
+    pub name: String,
+    /// The hex SHA-256 of the token (`printf %s "$TOKEN" | sha256sum`).
+    pub sha256: String,
+    /// The tenants the token may see, or `["*"]` for all.
+    pub tenants: Vec<String>,
+    /// What the token may do.
+    pub roles: Vec<Role>,
+}
+
+/// A subscription's retry policy, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Attempts before a delivery is dead-lettered.
+    pub max_attempts: i32,
+    /// The first retry's delay.
+    pub base_ms: u64,
+    /// The longest delay.
+    pub cap_ms: u64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        let policy = RetryPolicy::default();
+        Self {
+            max_attempts: policy.max_attempts,
+            base_ms: u64::try_from(policy.base.as_millis()).unwrap_or(u64::MAX),
+            cap_ms: u64::try_from(policy.cap.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+impl RetryConfig {
+    /// The engine's policy.
+    pub fn policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: self.max_attempts,
+            base: Duration::from_millis(self.base_ms),
+            cap: Duration::from_millis(self.cap_ms),
+        }
+    }
+}
+
+/// Where a subscription delivers.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum TargetConfig {
+    /// An HTTP endpoint, signed per Standard Webhooks.
+    Webhook(WebhookConfig),
+}
+
+/// An HTTP webhook target.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// The endpoint (`http` or `https`).
+    pub url: String,
+    /// The signing secret: `whsec_<base64>` or raw text.
+    pub secret: Secret,
+    /// How long one request may take.
+    #[serde(default = "default_webhook_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_webhook_timeout_ms() -> u64 {
+    DEFAULT_WEBHOOK_TIMEOUT_MS
+}
+
+impl WebhookConfig {
+    /// The secret's key bytes: base64-decoded after `whsec_`, else the raw text.
+    pub fn secret_bytes(&self) -> Result<Vec<u8>, String> {
+        let secret = &self.secret.0;
+        match secret.strip_prefix("whsec_") {
+            Some(encoded) => base64::engine::general_purpose::STANDARD
+                .decode(encoded)
+                .map_err(|e| format!("the part after `whsec_` is not base64: {e}")),
+            None => Ok(secret.as_bytes().to_vec()),
+        }
+    }
+}
+
+/// A subscription the daemon delivers.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscriptionConfig {
+    /// The subscription's name.
+    pub name: String,
+    /// Topic patterns: exact topics, `prefix.*`, or `*`.
+    pub topics: Vec<String>,
+    /// Only these tenants' messages are sent; the others are completed
+    /// without sending (they still get a receipt). `None`: every tenant.
+    #[serde(default)]
+    pub tenants: Option<Vec<String>>,
+    /// The retry policy.
+    #[serde(default)]
+    pub retry: RetryConfig,
+    /// Deliveries in flight at once.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// Where messages go.
+    pub target: TargetConfig,
+}
+
+fn default_concurrency() -> usize {
+    16
+}
+
+/// The daemon's whole configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `postgres://…` / `postgresql://…` for PostgreSQL; a path or `sqlite:` URL for SQLite.
+    pub database_url: String,
+    /// The PostgreSQL schema of Courier's tables.
+    pub schema: String,
+    /// The address the HTTP API listens on.
+    pub listen: SocketAddr,
+    /// How logs are written.
+    pub log_format: LogFormat,
+    /// The largest accepted payload, in bytes of JSON text.
+    pub max_payload_bytes: usize,
+    /// How long shutdown waits for in-flight deliveries.
+    pub shutdown_timeout_ms: u64,
+    /// Bearer tokens; none means an open API on loopback only.
+    pub tokens: Vec<TokenConfig>,
+    /// Subscriptions the daemon delivers.
+    pub subscriptions: Vec<SubscriptionConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            database_url: DEFAULT_DATABASE_URL.to_owned(),
+            schema: DEFAULT_SCHEMA.to_owned(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            log_format: LogFormat::Text,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
+            tokens: Vec::new(),
+            subscriptions: Vec::new(),
+        }
+    }
+}
+
+/// Which database a URL names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatabaseKind {
+    /// PostgreSQL at this URL.
+    Postgres(String),
+    /// SQLite at this path or `sqlite:` URL.
+    Sqlite(String),
+}
+
+impl Config {
+    /// Reads the file at `path` (if any), applies the process's `COURIER_*`
+    /// environment variables and validates the result.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        let text = match path {
+            Some(path) => {
+                Some(
+                    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                        path: path.display().to_string(),
+                        source,
+                    })?,
+                )
+            }
+            None => None,
+        };
+        let name = path.map(|p| p.display().to_string());
+        Self::from_sources(text.as_deref(), name.as_deref(), std::env::vars())
+    }
+
+    /// Parses TOML text (no environment) and validates it.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        Self::from_sources(Some(text), None, std::iter::empty())
+    }
+
+    /// Parses optional TOML text, applies `env` (pairs of variable and value;
+    /// variables without the `COURIER_` prefix are ignored) and validates.
+    /// `file_name` names the text in syntax errors.
+    pub fn from_sources(
+        toml_text: Option<&str>,
+        file_name: Option<&str>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut root = match toml_text {
+            Some(text) => toml::from_str::<toml::Table>(text).map_err(|e| ConfigError::Syntax {
+                path: file_name.unwrap_or("<text>").to_owned(),
+                message: e.to_string(),
+            })?,
+            None => toml::Table::new(),
+        };
+        let origins = apply_env(&mut root, env)?;
+        let root = toml::Value::Table(root);
+        let config: Config = serde_path_to_error::deserialize(root.clone())
+            .map_err(|error| deserialize_error(&root, &origins, error))?;
+        config
+            .validate()
+            .map_err(|error| with_origin(error, &origins))?;
+        Ok(config)
+    }
+
+    /// Checks every value, naming the key, the value and why.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, value: &dyn fmt::Display, reason: &str| {
+            ConfigError::invalid(key, Some(format!("{:?}", value.to_string())), reason)
+        };
+        self.database()?;
+        courier::postgres::validate_schema(&self.schema)
+            .map_err(|e| bad("schema", &self.schema, &e.reason))?;
+        if self.max_payload_bytes == 0 || self.max_payload_bytes > MAX_PAYLOAD_BYTES {
+            return Err(bad(
+                "max_payload_bytes",
+                &self.max_payload_bytes,
+                &format!("must be between 1 and {MAX_PAYLOAD_BYTES} (the store's limit)"),
+            ));
+        }
+        if self.shutdown_timeout_ms > MAX_SHUTDOWN_TIMEOUT_MS {
+            return Err(bad(
+                "shutdown_timeout_ms",
+                &self.shutdown_timeout_ms,
+                &format!("must be at most {MAX_SHUTDOWN_TIMEOUT_MS} (one hour)"),
+            ));
+        }
+        if self.tokens.is_empty() && !self.listen.ip().is_loopback() {
+            return Err(bad(
+                "listen",
+                &self.listen,
+                "refusing to listen on a non-loopback address without [[tokens]]: \
+                 anyone who can reach it could publish and read every tenant's messages; \
+                 configure tokens or listen on 127.0.0.1",
+            ));
+        }
+        let mut token_names = BTreeSet::new();
+        let mut token_hashes = BTreeSet::new();
+        for (i, token) in self.tokens.iter().enumerate() {
+            let key = |field: &str| format!("tokens[{i}].{field}");
+            validate_name("name", &token.name)
+                .map_err(|e| bad(&key("name"), &token.name, &e.reason))?;
+            if !token_names.insert(token.name.as_str()) {
+                return Err(bad(&key("name"), &token.name, "two tokens have this name"));
+            }
+            let hash = decode_sha256(&token.sha256).map_err(|reason| {
+                ConfigError::invalid(key("sha256"), Some(format!("{:?}", token.sha256)), reason)
+            })?;
+            if !token_hashes.insert(hash) {
+                return Err(ConfigError::invalid(
+                    key("sha256"),
+                    None,
+                    "two tokens have the same hash",
+                ));
+            }
+            validate_tenants(&key("tenants"), &token.tenants, true)?;
+            if token.roles.is_empty() {
+                return Err(ConfigError::invalid(
+                    key("roles"),
+                    Some("[]".into()),
+                    "must name at least one of admin, publish, read",
+                ));
+            }
+        }
+        let mut subscription_names = BTreeSet::new();
+        for (i, subscription) in self.subscriptions.iter().enumerate() {
+            let key = |field: &str| format!("subscriptions[{i}].{field}");
+            validate_name("name", &subscription.name)
+                .map_err(|e| bad(&key("name"), &subscription.name, &e.reason))?;
+            if !subscription_names.insert(subscription.name.as_str()) {
+                return Err(bad(
+                    &key("name"),
+                    &subscription.name,
+                    "two subscriptions have this name",
+                ));
+            }
+            if subscription.topics.is_empty() {
+                return Err(ConfigError::invalid(
+                    key("topics"),
+                    Some("[]".into()),
+                    "must name at least one topic pattern (exact, `prefix.*` or `*`)",
+                ));
+            }
+            for (j, pattern) in subscription.topics.iter().enumerate() {
+                validate_topic_pattern(pattern)
+                    .map_err(|reason| bad(&key(&format!("topics[{j}]")), pattern, &reason))?;
+            }
+            if let Some(tenants) = &subscription.tenants {
+                validate_tenants(&key("tenants"), tenants, false)?;
+            }
+            let retry = subscription.retry;
+            if retry.max_attempts < 1 {
+                return Err(bad(
+                    &key("retry.max_attempts"),
+                    &retry.max_attempts,
+                    "must be at least 1",
+                ));
+            }
+            if retry.base_ms == 0 {
+                return Err(bad(
+                    &key("retry.base_ms"),
+                    &retry.base_ms,
+                    "must be above 0",
+                ));
+            }
+            if retry.cap_ms < retry.base_ms {
+                return Err(bad(
+                    &key("retry.cap_ms"),
+                    &retry.cap_ms,
+                    &format!("must be at least retry.base_ms ({})", retry.base_ms),
+                ));
+            }
+            if subscription.concurrency == 0 || subscription.concurrency > MAX_CONCURRENCY {
+                return Err(bad(
+                    &key("concurrency"),
+                    &subscription.concurrency,
+                    &format!("must be between 1 and {MAX_CONCURRENCY}"),
+                ));
+            }
+            match &subscription.target {
+                TargetConfig::Webhook(webhook) => {
+                    match reqwest::Url::parse(&webhook.url) {
+                        Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
+                        Ok(_) => {
+                            return Err(bad(
+                                &key("target.url"),
+                                &webhook.url,
+                                "must be an http:// or https:// URL with a host",
+                            ))
+                        }
+                        Err(e) => {
+                            return Err(bad(
+                                &key("target.url"),
+                                &webhook.url,
+                                &format!("is not a URL: {e}"),
+                            ))
+                        }
+                    }
+                    let secret = webhook.secret_bytes().map_err(|reason| {
+                        ConfigError::invalid(key("target.secret"), None, reason)
+                    })?;
+                    if secret.is_empty() {
+                        return Err(ConfigError::invalid(
+                            key("target.secret"),
+                            None,
+                            "must not be empty",
+                        ));
+                    }
+                    if webhook.timeout_ms == 0 || webhook.timeout_ms > MAX_WEBHOOK_TIMEOUT_MS {
+                        return Err(bad(
+                            &key("target.timeout_ms"),
+                            &webhook.timeout_ms,
+                            &format!("must be between 1 and {MAX_WEBHOOK_TIMEOUT_MS}"),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Which database `database_url` names.
+    pub fn database(&self) -> Result<DatabaseKind, ConfigError> {
+        let url = self.database_url.trim();
+        let bad =
+            |reason: &str| ConfigError::invalid("database_url", Some(format!("{url:?}")), reason);
+        if url.is_empty() {
+            return Err(bad("must not be empty"));
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(DatabaseKind::Postgres(url.to_owned()));
+        }
+        if url.starts_with("sqlite:") {
+            return Ok(DatabaseKind::Sqlite(url.to_owned()));
+        }
+        if let Some((scheme, _)) = url.split_once("://") {
+            return Err(bad(&format!(
+                "unsupported scheme {scheme:?}: use postgres://, postgresql://, sqlite: or a file path"
+            )));
+        }
+        Ok(DatabaseKind::Sqlite(url.to_owned()))
+    }
+
+    /// How long shutdown waits for in-flight deliveries.
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.shutdown_timeout_ms)
+    }
+}
+
+/// Decodes a hex SHA-256 digest (64 hex digits, any case).
+pub(crate) fn decode_sha256(text: &str) -> Result<[u8; 32], String> {
+    let mut hash = [0u8; 32];
+    hex::decode_to_slice(text.trim(), &mut hash).map_err(|e| {
+        format!(
+            "must be the 64 hex digits of a SHA-256 digest (printf %s \"$TOKEN\" | sha256sum): {e}"
+        )
+    })?;
+    Ok(hash)
+}
+
+fn validate_tenants(key: &str, tenants: &[String], wildcard: bool) -> Result<(), ConfigError> {
+    if tenants.is_empty() {
+        return Err(ConfigError::invalid(
+            key,
+            Some("[]".into()),
+            if wildcard {
+                "must name at least one tenant, or [\"*\"] for all"
+            } else {
+                "must name at least one tenant (leave the key out for all)"
+            },
+        ));
+    }
+    for (j, tenant) in tenants.iter().enumerate() {
+        if tenant == "*" {
+            if !wildcard {
+                return Err(ConfigError::invalid(
+                    format!("{key}[{j}]"),
+                    Some("\"*\"".into()),
+                    "a subscription takes every tenant when `tenants` is left out; `*` is not a tenant",
+                ));
+            }
+            if tenants.len() > 1 {
+                return Err(ConfigError::invalid(
+                    format!("{key}[{j}]"),
+                    Some("\"*\"".into()),
+                    "`*` means every tenant and must stand alone",
+                ));
+            }
+            continue;
+        }
+        validate_name("tenant", tenant).map_err(|e| {
+            ConfigError::invalid(format!("{key}[{j}]"), Some(format!("{tenant:?}")), e.reason)
+        })?;
+    }
+    Ok(())
+}
+
+/// Checks a subscription's topic pattern: an exact topic, `prefix.*`, or `*`.
+pub fn validate_topic_pattern(pattern: &str) -> Result<(), String> {
+    if pattern == "*" {
+        return Ok(());
+    }
+    let (name, what) = match pattern.strip_suffix(".*") {
+        Some(prefix) => (prefix, "the prefix before `.*`"),
+        None => (pattern, "the topic"),
+    };
+    validate_name("topic", name).map_err(|e| {
+        format!(
+            "{what} {}; a pattern is an exact topic, `prefix.*` or `*`",
+            e.reason
+        )
+    })
+}
+
+/// Where each key set from the environment came from: key path → variable.
+type Origins = HashMap<String, String>;
+
+fn apply_env(
+    root: &mut toml::Table,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<Origins, ConfigError> {
+    let mut entries: Vec<(Vec<String>, String, String)> = env
+        .into_iter()
+        .filter_map(|(name, value)| {
+            let rest = name.strip_prefix(ENV_PREFIX)?;
+            if ENV_NOT_KEYS.contains(&rest) {
+                return None;
+            }
+            let segments = rest.split("__").map(str::to_ascii_lowercase).collect();
+            Some((segments, name, value))
+        })
+        .collect();
+    // Natural order, so index 2 is set before index 10.
+    entries.sort_by(|a, b| {
+        let key = |segments: &[String]| {
+            segments
+                .iter()
+                .map(|s| (s.parse::<usize>().ok(), s.clone()))
+                .collect::<Vec<_>>()
+        };
+        key(&a.0).cmp(&key(&b.0))
+    });
+    let mut origins = Origins::new();
+    for (segments, variable, value) in entries {
+        let key = path_text(&segments);
+        let bad = |reason: &str| {
+            ConfigError::invalid(format!("{key} (from {variable})"), None, reason.to_owned())
+        };
+        if segments.iter().any(String::is_empty) {
+            return Err(bad("has an empty segment (levels are joined by `__`)"));
+        }
+        let mut tree = toml::Value::Table(std::mem::take(root));
+        let result = set_path(&mut tree, &segments, parse_env_value(&value));
+        if let toml::Value::Table(table) = tree {
+            *root = table;
+        }
+        result.map_err(|reason| bad(&reason))?;
+        origins.insert(key, variable);
+    }
+    Ok(origins)
+}
+
+/// Sets `segments` (names, or list indices as numbers) under `slot` to `value`,
+/// creating tables and list entries on the way.
+fn set_path(slot: &mut toml::Value, segments: &[String], value: toml::Value) -> Result<(), String> {
+    let Some((segment, rest)) = segments.split_first() else {
+        *slot = value;
+        return Ok(());
+    };
+    if let Ok(index) = segment.parse::<usize>() {
+        if !slot.is_array() {
+            *slot = toml::Value::Array(Vec::new());
+        }
+        let toml::Value::Array(array) = slot else {
+            return Err("cannot be set here".into());
+        };
+        if index == array.len() {
+            array.push(toml::Value::Table(toml::Table::new()));
+        }
+        let length = array.len();
+        let entry = array
+            .get_mut(index)
+            .ok_or_else(|| format!("list index {index} skips entries (the list has {length})"))?;
+        set_path(entry, rest, value)
+    } else {
+        if !slot.is_table() {
+            *slot = toml::Value::Table(toml::Table::new());
+        }
+        let toml::Value::Table(table) = slot else {
+            return Err("cannot be set here".into());
+        };
+        let entry = table
+            .entry(segment.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        set_path(entry, rest, value)
+    }
+}
+
+fn parse_env_value(raw: &str) -> toml::Value {
+    if let Ok(mut table) = toml::from_str::<toml::Table>(&format!("v = {raw}")) {
+        if table.len() == 1 {
+            if let Some(value) = table.remove("v") {
+                if matches!(
+                    value,
+                    toml::Value::Integer(_)
+                        | toml::Value::Float(_)
+                        | toml::Value::Boolean(_)
+                        | toml::Value::Array(_)
+                        | toml::Value::String(_)
+                ) {
+                    return value;
+                }
+            }
+        }
+    }
+    toml::Value::String(raw.to_owned())
+}
+
+fn path_text(segments: &[String]) -> String {
+    let mut text = String::new();
+    for segment in segments {
+        if segment.parse::<usize>().is_ok() {
+            text.push_str(&format!("[{segment}]"));
+        } else {
+            if !text.is_empty() {
+                text.push('.');
+            }
+            text.push_str(segment);
+        }
+    }
+    text
+}
+
+fn deserialize_error(
+    root: &toml::Value,
+    origins: &Origins,
+    error: serde_path_to_error::Error<toml::de::Error>,
+) -> ConfigError {
+    let mut segments = Vec::new();
+    let mut value = Some(root);
+    for segment in error.path().iter() {
+        match segment {
+            serde_path_to_error::Segment::Seq { index } => {
+                segments.push(index.to_string());
+                value = value.and_then(|v| v.get(*index));
+            }
+            serde_path_to_error::Segment::Map { key } => {
+                segments.push(key.clone());
+                value = value.and_then(|v| v.get(key.as_str()));
+            }
+            serde_path_to_error::Segment::Enum { .. } | serde_path_to_error::Segment::Unknown => {}
+        }
+    }
+    let message = error.inner().message().to_owned();
+    // "unknown field `x`, expected …" and "missing field `x`" concern a
+    // child of the path serde reports.
+    let child = ["unknown field `", "missing field `", "unknown variant `"]
+        .iter()
+        .find_map(|prefix| message.strip_prefix(prefix))
+        .and_then(|rest| rest.split('`').next())
+        .map(str::to_owned);
+    let mut shown_value = value.filter(|_| !is_secret(&segments)).map(toml_display);
+    if message.starts_with("unknown field `") || message.starts_with("missing field `") {
+        if let Some(child) = child {
+            if segments.last() != Some(&child) {
+                segments.push(child);
+            }
+        }
+        shown_value = None;
+    }
+    let key = path_text(&segments);
+    let key = if key.is_empty() {
+        "(root)".to_owned()
+    } else {
+        key
+    };
+    with_origin(ConfigError::invalid(key, shown_value, message), origins)
+}
+
+fn is_secret(segments: &[String]) -> bool {
+    segments.last().is_some_and(|s| s == "secret")
+}
+
+fn toml_display(value: &toml::Value) -> String {
+    match value {
+        toml::Value::String(s) => format!("{s:?}"),
+        other => other.to_string(),
+    }
+}
+
+fn with_origin(error: ConfigError, origins: &Origins) -> ConfigError {
+    match error {
+        ConfigError::Invalid { key, value, reason } => {
+            let origin = origins
+                .iter()
+                .filter(|(path, _)| {
+                    key == **path
+                        || key.starts_with(&format!("{path}."))
+                        || key.starts_with(&format!("{path}["))
+                })
+                .max_by_key(|(path, _)| path.len())
+                .map(|(_, variable)| variable.clone());
+            let key = match origin {
+                Some(variable) if !key.contains(" (from ") => format!("{key} (from {variable})"),
+                _ => key,
+            };
+            ConfigError::Invalid { key, value, reason }
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    const HASH: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    #[test]
+    fn defaults_are_sqlite_on_loopback() {
+        let config = Config::from_sources(None, None, Vec::new()).unwrap();
+        assert_eq!(config, Config::default());
+        assert_eq!(
+            config.database().unwrap(),
+            DatabaseKind::Sqlite("./courier.db".into())
+        );
+        assert_eq!(config.listen.to_string(), DEFAULT_LISTEN);
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let text = "listen = \"127.0.0.1:9000\"\nmax_payload_bytes = 1000\n";
+        let config = Config::from_sources(
+            Some(text),
+            None,
+            env(&[
+                ("COURIER_LISTEN", "127.0.0.1:9001"),
+                ("COURIER_MAX_PAYLOAD_BYTES", "2048"),
+                ("COURIER_DATABASE_URL", "postgres://u@h/db"),
+                ("COURIER_CONFIG", "/ignored.toml"),
+                ("HOME", "/root"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.listen.port(), 9001);
+        assert_eq!(config.max_payload_bytes, 2048);
+        assert_eq!(
+            config.database().unwrap(),
+            DatabaseKind::Postgres("postgres://u@h/db".into())
+        );
+    }
+
+    #[test]
+    fn nested_keys_and_list_entries_come_from_the_environment() {
+        let text = r#"
+            [[subscriptions]]
+            name = "hooks"
+            topics = ["invoice.*"]
+            target = { type = "webhook", url = "http://127.0.0.1:1/a", secret = "s" }
+        "#;
+        let config = Config::from_sources(
+            Some(text),
+            None,
+            env(&[
+                (
+                    "COURIER_SUBSCRIPTIONS__0__TARGET__URL",
+                    "http://127.0.0.1:2/b",
+                ),
+                ("COURIER_SUBSCRIPTIONS__0__RETRY__MAX_ATTEMPTS", "3"),
+                ("COURIER_TOKENS__0__NAME", "ci"),
+                ("COURIER_TOKENS__0__SHA256", HASH),
+                ("COURIER_TOKENS__0__TENANTS", "[\"*\"]"),
+                ("COURIER_TOKENS__0__ROLES", "[\"publish\"]"),
+            ]),
+        )
+        .unwrap();
+        let TargetConfig::Webhook(webhook) = &config.subscriptions[0].target;
+        assert_eq!(webhook.url, "http://127.0.0.1:2/b");
+        assert_eq!(config.subscriptions[0].retry.max_attempts, 3);
+        assert_eq!(config.tokens[0].roles, vec![Role::Publish]);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = Config::from_toml_str("listne = \"x\"").unwrap_err();
+        assert_eq!(err.key(), Some("listne"), "{err}");
+        let err = Config::from_sources(None, None, env(&[("COURIER_LISTNE", "x")])).unwrap_err();
+        assert_eq!(err.key(), Some("listne (from COURIER_LISTNE)"), "{err}");
+        let text = r#"
+            [[subscriptions]]
+            name = "hooks"
+            topics = ["a"]
+            target = { type = "webhook", url = "http://127.0.0.1:1/", secret = "s", tiemout_ms = 1 }
+        "#;
+        let err = Config::from_toml_str(text).unwrap_err();
+        assert!(err.to_string().contains("tiemout_ms"), "{err}");
+        assert!(err.to_string().contains("subscriptions[0].target"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_key_value_and_reason() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("listen = \"nowhere\"", "listen", "nowhere"),
+            ("max_payload_bytes = 0", "max_payload_bytes", "0"),
+            ("max_payload_bytes = \"big\"", "max_payload_bytes", "big"),
+            (
+                "max_payload_bytes = 2000000",
+                "max_payload_bytes",
+                "2000000",
+            ),
+            ("log_format = \"xml\"", "log_format", "xml"),
+            ("schema = \"Bad-Schema\"", "schema", "Bad-Schema"),
+            ("database_url = \"mysql://x\"", "database_url", "mysql://x"),
+            ("listen = \"0.0.0.0:7070\"", "listen", "0.0.0.0:7070"),
+        ];
+        for (text, key, value) in cases {
+            let err = Config::from_toml_str(text).unwrap_err();
+            assert_eq!(err.key(), Some(*key), "{text}: {err}");
+            assert!(err.to_string().contains(value), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn non_loopback_needs_tokens() {
+        let err = Config::from_toml_str("listen = \"0.0.0.0:7070\"").unwrap_err();
+        assert!(err.to_string().contains("without [[tokens]]"), "{err}");
+        let text = format!(
+            "listen = \"0.0.0.0:7070\"\n[[tokens]]\nname = \"a\"\nsha256 = \"{HASH}\"\ntenants = [\"*\"]\nroles = [\"admin\"]\n"
+        );
+        assert!(Config::from_toml_str(&text).is_ok());
+    }
+
+    #[test]
+    fn token_and_subscription_values_are_checked() {
+        let token = |body: &str| format!("[[tokens]]\n{body}\n");
+        let cases = [
+            (
+                token("name = \"a\"\nsha256 = \"xyz\"\ntenants = [\"*\"]\nroles = [\"read\"]"),
+                "tokens[0].sha256",
+            ),
+            (
+                token(&format!("name = \"a\"\nsha256 = \"{HASH}\"\ntenants = [\"*\", \"b\"]\nroles = [\"read\"]")),
+                "tokens[0].tenants[0]",
+            ),
+            (
+                token(&format!("name = \"a\"\nsha256 = \"{HASH}\"\ntenants = [\"a:b\"]\nroles = [\"read\"]")),
+                "tokens[0].tenants[0]",
+            ),
+            (
+                token(&format!("name = \"a\"\nsha256 = \"{HASH}\"\ntenants = [\"a\"]\nroles = [\"root\"]")),
+                "tokens[0].roles[0]",
+            ),
+        ];
+        for (text, key) in cases {
+            let err = Config::from_toml_str(&text).unwrap_err();
+            assert_eq!(err.key(), Some(key), "{text}: {err}");
+        }
+        let subscription = |topics: &str, extra: &str, target: &str| {
+            format!("[[subscriptions]]\nname = \"s\"\ntopics = {topics}\n{extra}\n[subscriptions.target]\ntype = \"webhook\"\n{target}\n")
+        };
+        let ok_target = "url = \"http://127.0.0.1:1/\"\nsecret = \"whsec_c2VjcmV0\"";
+        let cases = [
+            (
+                subscription("[\"a b\"]", "", ok_target),
+                "subscriptions[0].topics[0]",
+            ),
+            (subscription("[]", "", ok_target), "subscriptions[0].topics"),
+            (
+                subscription("[\"a\"]", "concurrency = 0", ok_target),
+                "subscriptions[0].concurrency",
+            ),
+            (
+                subscription("[\"a\"]", "retry = { max_attempts = 0 }", ok_target),
+                "subscriptions[0].retry.max_attempts",
+            ),
+            (
+                subscription("[\"a\"]", "", "url = \"ftp://x/\"\nsecret = \"s\""),
+                "subscriptions[0].target.url",
+            ),
+            (
+                subscription("[\"a\"]", "", "url = \"http://x/\"\nsecret = \"whsec_!!\""),
+                "subscriptions[0].target.secret",
+            ),
+        ];
+        for (text, key) in cases {
+            let err = Config::from_toml_str(&text).unwrap_err();
+            assert_eq!(err.key(), Some(key), "{text}: {err}");
+        }
+        let ok = subscription(
+            "[\"invoice.*\", \"*\", \"a\"]",
+            "tenants = [\"acme\"]",
+            ok_target,
+        );
+        let config = Config::from_toml_str(&ok).unwrap();
+        let TargetConfig::Webhook(webhook) = &config.subscriptions[0].target;
+        assert_eq!(webhook.secret_bytes().unwrap(), b"secret");
+        assert_eq!(webhook.timeout_ms, DEFAULT_WEBHOOK_TIMEOUT_MS);
+    }
+
+    #[test]
+    fn secrets_are_not_printed() {
+        let text = "[[subscriptions]]\nname = \"s\"\ntopics = [\"a\"]\ntarget = { type = \"webhook\", url = \"http://x/\", secret = \"hunter2\" }\n";
+        let config = Config::from_toml_str(text).unwrap();
+        assert!(!format!("{config:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn the_example_file_parses_and_validates() {
+        let text = include_str!("../courier.example.toml");
+        let config = Config::from_toml_str(text).unwrap();
+        assert!(!config.tokens.is_empty());
+        assert!(!config.subscriptions.is_empty());
+    }
+}

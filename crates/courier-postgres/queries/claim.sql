@@ -11,6 +11,7 @@
 -- beside a later one); the fan-out trigger serialises producers per key, so
 -- enqueue order is commit order. A
 -- tenant at its in-flight limit $8 (NULL: none) is skipped without spending attempts.
+-- A paused subscription claims nothing (see `turn`).
 -- Times are the database's: statement_timestamp(), never the worker's clock.
 WITH RECURSIVE tenants AS (
   (SELECT d.tenant FROM {schema}.deliveries d
@@ -23,8 +24,14 @@ WITH RECURSIVE tenants AS (
   FROM tenants t
   WHERE t.tenant IS NOT NULL
 ),
+-- A paused subscription gets an empty turn, so nothing is claimed and its
+-- deliveries wait untouched. The check is uncorrelated: PostgreSQL runs it
+-- once (a one-time filter) and skips the tenant walk entirely when paused.
 turn AS (
-  SELECT tenant FROM tenants WHERE tenant IS NOT NULL LIMIT $3
+  SELECT tenant FROM tenants
+  WHERE tenant IS NOT NULL
+    AND NOT EXISTS (SELECT 1 FROM {schema}.subscriptions p WHERE p.name = $1 AND p.paused)
+  LIMIT $3
 ),
 share AS (
   SELECT greatest(1, $4::int / greatest(count(*), 1)::int) AS per_tenant FROM turn

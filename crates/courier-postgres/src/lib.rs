@@ -5,8 +5,12 @@
 //! that workers claim with `FOR UPDATE SKIP LOCKED`, `receipts`, and the
 //! subscriptions. Every query lives in `queries/*.sql`, rendered once per
 //! schema. Every lease check uses the database clock. [`PgNotifier`] turns the
-//! fan-out trigger's NOTIFY into worker wake-ups.
+//! fan-out trigger's NOTIFY into worker wake-ups. The operators' view
+//! ([`AdminStore`](courier_core::AdminStore)) lists messages with their
+//! per-subscription state and pauses subscriptions: a paused subscription's
+//! claims take nothing until it is resumed.
 
+mod admin;
 mod error;
 mod migrate;
 mod notifier;
@@ -27,6 +31,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
+pub use admin::MAX_MESSAGE_PAGE;
 pub use migrate::SCHEMA_VERSION;
 pub use notifier::PgNotifier;
 

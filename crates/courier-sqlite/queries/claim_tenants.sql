@@ -1,16 +1,21 @@
 -- The first step of a claim: up to ?3 tenants with available deliveries in
 -- subscription ?1, in byte order after the cursor ?2, with (when ?4 is true)
 -- how many deliveries each already has running, for the in-flight limit.
--- Touches: reads deliveries. Locks: runs inside the claim's BEGIN IMMEDIATE
--- transaction, so no other writer changes the answer before the update.
+-- Touches: reads deliveries and subscriptions. Locks: runs inside the claim's
+-- BEGIN IMMEDIATE transaction, so no other writer changes the answer before
+-- the update.
 -- Shape: a loose index scan; each step seeks deliveries_ready for the next
 -- tenant after the previous one, so a tenant with a huge backlog costs one seek,
 -- not a scan of its backlog. The running counts use deliveries_running.
+-- A paused subscription gets no turn at all (the anchor row is filtered out
+-- by one primary-key probe of subscriptions), so the claim takes nothing and
+-- its deliveries wait untouched.
 WITH RECURSIVE turn (tenant, position) AS (
   SELECT (SELECT d.tenant FROM deliveries d
            WHERE d.subscription = ?1 AND d.state = 'available' AND d.tenant > ?2
            ORDER BY d.tenant LIMIT 1),
          1
+  WHERE NOT EXISTS (SELECT 1 FROM subscriptions p WHERE p.name = ?1 AND p.paused)
   UNION ALL
   SELECT (SELECT d.tenant FROM deliveries d
            WHERE d.subscription = ?1 AND d.state = 'available' AND d.tenant > t.tenant

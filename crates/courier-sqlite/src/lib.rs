@@ -5,8 +5,10 @@
 //! `deliveries` of every matching subscription, so a plain SQL `INSERT` works
 //! too), `deliveries` that workers claim under leases, `receipts`, and the
 //! subscriptions. It implements the same [`OutboxStore`] and
-//! [`DeadLetterStore`](courier_core::DeadLetterStore) contract as the PostgreSQL store; every query lives in
-//! `queries/*.sql` and every lease check uses the database clock.
+//! [`DeadLetterStore`](courier_core::DeadLetterStore) and
+//! [`AdminStore`](courier_core::AdminStore) contract as the PostgreSQL store
+//! (a paused subscription's claims take nothing until it is resumed); every
+//! query lives in `queries/*.sql` and every lease check uses the database clock.
 //!
 //! # One writer
 //!
@@ -26,6 +28,7 @@
 //! ([`SqliteStore::wakeups`]) after it enqueues; producers in other processes
 //! (or plain SQL inserts) are found by the workers' polling.
 
+mod admin;
 mod dead_letters;
 mod error;
 mod migrate;
@@ -42,6 +45,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tokio::sync::watch;
 
+pub use admin::MAX_MESSAGE_PAGE;
 pub use dead_letters::MAX_DEAD_LETTER_PAGE;
 pub use migrate::SCHEMA_VERSION;
 pub use outbox::MAX_TENANTS_PER_TURN;

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use courier_core::{ClaimedDelivery, DeadLetter, ErrorEntry, StoreError};
+use courier_core::{ClaimedDelivery, DeadLetter, ErrorEntry, StoreError, StoredMessage};
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 use uuid::Uuid;
@@ -117,6 +117,24 @@ pub(crate) fn dead_letter(row: &SqliteRow) -> Result<DeadLetter, StoreError> {
         attempts: get(row, "attempts")?,
         errors: parse_errors(&errors)?,
         dead_at: optional_time(row, "dead_at")?,
+        enqueued_at: time(row, "created_at")?,
+    })
+}
+
+/// A row of `message_get.sql` or `messages_list.sql`.
+pub(crate) fn stored_message(row: &SqliteRow) -> Result<StoredMessage, StoreError> {
+    let headers: String = get(row, "headers")?;
+    Ok(StoredMessage {
+        id: uuid(row, "id")?,
+        tenant: get(row, "tenant")?,
+        topic: get(row, "topic")?,
+        schema_version: get(row, "schema_version")?,
+        payload: get(row, "payload")?,
+        headers: parse_headers(&headers)?,
+        ordering_key: get(row, "ordering_key")?,
+        idempotency_key: get(row, "idempotency_key")?,
+        occurred_at: time(row, "occurred_at")?,
+        available_at: time(row, "available_at")?,
         enqueued_at: time(row, "created_at")?,
     })
 }

@@ -26,7 +26,7 @@ pub fn database_url() -> String {
 /// A backend under test: Courier over a fresh database, plus raw SQL access.
 pub trait Backend: Send + Sync + 'static {
     /// The store.
-    type Store: OutboxStore<Connection: EffectConnection> + DeadLetterStore;
+    type Store: OutboxStore<Connection: EffectConnection> + DeadLetterStore + courier::AdminStore;
 
     /// Courier over the fresh database.
     fn courier(&self) -> &Courier<Self::Store>;

@@ -1,0 +1,182 @@
+//! [`AdminStore`] for PostgreSQL: what operators read and control — messages
+//! with their per-subscription state, counts of open work, subscriptions and
+//! their pause switch, and readiness.
+
+use courier_core::{
+    AdminStore, DeadLetterStore, DeliveryStats, DeliverySummary, MessageFilter, MessagePage,
+    StoreError, StoredMessage, SubscriptionInfo, ValidationError,
+};
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+use uuid::Uuid;
+
+use crate::error::map;
+use crate::{migrate, parse_headers, PgStore};
+
+/// The most messages one page of [`AdminStore::list_messages`] holds.
+pub const MAX_MESSAGE_PAGE: usize = 1000;
+
+/// The states a message listing can filter on.
+const FILTER_STATES: [&str; 4] = ["available", "running", "dead", "completed"];
+
+/// Refuses a state filter other than the four states a delivery can show.
+fn check_state(state: Option<&str>) -> Result<(), ValidationError> {
+    match state {
+        Some(state) if !FILTER_STATES.contains(&state) => Err(ValidationError::new(
+            "state",
+            format!("{state:?} is not one of available, running, dead, completed"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn stored_message_from_row(row: &PgRow) -> Result<StoredMessage, StoreError> {
+    let headers: String = row.try_get("headers").map_err(map)?;
+    Ok(StoredMessage {
+        id: row.try_get("id").map_err(map)?,
+        tenant: row.try_get("tenant").map_err(map)?,
+        topic: row.try_get("topic").map_err(map)?,
+        schema_version: row.try_get("schema_version").map_err(map)?,
+        payload: row.try_get("payload").map_err(map)?,
+        headers: parse_headers(&headers)?,
+        ordering_key: row.try_get("ordering_key").map_err(map)?,
+        idempotency_key: row.try_get("idempotency_key").map_err(map)?,
+        occurred_at: row.try_get("occurred_at").map_err(map)?,
+        available_at: row.try_get("available_at").map_err(map)?,
+        enqueued_at: row.try_get("created_at").map_err(map)?,
+    })
+}
+
+impl AdminStore for PgStore {
+    async fn get_message(
+        &self,
+        id: Uuid,
+    ) -> Result<Option<(StoredMessage, Vec<DeliverySummary>)>, StoreError> {
+        let row = sqlx::query(&self.q().message_get)
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(map)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let message = stored_message_from_row(&row)?;
+        let deliveries = self.message_deliveries(id).await?;
+        Ok(Some((message, deliveries)))
+    }
+
+    async fn list_messages<'c>(
+        &'c self,
+        filter: &'c MessageFilter,
+        before: Option<Uuid>,
+        limit: usize,
+    ) -> Result<MessagePage, StoreError> {
+        check_state(filter.state.as_deref())?;
+        let limit = limit.clamp(1, MAX_MESSAGE_PAGE);
+        let rows = sqlx::query(&self.q().messages_list)
+            .bind(&filter.tenants)
+            .bind(&filter.topic)
+            .bind(before)
+            .bind(&filter.state)
+            .bind(&filter.subscription)
+            .bind(i64::try_from(limit + 1).unwrap_or(i64::MAX))
+            .fetch_all(self.pool())
+            .await
+            .map_err(map)?;
+        let mut items = rows
+            .iter()
+            .map(stored_message_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next_cursor = if items.len() > limit {
+            items.truncate(limit);
+            items.last().map(|m| m.id)
+        } else {
+            None
+        };
+        Ok(MessagePage { items, next_cursor })
+    }
+
+    async fn delivery_stats<'c>(
+        &'c self,
+        tenants: Option<&'c [String]>,
+    ) -> Result<Vec<DeliveryStats>, StoreError> {
+        let rows = sqlx::query(&self.q().delivery_stats)
+            .bind(tenants)
+            .fetch_all(self.pool())
+            .await
+            .map_err(map)?;
+        rows.iter()
+            .map(|row| {
+                Ok(DeliveryStats {
+                    subscription: row.try_get("subscription")?,
+                    topic: row.try_get("topic")?,
+                    available: row.try_get("available")?,
+                    running: row.try_get("running")?,
+                    dead: row.try_get("dead")?,
+                    oldest_pending_age_seconds: row.try_get("oldest_pending_age_seconds")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(map)
+    }
+
+    async fn list_subscriptions(&self) -> Result<Vec<SubscriptionInfo>, StoreError> {
+        let rows = sqlx::query(&self.q().subscriptions_list)
+            .fetch_all(self.pool())
+            .await
+            .map_err(map)?;
+        rows.iter()
+            .map(|row| {
+                let mut topics: Vec<String> = row.try_get("topics")?;
+                // Byte order, whatever the server's collation (the SQL sorts by "C" too).
+                topics.sort();
+                Ok(SubscriptionInfo {
+                    name: row.try_get("name")?,
+                    topics,
+                    paused: row.try_get("paused")?,
+                    created_at: row.try_get("created_at")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(map)
+    }
+
+    async fn set_subscription_paused<'c>(
+        &'c self,
+        name: &'c str,
+        paused: bool,
+    ) -> Result<bool, StoreError> {
+        let result = sqlx::query(&self.q().subscription_pause)
+            .bind(name)
+            .bind(paused)
+            .execute(self.pool())
+            .await
+            .map_err(map)?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    async fn ready(&self) -> Result<bool, StoreError> {
+        sqlx::query("SELECT 1")
+            .execute(self.pool())
+            .await
+            .map_err(map)?;
+        Ok(self.schema_version().await? == migrate::SCHEMA_VERSION)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_four_delivery_states_pass_the_state_filter() {
+        for state in FILTER_STATES {
+            assert!(check_state(Some(state)).is_ok(), "{state}");
+        }
+        assert!(check_state(None).is_ok());
+        for bad in ["", "Dead", "completed ", "done"] {
+            let error = check_state(Some(bad)).err();
+            assert_eq!(error.map(|e| e.field), Some("state"), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! [`AdminStore`] for SQLite: what operators read and control — messages with
+//! their per-subscription state, counts of open work, subscriptions and their
+//! pause switch, and readiness. Every read is a single statement, so it sees
+//! one snapshot and never waits for the writer (WAL).
+
+use courier_core::{
+    AdminStore, DeadLetterStore, DeliveryStats, DeliverySummary, MessageFilter, MessagePage,
+    StoreError, StoredMessage, SubscriptionInfo, ValidationError,
+};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::error::map;
+use crate::rows::{self, get};
+use crate::{migrate, queries, SqliteStore};
+
+/// The most messages one page of [`AdminStore::list_messages`] holds.
+pub const MAX_MESSAGE_PAGE: usize = 1000;
+
+/// The states a message listing can filter on.
+const FILTER_STATES: [&str; 4] = ["available", "running", "dead", "completed"];
+
+/// Refuses a state filter other than the four states a delivery can show.
+fn check_state(state: Option<&str>) -> Result<(), ValidationError> {
+    match state {
+        Some(state) if !FILTER_STATES.contains(&state) => Err(ValidationError::new(
+            "state",
+            format!("{state:?} is not one of available, running, dead, completed"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A tenant scope as the JSON array the queries read with `json_each`;
+/// `None` (every tenant) stays NULL.
+fn tenants_json(tenants: Option<&[String]>) -> Option<String> {
+    tenants.map(|tenants| Value::from(tenants.to_vec()).to_string())
+}
+
+impl AdminStore for SqliteStore {
+    async fn get_message(
+        &self,
+        id: Uuid,
+    ) -> Result<Option<(StoredMessage, Vec<DeliverySummary>)>, StoreError> {
+        let row = sqlx::query(queries::MESSAGE_GET)
+            .bind(id.to_string())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let message = rows::stored_message(&row)?;
+        let deliveries = self.message_deliveries(id).await?;
+        Ok(Some((message, deliveries)))
+    }
+
+    async fn list_messages<'c>(
+        &'c self,
+        filter: &'c MessageFilter,
+        before: Option<Uuid>,
+        limit: usize,
+    ) -> Result<MessagePage, StoreError> {
+        check_state(filter.state.as_deref())?;
+        let limit = limit.clamp(1, MAX_MESSAGE_PAGE);
+        let fetched = sqlx::query(queries::MESSAGES_LIST)
+            .bind(tenants_json(filter.tenants.as_deref()))
+            .bind(&filter.topic)
+            .bind(before.map(|id| id.to_string()))
+            .bind(&filter.state)
+            .bind(&filter.subscription)
+            .bind(i64::try_from(limit + 1).unwrap_or(i64::MAX))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        let mut items = fetched
+            .iter()
+            .map(rows::stored_message)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next_cursor = if items.len() > limit {
+            items.truncate(limit);
+            items.last().map(|m| m.id)
+        } else {
+            None
+        };
+        Ok(MessagePage { items, next_cursor })
+    }
+
+    async fn delivery_stats<'c>(
+        &'c self,
+        tenants: Option<&'c [String]>,
+    ) -> Result<Vec<DeliveryStats>, StoreError> {
+        let fetched = sqlx::query(queries::DELIVERY_STATS)
+            .bind(tenants_json(tenants))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        fetched
+            .iter()
+            .map(|row| {
+                Ok(DeliveryStats {
+                    subscription: get(row, "subscription")?,
+                    topic: get(row, "topic")?,
+                    available: get(row, "available")?,
+                    running: get(row, "running")?,
+                    dead: get(row, "dead")?,
+                    oldest_pending_age_seconds: get(row, "oldest_pending_age_seconds")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn list_subscriptions(&self) -> Result<Vec<SubscriptionInfo>, StoreError> {
+        let fetched = sqlx::query(queries::SUBSCRIPTIONS_LIST)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        fetched
+            .iter()
+            .map(|row| {
+                let topics: String = get(row, "topics")?;
+                let mut topics: Vec<String> = serde_json::from_str(&topics)
+                    .map_err(|e| StoreError::Corrupt(format!("topics: {e}")))?;
+                topics.sort();
+                Ok(SubscriptionInfo {
+                    name: get(row, "name")?,
+                    topics,
+                    paused: get::<i64>(row, "paused")? != 0,
+                    created_at: rows::time(row, "created_at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn set_subscription_paused<'c>(
+        &'c self,
+        name: &'c str,
+        paused: bool,
+    ) -> Result<bool, StoreError> {
+        let result = sqlx::query(queries::SUBSCRIPTION_PAUSE)
+            .bind(name)
+            .bind(i64::from(paused))
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    async fn ready(&self) -> Result<bool, StoreError> {
+        sqlx::query("SELECT 1")
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        Ok(migrate::current(&self.inner.pool).await? == migrate::SCHEMA_VERSION)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_four_delivery_states_pass_the_state_filter() {
+        for state in FILTER_STATES {
+            assert!(check_state(Some(state)).is_ok(), "{state}");
+        }
+        assert!(check_state(None).is_ok());
+        for bad in ["", "Dead", "completed ", "done"] {
+            let error = check_state(Some(bad)).err();
+            assert_eq!(error.map(|e| e.field), Some("state"), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_tenant_scope_becomes_a_json_array_and_no_scope_stays_null() {
+        let scope = vec!["acme".to_owned(), "glo\"bex".to_owned()];
+        assert_eq!(
+            tenants_json(Some(&scope)).as_deref(),
+            Some(r#"["acme","glo\"bex"]"#)
+        );
+        assert_eq!(tenants_json(Some(&[])).as_deref(), Some("[]"));
+        assert_eq!(tenants_json(None), None);
+    }
+}

@@ -1,0 +1,594 @@
+//! The admin suite: what operators see and control — messages with their
+//! per-subscription state, listings and their filters, counts of open work,
+//! subscriptions, pausing and readiness — run against PostgreSQL and SQLite.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use courier::{
+    handler_fn, AdminStore, ClaimParams, HandlerError, Message, MessageFilter, NewMessage,
+    OutboxStore, Route, StoreError, SubscriptionSpec,
+};
+use courier_testkit::{backend_tests, events, Backend, CallCounter, Event};
+use uuid::Uuid;
+
+fn counting(counter: CallCounter) -> impl courier::Handler<Payload = Event> {
+    handler_fn(move |message: Message<Event>| {
+        let counter = counter.clone();
+        async move {
+            counter.record(message.id, message.payload.n);
+            Ok::<(), HandlerError>(())
+        }
+    })
+}
+
+fn rejecting() -> impl courier::Handler<Payload = Event> {
+    handler_fn(|_message: Message<Event>| async {
+        Err::<(), _>(HandlerError::permanent("rejected"))
+    })
+}
+
+/// Claims one delivery of `subscription` on `topic` and leaves it running.
+async fn claim_one<B: Backend>(backend: &B, subscription: &str, topic: &str) -> anyhow::Result<()> {
+    let batch = backend
+        .courier()
+        .store()
+        .claim(&ClaimParams {
+            subscription: subscription.to_owned(),
+            routes: vec![Route {
+                topic: topic.to_owned(),
+                schema_version: 1,
+                max_attempts: 10,
+            }],
+            limit: 1,
+            lease: Duration::from_secs(300),
+            worker_id: "admin-test".to_owned(),
+            tenant_cursor: String::new(),
+            tenant_in_flight_limit: None,
+        })
+        .await?;
+    anyhow::ensure!(
+        batch.deliveries.len() == 1,
+        "claimed {:?}",
+        batch.deliveries
+    );
+    Ok(())
+}
+
+/// Runs `postgres`, or `sqlite` when the backend refuses it: the two dialects
+/// share no time arithmetic or bookkeeping table name.
+async fn execute_either<B: Backend>(
+    backend: &B,
+    postgres: &str,
+    sqlite: &str,
+) -> anyhow::Result<u64> {
+    match backend.execute(postgres).await {
+        Ok(rows) => Ok(rows),
+        Err(_) => backend.execute(sqlite).await,
+    }
+}
+
+fn filter() -> MessageFilter {
+    MessageFilter::default()
+}
+
+async fn listed<B: Backend>(backend: &B, filter: &MessageFilter) -> anyhow::Result<Vec<Uuid>> {
+    let page = backend
+        .courier()
+        .store()
+        .list_messages(filter, None, 1000)
+        .await?;
+    Ok(page.items.iter().map(|m| m.id).collect())
+}
+
+async fn get_message_shows_each_subscription_s_state<B: Backend>(backend: B) -> anyhow::Result<()> {
+    let ok = backend
+        .courier()
+        .worker("ok")
+        .handle("topic", 1, counting(CallCounter::default()))
+        .maintenance(None)
+        .build()
+        .await?;
+    let bad = backend
+        .courier()
+        .worker("bad")
+        .handle("topic", 1, rejecting())
+        .maintenance(None)
+        .build()
+        .await?;
+    // Registered, then offline: its delivery waits.
+    backend
+        .courier()
+        .worker("idle")
+        .handle("topic", 1, counting(CallCounter::default()))
+        .build()
+        .await?;
+    let message = NewMessage::new("acme", "topic", &Event { n: 7 })?
+        .with_header("trace", "abc")
+        .with_ordering_key("order-1")
+        .with_idempotency_key("once");
+    backend
+        .enqueue_committed(std::slice::from_ref(&message))
+        .await?;
+    assert_eq!(ok.run_once().await?, 1);
+    assert_eq!(bad.run_once().await?, 1);
+
+    let (stored, deliveries) = backend
+        .courier()
+        .store()
+        .get_message(message.id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("message not found"))?;
+    assert_eq!(stored.id, message.id);
+    assert_eq!(
+        (stored.tenant.as_str(), stored.topic.as_str()),
+        ("acme", "topic")
+    );
+    assert_eq!(stored.schema_version, 1);
+    let payload: Event = serde_json::from_str(&stored.payload)?;
+    assert_eq!(payload, Event { n: 7 });
+    assert_eq!(stored.headers.get("trace").map(String::as_str), Some("abc"));
+    assert_eq!(stored.ordering_key.as_deref(), Some("order-1"));
+    assert_eq!(stored.idempotency_key.as_deref(), Some("once"));
+
+    let states: Vec<(&str, &str, i32, usize)> = deliveries
+        .iter()
+        .map(|d| {
+            (
+                d.subscription.as_str(),
+                d.state.as_str(),
+                d.attempts,
+                d.errors.len(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            ("bad", "dead", 1, 1),
+            ("idle", "available", 0, 0),
+            ("ok", "completed", 0, 0),
+        ]
+    );
+    assert!(deliveries[0].errors[0].message.contains("rejected"));
+
+    assert!(backend
+        .courier()
+        .store()
+        .get_message(Uuid::now_v7())
+        .await?
+        .is_none());
+    Ok(())
+}
+
+async fn list_messages_pages_walk_every_message_once_newest_first<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let mut expected: Vec<Uuid> = Vec::new();
+    for tenant in ["acme", "globex"] {
+        for outcome in backend
+            .enqueue_committed(&events(tenant, "topic", 4)?)
+            .await?
+        {
+            expected.push(outcome.id);
+        }
+    }
+    expected.sort_unstable_by(|a, b| b.cmp(a));
+    let store = backend.courier().store();
+
+    let mut walked = Vec::new();
+    let mut pages = 0;
+    let mut before = None;
+    loop {
+        let page = store.list_messages(&filter(), before, 3).await?;
+        pages += 1;
+        assert!(page.items.len() <= 3);
+        walked.extend(page.items.iter().map(|m| m.id));
+        match page.next_cursor {
+            Some(cursor) => {
+                assert_eq!(Some(cursor), page.items.last().map(|m| m.id));
+                before = Some(cursor);
+            }
+            None => break,
+        }
+        anyhow::ensure!(pages < 10, "pagination does not end");
+    }
+    assert_eq!(walked, expected, "every message once, newest first");
+    assert_eq!(pages, 3);
+
+    // An exact fit ends without an empty extra page.
+    let all = store.list_messages(&filter(), None, 8).await?;
+    assert_eq!((all.items.len(), all.next_cursor), (8, None));
+    // The limit is clamped to 1..=1000.
+    let one = store.list_messages(&filter(), None, 0).await?;
+    assert_eq!(one.items.len(), 1);
+    assert_eq!(one.next_cursor, Some(expected[0]));
+    Ok(())
+}
+
+async fn list_messages_filters_by_tenant_topic_state_and_subscription<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    // `ok` applies topics a and b, `bad` rejects topic a, `late` is offline for a.
+    let ok = backend
+        .courier()
+        .worker("ok")
+        .handle("a", 1, counting(CallCounter::default()))
+        .handle("b", 1, counting(CallCounter::default()))
+        .maintenance(None)
+        .build()
+        .await?;
+    let bad = backend
+        .courier()
+        .worker("bad")
+        .handle("a", 1, rejecting())
+        .maintenance(None)
+        .build()
+        .await?;
+    backend
+        .courier()
+        .worker("late")
+        .handle("a", 1, counting(CallCounter::default()))
+        .build()
+        .await?;
+    let acme_a = backend.enqueue_committed(&events("acme", "a", 2)?).await?;
+    let globex_a = backend
+        .enqueue_committed(&events("globex", "a", 1)?)
+        .await?;
+    let acme_b = backend.enqueue_committed(&events("acme", "b", 1)?).await?;
+    assert_eq!(ok.run_once().await?, 4);
+    assert_eq!(bad.run_once().await?, 3);
+    // One of `late`'s deliveries (acme's first, by tenant turn and enqueue order) runs.
+    claim_one(&backend, "late", "a").await?;
+
+    let ids = |outcomes: &[&[courier::EnqueueOutcome]]| -> HashSet<Uuid> {
+        outcomes
+            .iter()
+            .flat_map(|o| o.iter().map(|e| e.id))
+            .collect()
+    };
+    let topic_a = ids(&[&acme_a, &globex_a]);
+    let everything = ids(&[&acme_a, &globex_a, &acme_b]);
+    let set = |v: Vec<Uuid>| v.into_iter().collect::<HashSet<_>>();
+    let with = |state: Option<&str>, subscription: Option<&str>| MessageFilter {
+        state: state.map(str::to_owned),
+        subscription: subscription.map(str::to_owned),
+        ..MessageFilter::default()
+    };
+
+    assert_eq!(set(listed(&backend, &filter()).await?), everything);
+
+    // Tenants: a token's scope hides everyone else's messages.
+    let acme_only = MessageFilter {
+        tenants: Some(vec!["acme".into()]),
+        ..filter()
+    };
+    let page = backend
+        .courier()
+        .store()
+        .list_messages(&acme_only, None, 100)
+        .await?;
+    assert_eq!(page.items.len(), 3);
+    assert!(page.items.iter().all(|m| m.tenant == "acme"));
+    let nobody = MessageFilter {
+        tenants: Some(Vec::new()),
+        ..filter()
+    };
+    assert!(listed(&backend, &nobody).await?.is_empty());
+    let both = MessageFilter {
+        tenants: Some(vec!["acme".into(), "globex".into()]),
+        ..filter()
+    };
+    assert_eq!(set(listed(&backend, &both).await?), everything);
+
+    // Topic.
+    let topic_b = MessageFilter {
+        topic: Some("b".into()),
+        ..filter()
+    };
+    assert_eq!(set(listed(&backend, &topic_b).await?), ids(&[&acme_b]));
+
+    // State, with and without a subscription.
+    assert_eq!(
+        set(listed(&backend, &with(Some("dead"), None)).await?),
+        topic_a
+    );
+    assert!(listed(&backend, &with(Some("dead"), Some("ok")))
+        .await?
+        .is_empty());
+    assert_eq!(
+        set(listed(&backend, &with(Some("completed"), None)).await?),
+        everything
+    );
+    assert_eq!(
+        set(listed(&backend, &with(Some("completed"), Some("ok"))).await?),
+        everything
+    );
+    assert!(listed(&backend, &with(Some("completed"), Some("bad")))
+        .await?
+        .is_empty());
+    assert_eq!(
+        listed(&backend, &with(Some("running"), Some("late"))).await?,
+        vec![acme_a[0].id]
+    );
+    assert_eq!(
+        listed(&backend, &with(Some("running"), None)).await?,
+        vec![acme_a[0].id]
+    );
+    assert_eq!(
+        set(listed(&backend, &with(Some("available"), Some("late"))).await?),
+        ids(&[&acme_a[1..], &globex_a])
+    );
+    assert!(listed(&backend, &with(Some("available"), Some("ok")))
+        .await?
+        .is_empty());
+
+    // Subscription alone: owed to it or applied by it.
+    assert_eq!(
+        set(listed(&backend, &with(None, Some("bad"))).await?),
+        topic_a
+    );
+    assert_eq!(
+        set(listed(&backend, &with(None, Some("late"))).await?),
+        topic_a
+    );
+    assert_eq!(
+        set(listed(&backend, &with(None, Some("ok"))).await?),
+        everything
+    );
+    assert!(listed(&backend, &with(None, Some("nobody")))
+        .await?
+        .is_empty());
+
+    // Every filter at once.
+    let narrow = MessageFilter {
+        tenants: Some(vec!["globex".into()]),
+        topic: Some("a".into()),
+        state: Some("dead".into()),
+        subscription: Some("bad".into()),
+    };
+    assert_eq!(set(listed(&backend, &narrow).await?), ids(&[&globex_a]));
+    Ok(())
+}
+
+async fn an_unknown_state_filter_is_refused_with_the_field<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    for state in ["done", "Dead", ""] {
+        let bad = MessageFilter {
+            state: Some(state.into()),
+            ..filter()
+        };
+        match backend
+            .courier()
+            .store()
+            .list_messages(&bad, None, 10)
+            .await
+        {
+            Err(StoreError::Invalid(error)) => assert_eq!(error.field, "state", "{state:?}"),
+            other => anyhow::bail!("{state:?} was not refused: {other:?}"),
+        }
+    }
+    Ok(())
+}
+
+async fn delivery_stats_count_open_deliveries_and_the_oldest_age<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let bad = backend
+        .courier()
+        .worker("bad")
+        .handle("a", 1, rejecting())
+        .maintenance(None)
+        .build()
+        .await?;
+    let ok = backend
+        .courier()
+        .worker("ok")
+        .handle("a", 1, counting(CallCounter::default()))
+        .maintenance(None)
+        .build()
+        .await?;
+    backend
+        .courier()
+        .worker("late")
+        .handle("a", 1, counting(CallCounter::default()))
+        .build()
+        .await?;
+    backend.enqueue_committed(&events("acme", "a", 3)?).await?;
+    backend
+        .enqueue_committed(&events("globex", "a", 1)?)
+        .await?;
+    assert_eq!(bad.run_once().await?, 4);
+    assert_eq!(ok.run_once().await?, 4);
+    claim_one(&backend, "late", "a").await?;
+    // Enqueued a minute ago, by the database's clock.
+    execute_either(
+        &backend,
+        "UPDATE deliveries SET created_at = created_at - interval '60 seconds'",
+        "UPDATE deliveries SET created_at = created_at - 60000",
+    )
+    .await?;
+
+    let store = backend.courier().store();
+    let stats = store.delivery_stats(None).await?;
+    // `ok` has nothing open, so it has no row.
+    let rows: Vec<(&str, &str, i64, i64, i64)> = stats
+        .iter()
+        .map(|s| {
+            (
+                s.subscription.as_str(),
+                s.topic.as_str(),
+                s.available,
+                s.running,
+                s.dead,
+            )
+        })
+        .collect();
+    assert_eq!(rows, vec![("bad", "a", 0, 0, 4), ("late", "a", 3, 1, 0)]);
+    assert_eq!(
+        stats[0].oldest_pending_age_seconds, None,
+        "dead letters are not pending"
+    );
+    let age = stats[1]
+        .oldest_pending_age_seconds
+        .ok_or_else(|| anyhow::anyhow!("no oldest age"))?;
+    assert!((60.0..3600.0).contains(&age), "oldest age {age}");
+
+    let globex = vec!["globex".to_owned()];
+    let scoped = store.delivery_stats(Some(&globex)).await?;
+    let rows: Vec<(&str, i64, i64, i64)> = scoped
+        .iter()
+        .map(|s| (s.subscription.as_str(), s.available, s.running, s.dead))
+        .collect();
+    // The tenant turn starts with acme, so globex's delivery is still waiting.
+    assert_eq!(rows, vec![("bad", 0, 0, 1), ("late", 1, 0, 0)]);
+    assert!(store.delivery_stats(Some(&[])).await?.is_empty());
+    Ok(())
+}
+
+async fn list_subscriptions_shows_patterns_and_paused<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    backend
+        .courier()
+        .worker("billing")
+        .handle("order.refunded", 1, counting(CallCounter::default()))
+        .handle("order.placed", 1, counting(CallCounter::default()))
+        .build()
+        .await?;
+    let store = backend.courier().store();
+    store
+        .register_subscription(&SubscriptionSpec {
+            name: "audit".into(),
+            topics: vec!["order.*".into(), "*".into()],
+        })
+        .await?;
+    assert!(store.set_subscription_paused("audit", true).await?);
+
+    let subscriptions = store.list_subscriptions().await?;
+    let shown: Vec<(&str, Vec<&str>, bool)> = subscriptions
+        .iter()
+        .map(|s| {
+            (
+                s.name.as_str(),
+                s.topics.iter().map(String::as_str).collect(),
+                s.paused,
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        vec![
+            ("audit", vec!["*", "order.*"], true),
+            ("billing", vec!["order.placed", "order.refunded"], false),
+        ]
+    );
+    assert!(
+        subscriptions[0].created_at >= subscriptions[1].created_at,
+        "audit was created after billing"
+    );
+    Ok(())
+}
+
+async fn a_paused_subscription_claims_nothing_until_resumed<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let counter = CallCounter::default();
+    let worker = backend
+        .courier()
+        .worker("sub")
+        .handle("topic", 1, counting(counter.clone()))
+        .maintenance(None)
+        .build()
+        .await?;
+    let other = backend
+        .courier()
+        .worker("other")
+        .handle("topic", 1, counting(CallCounter::default()))
+        .maintenance(None)
+        .build()
+        .await?;
+    let store = backend.courier().store();
+    assert!(store.set_subscription_paused("sub", true).await?);
+    backend
+        .enqueue_committed(&events("acme", "topic", 3)?)
+        .await?;
+
+    assert_eq!(
+        worker.run_once().await?,
+        0,
+        "a paused subscription claims nothing"
+    );
+    assert_eq!(counter.total(), 0);
+    assert_eq!(
+        backend
+            .scalar(
+                "SELECT count(*) FROM deliveries
+                 WHERE subscription = 'sub' AND state = 'available' AND attempts = 0"
+            )
+            .await?,
+        3,
+        "its deliveries wait without spending attempts"
+    );
+    // Rebuilding the worker (a restart re-registers) keeps the pause.
+    let restarted = backend
+        .courier()
+        .worker("sub")
+        .handle("topic", 1, counting(counter.clone()))
+        .maintenance(None)
+        .build()
+        .await?;
+    assert_eq!(restarted.run_once().await?, 0);
+    // Another subscription of the same messages is not held back.
+    assert_eq!(other.run_once().await?, 3);
+
+    assert!(store.set_subscription_paused("sub", false).await?);
+    assert_eq!(worker.run_once().await?, 3);
+    assert_eq!(counter.distinct(), 3);
+    assert_eq!(
+        backend
+            .scalar("SELECT count(*) FROM receipts WHERE subscription = 'sub'")
+            .await?,
+        3
+    );
+    Ok(())
+}
+
+async fn pausing_an_unknown_subscription_reports_it_missing<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store();
+    assert!(!store.set_subscription_paused("nobody", true).await?);
+    assert!(!store.set_subscription_paused("nobody", false).await?);
+    assert!(store.list_subscriptions().await?.is_empty());
+    Ok(())
+}
+
+async fn ready_is_true_after_migrate_and_false_when_the_schema_is_behind<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store();
+    assert!(store.ready().await?);
+    // As if the database had been restored from before the last migration.
+    execute_either(
+        &backend,
+        "DELETE FROM schema_migrations",
+        "DELETE FROM courier_schema_migrations",
+    )
+    .await?;
+    assert!(!store.ready().await?);
+    Ok(())
+}
+
+backend_tests!(
+    get_message_shows_each_subscription_s_state,
+    list_messages_pages_walk_every_message_once_newest_first,
+    list_messages_filters_by_tenant_topic_state_and_subscription,
+    an_unknown_state_filter_is_refused_with_the_field,
+    delivery_stats_count_open_deliveries_and_the_oldest_age,
+    list_subscriptions_shows_patterns_and_paused,
+    a_paused_subscription_claims_nothing_until_resumed,
+    pausing_an_unknown_subscription_reports_it_missing,
+    ready_is_true_after_migrate_and_false_when_the_schema_is_behind,
+);

@@ -15,11 +15,12 @@ use uuid::Uuid;
 use crate::{ClaimedDelivery, EnqueueOutcome, ErrorEntry, HandlerError, NewMessage, StoreError};
 
 /// A (topic, schema version) a worker can handle, with its attempt budget.
+/// Topic `*` with version 0 handles every delivery the subscription is owed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
-    /// The topic.
+    /// The topic (`*`: any).
     pub topic: String,
-    /// The schema version.
+    /// The schema version (0: any).
     pub schema_version: i32,
     /// Attempts before a delivery of this route is dead-lettered.
     pub max_attempts: i32,
@@ -252,7 +253,7 @@ pub struct DeadLetterPage {
 }
 
 /// The state of one (message, subscription) pair, for inspection.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct DeliverySummary {
     /// The subscription.
     pub subscription: String,

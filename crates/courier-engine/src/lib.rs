@@ -21,8 +21,9 @@ mod worker;
 pub use handler::{handler_fn, Handler, TransactionalHandler};
 pub use maintenance::{Maintenance, MaintenanceConfig};
 pub use worker::{
-    Worker, WorkerBuilder, WorkerConfig, WorkerHandle, DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY,
-    DEFAULT_LEASE, DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_TIMEOUT,
+    Worker, WorkerBuilder, WorkerConfig, WorkerHandle, CATCH_ALL_TOPIC, CATCH_ALL_VERSION,
+    DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_LEASE, DEFAULT_POLL_INTERVAL,
+    DEFAULT_SHUTDOWN_TIMEOUT,
 };
 
 /// Why a worker could not be built or started.

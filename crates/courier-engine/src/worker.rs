@@ -40,6 +40,12 @@ use crate::metrics_names::{CLAIMED, HANDLER_SECONDS, PICKUP_SECONDS, STORE_ERROR
 use crate::settle::{self, Settlement};
 use crate::{EngineError, Handler, TransactionalHandler};
 
+/// The route topic that stands for every topic a subscription receives
+/// (stores treat a route with this topic and version 0 as a wildcard).
+pub const CATCH_ALL_TOPIC: &str = "*";
+/// The route version that stands for every schema version.
+pub const CATCH_ALL_VERSION: i32 = 0;
+
 /// Handlers running at once, by default.
 pub const DEFAULT_CONCURRENCY: usize = 64;
 /// Deliveries per claim, by default.
@@ -157,6 +163,7 @@ pub struct WorkerBuilder<S: OutboxStore> {
     subscription: String,
     routes: RouteTable<S::Connection>,
     duplicate_route: Option<(String, i32)>,
+    catch_all_topics: Vec<String>,
     policies: HashMap<String, RetryPolicy>,
     config: WorkerConfig,
     wake: Option<watch::Receiver<u64>>,
@@ -170,6 +177,7 @@ impl<S: OutboxStore> WorkerBuilder<S> {
             subscription: subscription.into(),
             routes: HashMap::new(),
             duplicate_route: None,
+            catch_all_topics: Vec::new(),
             policies: HashMap::new(),
             config: WorkerConfig::default(),
             wake: None,
@@ -203,6 +211,18 @@ impl<S: OutboxStore> WorkerBuilder<S> {
         self.route(
             topic.into(),
             schema_version,
+            Arc::new(PlainRoute(Arc::new(handler))),
+        )
+    }
+
+    /// Handles every message the subscription receives, whatever its topic or
+    /// schema version, with one handler (a relay to a webhook or a stream).
+    /// `topics` are the subscription's patterns: exact topics, `prefix.*`, or `*`.
+    pub fn handle_all<H: Handler>(mut self, topics: Vec<String>, handler: H) -> Self {
+        self.catch_all_topics.extend(topics);
+        self.route(
+            CATCH_ALL_TOPIC.to_owned(),
+            CATCH_ALL_VERSION,
             Arc::new(PlainRoute(Arc::new(handler))),
         )
     }
@@ -319,6 +339,14 @@ impl<S: OutboxStore> WorkerBuilder<S> {
         }
         let mut claim_routes = Vec::with_capacity(self.routes.len());
         for (topic, version) in self.routes.keys() {
+            if topic == CATCH_ALL_TOPIC && *version == CATCH_ALL_VERSION {
+                claim_routes.push(Route {
+                    topic: topic.clone(),
+                    schema_version: *version,
+                    max_attempts: self.config.retry.max_attempts,
+                });
+                continue;
+            }
             courier_core::validate_name("topic", topic)?;
             if *version < 1 {
                 return Err(ValidationError::new(
@@ -350,7 +378,13 @@ impl<S: OutboxStore> WorkerBuilder<S> {
         }
         claim_routes
             .sort_by(|a, b| (&a.topic, a.schema_version).cmp(&(&b.topic, b.schema_version)));
-        let mut topics: Vec<String> = claim_routes.iter().map(|r| r.topic.clone()).collect();
+        let mut topics: Vec<String> = claim_routes
+            .iter()
+            .filter(|r| r.topic != CATCH_ALL_TOPIC)
+            .map(|r| r.topic.clone())
+            .collect();
+        topics.extend(self.catch_all_topics.iter().cloned());
+        topics.sort();
         topics.dedup();
         self.store
             .register_subscription(&SubscriptionSpec {
@@ -743,6 +777,11 @@ async fn execute<S: OutboxStore>(shared: Arc<Shared<S>>, delivery: ClaimedDelive
         let outcome = match shared
             .routes
             .get(&(delivery.topic.clone(), delivery.schema_version))
+            .or_else(|| {
+                shared
+                    .routes
+                    .get(&(CATCH_ALL_TOPIC.to_owned(), CATCH_ALL_VERSION))
+            })
         {
             None => Outcome::Failed(HandlerError::permanent(format!(
                 "no handler for {} v{}",

@@ -5,6 +5,7 @@
 -- ready work, starting after the cursor $2; each tenant then gets an equal share
 -- of the batch, walked in enqueue order along the same index, so one tenant's
 -- backlog cannot crowd out the rest. Only the routes this worker handles
+-- (topic '*' with version 0 is a catch-all: every topic the subscription receives)
 -- ($5 topics, $6 versions, $7 attempt budgets) are claimed; a delivery with an
 -- ordering key waits while an earlier delivery with that key is not done or
 -- any delivery with that key is running (so a retried dead letter never runs
@@ -50,7 +51,9 @@ picked AS MATERIALIZED (
       AND d.tenant = t.tenant
       AND d.state = 'available'
       AND d.available_at <= statement_timestamp()
-      AND EXISTS (SELECT 1 FROM routes r WHERE r.topic = d.topic AND r.schema_version = d.schema_version)
+      AND EXISTS (SELECT 1 FROM routes r
+                  WHERE (r.topic = d.topic OR r.topic = '*')
+                    AND (r.schema_version = d.schema_version OR r.schema_version = 0))
       AND (d.ordering_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM {schema}.deliveries e
             WHERE e.subscription = d.subscription AND e.tenant = d.tenant
@@ -72,7 +75,10 @@ claimed AS (
   SET state = 'running',
       attempts = d.attempts + 1,
       max_attempts = (SELECT r.max_attempts FROM routes r
-                      WHERE r.topic = d.topic AND r.schema_version = d.schema_version LIMIT 1),
+                      WHERE (r.topic = d.topic OR r.topic = '*')
+                        AND (r.schema_version = d.schema_version OR r.schema_version = 0)
+                      ORDER BY r.topic = '*', r.schema_version = 0
+                      LIMIT 1),
       lease_token = gen_random_uuid(),
       lease_expires_at = statement_timestamp() + $9::bigint * interval '1 millisecond',
       claimed_by = $10

@@ -16,8 +16,9 @@ UPDATE deliveries
 SET state = 'running',
     attempts = attempts + 1,
     max_attempts = (SELECT r.max_attempts FROM routes r
-                    WHERE r.topic = deliveries.topic
-                      AND r.schema_version = deliveries.schema_version
+                    WHERE (r.topic = deliveries.topic OR r.topic = '*')
+                      AND (r.schema_version = deliveries.schema_version OR r.schema_version = 0)
+                    ORDER BY r.topic = '*', r.schema_version = 0
                     LIMIT 1),
     lease_token = lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) ||
                         '-4' || substr(hex(randomblob(2)), 2) ||

@@ -2,7 +2,8 @@
 -- the turn; the tenant and quota placeholders become that tenant's parameter
 -- numbers).
 -- Walks deliveries_ready for (subscription ?1, tenant) in enqueue order and stops
--- after the quota. Only routes the worker handles are taken; a delivery with an
+-- after the quota. Only routes the worker handles are taken (topic '*' with
+-- version 0 is a catch-all); a delivery with an
 -- ordering key waits while an earlier delivery with that key is not dead, or
 -- while any delivery with that key is running (a retried dead letter must not
 -- overtake a later one already running)
@@ -14,7 +15,9 @@ SELECT id FROM (
     AND d.tenant = ?{tenant}
     AND d.state = 'available'
     AND d.available_at <= CAST(round(unixepoch('subsec') * 1000) AS INTEGER)
-    AND (d.topic, d.schema_version) IN (SELECT r.topic, r.schema_version FROM routes r)
+    AND EXISTS (SELECT 1 FROM routes r
+                WHERE (r.topic = d.topic OR r.topic = '*')
+                  AND (r.schema_version = d.schema_version OR r.schema_version = 0))
     AND (d.ordering_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM deliveries e
           WHERE e.subscription = d.subscription AND e.tenant = d.tenant

@@ -1231,6 +1231,55 @@ async fn a_panic_while_decoding_is_a_failed_attempt<B: Backend>(backend: B) -> a
     Ok(())
 }
 
+async fn a_catch_all_handler_receives_every_topic_and_version_its_patterns_match<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = Arc::clone(&seen);
+    let worker = backend
+        .courier()
+        .worker("relay")
+        .handle_all(
+            vec!["invoice.*".into()],
+            handler_fn(move |message: Message<serde_json::Value>| {
+                let seen = Arc::clone(&s);
+                async move {
+                    if let Ok(mut seen) = seen.lock() {
+                        seen.push((message.topic.clone(), message.schema_version));
+                    }
+                    Ok::<(), HandlerError>(())
+                }
+            }),
+        )
+        .maintenance(None)
+        .build()
+        .await?;
+    backend
+        .enqueue_committed(&[
+            NewMessage::new("acme", "invoice.paid", &Event { n: 1 })?,
+            NewMessage::new("acme", "invoice.void", &Event { n: 2 })?.with_schema_version(3),
+            NewMessage::new("acme", "order.placed", &Event { n: 3 })?,
+        ])
+        .await?;
+    assert_eq!(worker.run_once().await?, 2);
+    let mut seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![
+            ("invoice.paid".to_owned(), 1),
+            ("invoice.void".to_owned(), 3)
+        ]
+    );
+    assert_eq!(
+        backend
+            .scalar("SELECT count(*) FROM receipts WHERE subscription = 'relay'")
+            .await?,
+        2
+    );
+    Ok(())
+}
+
 backend_tests!(
     rolled_back_enqueue_leaves_no_message,
     idempotent_enqueue_returns_the_first_id,
@@ -1260,4 +1309,5 @@ backend_tests!(
     bad_worker_configuration_is_refused_with_the_field,
     a_retried_dead_head_never_runs_beside_a_later_message_of_its_key,
     a_panic_while_decoding_is_a_failed_attempt,
+    a_catch_all_handler_receives_every_topic_and_version_its_patterns_match,
 );

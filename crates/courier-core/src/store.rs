@@ -48,7 +48,7 @@ pub struct ClaimParams {
     pub lease: Duration,
     /// Who claims, for operators.
     pub worker_id: String,
-    /// Tenants after this one (in byte order) are served first; the rest wait
+    /// Tenants after this one (in the database's text order) are served first; the rest wait
     /// for the next turn. Pass the previous batch's `next_tenant_cursor`.
     pub tenant_cursor: String,
     /// The most deliveries one tenant may have running in this subscription at once.

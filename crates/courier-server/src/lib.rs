@@ -4,6 +4,14 @@
 //!
 //! The `courier serve` command is a thin wrapper over [`run`].
 
+pub mod api;
+pub mod auth;
 pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod store;
 
+pub use api::{openapi, router, ApiState};
+pub use auth::{Authenticator, Principal, TenantScope};
 pub use config::{Config, ConfigError};
+pub use error::ApiError;

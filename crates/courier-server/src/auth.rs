@@ -1,0 +1,294 @@
+//! Bearer tokens, stored as SHA-256 digests and scoped to tenants and roles.
+//!
+//! A request's token is hashed and compared in constant time with every
+//! configured digest (all of them, so timing does not tell which matched).
+//! No token or an unknown one is 401; a token without the route's role is 403;
+//! another tenant's message is 404 to it, and publishing to another tenant 403.
+//! With no tokens configured the API is open (the configuration allows that
+//! on loopback addresses only) and every request acts with every role.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use axum::extract::{FromRef, FromRequestParts};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::{decode_sha256, ConfigError, Role, TokenConfig};
+use crate::error::ApiError;
+
+/// The tenants a token sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TenantScope {
+    /// Every tenant (`["*"]`, or an open API).
+    All,
+    /// Only these.
+    Only(BTreeSet<String>),
+}
+
+impl TenantScope {
+    /// Whether `tenant` is visible.
+    pub fn allows(&self, tenant: &str) -> bool {
+        match self {
+            TenantScope::All => true,
+            TenantScope::Only(tenants) => tenants.contains(tenant),
+        }
+    }
+
+    /// The tenants to filter a listing by (`None`: every tenant).
+    pub fn filter(&self) -> Option<Vec<String>> {
+        match self {
+            TenantScope::All => None,
+            TenantScope::Only(tenants) => Some(tenants.iter().cloned().collect()),
+        }
+    }
+}
+
+/// Who is calling: the token's name, tenants and roles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// The token's name; `None` on an open API.
+    pub name: Option<String>,
+    /// The tenants it sees.
+    pub tenants: TenantScope,
+    /// What it may do.
+    pub roles: BTreeSet<Role>,
+}
+
+impl Principal {
+    fn open() -> Self {
+        Self {
+            name: None,
+            tenants: TenantScope::All,
+            roles: [Role::Admin, Role::Publish, Role::Read]
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    /// Whether the principal holds `role` (`admin` implies `read`).
+    pub fn has(&self, role: Role) -> bool {
+        self.roles.contains(&role) || (role == Role::Read && self.roles.contains(&Role::Admin))
+    }
+
+    /// 403 unless the principal holds `role`.
+    pub fn require(&self, role: Role) -> Result<(), ApiError> {
+        if self.has(role) {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(
+                format!(
+                    "token {:?} lacks the `{role}` role",
+                    self.name.as_deref().unwrap_or("")
+                ),
+                None,
+            ))
+        }
+    }
+
+    /// 403 (naming `field`) unless the principal may act for `tenant`.
+    pub fn require_tenant(&self, tenant: &str, field: &str) -> Result<(), ApiError> {
+        if self.tenants.allows(tenant) {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(
+                format!("this token is not scoped to tenant {tenant:?}"),
+                Some(field.to_owned()),
+            ))
+        }
+    }
+}
+
+struct TokenEntry {
+    name: String,
+    sha256: [u8; 32],
+    tenants: TenantScope,
+    roles: BTreeSet<Role>,
+}
+
+/// Checks bearer tokens against the configured digests.
+pub struct Authenticator {
+    tokens: Vec<TokenEntry>,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator")
+            .field(
+                "tokens",
+                &self.tokens.iter().map(|t| &t.name).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl Authenticator {
+    /// An authenticator for `tokens`; none makes the API open.
+    pub fn new(tokens: &[TokenConfig]) -> Result<Self, ConfigError> {
+        let mut entries = Vec::with_capacity(tokens.len());
+        for (i, token) in tokens.iter().enumerate() {
+            let sha256 = decode_sha256(&token.sha256).map_err(|reason| ConfigError::Invalid {
+                key: format!("tokens[{i}].sha256"),
+                value: None,
+                reason,
+            })?;
+            let tenants = if token.tenants.iter().any(|t| t == "*") {
+                TenantScope::All
+            } else {
+                TenantScope::Only(token.tenants.iter().cloned().collect())
+            };
+            entries.push(TokenEntry {
+                name: token.name.clone(),
+                sha256,
+                tenants,
+                roles: token.roles.iter().copied().collect(),
+            });
+        }
+        Ok(Self { tokens: entries })
+    }
+
+    /// An open API: every request may do everything.
+    pub fn open() -> Self {
+        Self { tokens: Vec::new() }
+    }
+
+    /// Whether no tokens are configured.
+    pub fn is_open(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// The principal of a request, from its `Authorization: Bearer` header.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
+        if self.is_open() {
+            return Ok(Principal::open());
+        }
+        let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
+            ApiError::unauthorized("missing `Authorization: Bearer <token>` header")
+        })?;
+        let token = value
+            .to_str()
+            .ok()
+            .and_then(|v| {
+                let (scheme, token) = v.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            })
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                ApiError::unauthorized("the Authorization header must be `Bearer <token>`")
+            })?;
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let mut found: Option<&TokenEntry> = None;
+        for entry in &self.tokens {
+            if bool::from(entry.sha256.ct_eq(&digest)) {
+                found = Some(entry);
+            }
+        }
+        let entry = found.ok_or_else(|| ApiError::unauthorized("unknown token"))?;
+        Ok(Principal {
+            name: Some(entry.name.clone()),
+            tenants: entry.tenants.clone(),
+            roles: entry.roles.clone(),
+        })
+    }
+}
+
+impl<S> FromRequestParts<S> for Principal
+where
+    S: Send + Sync,
+    Arc<Authenticator>: FromRef<S>,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Arc::<Authenticator>::from_ref(state).authenticate(&parts.headers)
+    }
+}
+
+macro_rules! role_extractor {
+    ($name:ident, $role:expr, $doc:literal) => {
+        #[doc = $doc]
+        #[derive(Debug, Clone)]
+        pub struct $name(pub Principal);
+
+        impl<S> FromRequestParts<S> for $name
+        where
+            S: Send + Sync,
+            Arc<Authenticator>: FromRef<S>,
+        {
+            type Rejection = ApiError;
+
+            async fn from_request_parts(
+                parts: &mut Parts,
+                state: &S,
+            ) -> Result<Self, Self::Rejection> {
+                let principal = Principal::from_request_parts(parts, state).await?;
+                principal.require($role)?;
+                Ok($name(principal))
+            }
+        }
+    };
+}
+
+role_extractor!(
+    Publisher,
+    Role::Publish,
+    "A caller holding the `publish` role (checked before the body is read)."
+);
+role_extractor!(
+    Reader,
+    Role::Read,
+    "A caller holding the `read` role, or `admin`."
+);
+role_extractor!(Admin, Role::Admin, "A caller holding the `admin` role.");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(name: &str, secret: &str, tenants: &[&str], roles: &[Role]) -> TokenConfig {
+        TokenConfig {
+            name: name.into(),
+            sha256: hex::encode(Sha256::digest(secret.as_bytes())),
+            tenants: tenants.iter().map(|t| (*t).to_owned()).collect(),
+            roles: roles.to_vec(),
+        }
+    }
+
+    fn bearer(token: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        if let Ok(value) = format!("Bearer {token}").parse() {
+            headers.insert(header::AUTHORIZATION, value);
+        }
+        headers
+    }
+
+    #[test]
+    fn tokens_are_matched_by_digest_and_carry_their_scope() {
+        let auth = Authenticator::new(&[
+            token("a", "secret-a", &["acme"], &[Role::Publish]),
+            token("ops", "secret-ops", &["*"], &[Role::Admin]),
+        ])
+        .unwrap();
+        let a = auth.authenticate(&bearer("secret-a")).unwrap();
+        assert_eq!(a.name.as_deref(), Some("a"));
+        assert!(a.tenants.allows("acme") && !a.tenants.allows("globex"));
+        assert!(a.has(Role::Publish) && !a.has(Role::Read));
+        let ops = auth.authenticate(&bearer("secret-ops")).unwrap();
+        assert!(ops.has(Role::Read) && ops.has(Role::Admin) && !ops.has(Role::Publish));
+        assert_eq!(ops.tenants, TenantScope::All);
+        for headers in [bearer("wrong"), HeaderMap::new(), bearer("")] {
+            let err = auth.authenticate(&headers).unwrap_err();
+            assert_eq!(err.status, axum::http::StatusCode::UNAUTHORIZED);
+        }
+    }
+
+    #[test]
+    fn no_tokens_is_open() {
+        let auth = Authenticator::open();
+        assert!(auth.is_open());
+        let principal = auth.authenticate(&HeaderMap::new()).unwrap();
+        assert!(principal.has(Role::Admin) && principal.has(Role::Publish));
+    }
+}

@@ -1,0 +1,179 @@
+//! The one error shape of the HTTP API: `{"error": {"code", "message", "field"}}`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use courier::{StoreError, ValidationError};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// An API failure: its status, a stable code, a message for people and the
+/// request field it concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// A stable, machine-readable code (`invalid_field`, `unauthorized`, ...).
+    pub code: &'static str,
+    /// What went wrong, in words a user can act on.
+    pub message: String,
+    /// The request field concerned (`tenant`, `messages[2].topic`, `body`), if any.
+    pub field: Option<String>,
+}
+
+/// The body of every error response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// One error.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// A stable, machine-readable code.
+    pub code: String,
+    /// What went wrong.
+    pub message: String,
+    /// The request field concerned, or `null`.
+    pub field: Option<String>,
+}
+
+impl ApiError {
+    fn new(
+        status: StatusCode,
+        code: &'static str,
+        message: impl Into<String>,
+        field: Option<String>,
+    ) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            field,
+        }
+    }
+
+    /// 401: no token, or one that matches none configured.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            message,
+            Some("authorization".into()),
+        )
+    }
+
+    /// 403: the token may not do this.
+    pub fn forbidden(message: impl Into<String>, field: Option<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", message, field)
+    }
+
+    /// 404: no such thing (or not visible to this token).
+    pub fn not_found(message: impl Into<String>, field: Option<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message, field)
+    }
+
+    /// 400: the body is not JSON.
+    pub fn malformed(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+            message,
+            Some("body".into()),
+        )
+    }
+
+    /// 422: a field has the wrong type, is unknown, missing, or refused.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_field",
+            message,
+            Some(field.into()),
+        )
+    }
+
+    /// 413: the body or a payload is over its limit.
+    pub fn too_large(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            message,
+            Some(field.into()),
+        )
+    }
+
+    /// 415: the body is declared as something other than JSON.
+    pub fn unsupported_media_type(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            message,
+            Some("content-type".into()),
+        )
+    }
+
+    /// 503: the database is unreachable for now.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            message,
+            None,
+        )
+    }
+
+    /// 500: something failed that the client cannot fix.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message, None)
+    }
+
+    /// A validation error, with `prefix` (`messages[2].`) before its field.
+    pub fn from_validation(prefix: &str, error: ValidationError) -> Self {
+        Self::invalid(format!("{prefix}{}", error.field), error.reason)
+    }
+}
+
+impl From<ValidationError> for ApiError {
+    fn from(error: ValidationError) -> Self {
+        Self::from_validation("", error)
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Invalid(validation) => validation.into(),
+            error if error.is_transient() => {
+                tracing::warn!(%error, "store temporarily unavailable");
+                Self::unavailable("the database is temporarily unavailable; try again")
+            }
+            error => {
+                tracing::error!(%error, "store error");
+                Self::internal("internal error; the daemon's log has the details")
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let unauthorized = self.status == StatusCode::UNAUTHORIZED;
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message,
+                field: self.field,
+            },
+        };
+        let mut response = (self.status, Json(body)).into_response();
+        if unauthorized {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"courier\""),
+            );
+        }
+        response
+    }
+}

@@ -126,7 +126,7 @@ pub fn router(state: ApiState) -> Router {
     let single = state.single_body_limit();
     let batch = MAX_BATCH_BODY_BYTES.max(single);
     let (router, document) = api_routes(single, batch).split_for_parts();
-    let document = Arc::new(document);
+    let document = Arc::new(with_document_route(document));
     router
         .route(
             "/v1/openapi.json",
@@ -141,14 +141,19 @@ pub fn router(state: ApiState) -> Router {
 
 /// The OpenAPI 3 document of the API (what `/v1/openapi.json` serves).
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    let mut document = api_routes(0, 0).split_for_parts().1;
+    with_document_route(api_routes(0, 0).split_for_parts().1)
+}
+
+/// Adds `/v1/openapi.json` itself, which is served outside the documented routes.
+fn with_document_route(mut document: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     document.paths.paths.insert(
         "/v1/openapi.json".to_owned(),
         utoipa::openapi::path::PathItem::new(
             utoipa::openapi::HttpMethod::Get,
             utoipa::openapi::path::OperationBuilder::new()
                 .summary(Some("This document"))
-                .tag("meta")
+                .operation_id(Some("openapi"))
+                .tag("operations")
                 .response(
                     "200",
                     utoipa::openapi::Response::new("The OpenAPI 3 document"),
@@ -260,6 +265,15 @@ where
 
 /// Parses `bytes` as `T`, naming the field of any error.
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    // serde reads a struct from an array too; requests are objects only.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+            Ok(_) => Err(ApiError::invalid("body", "the body must be a JSON object")),
+            Err(e) => Err(ApiError::malformed(format!(
+                "the body is not valid JSON: {e}"
+            ))),
+        };
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
         let path = error.path().to_string();

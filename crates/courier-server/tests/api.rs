@@ -1,0 +1,862 @@
+//! The HTTP API through `tower::ServiceExt::oneshot` (no socket), on
+//! PostgreSQL (a schema per test) and SQLite (a file per test).
+#![allow(missing_docs)]
+
+#[macro_use]
+mod common;
+
+use axum::body::Body;
+use axum::http::{Method, StatusCode};
+use common::{app, call, get, message, post, post_raw, standard_tokens};
+use courier::{handler_fn, AdminStore, Courier, DeadLetterStore, HandlerError, OutboxStore};
+use serde_json::{json, Value};
+
+const LIMIT: usize = 2048;
+
+async fn message_count(app: &axum::Router) -> usize {
+    let reply = get(app, "/v1/messages?limit=500", Some("all")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    reply.body["items"].as_array().map_or(0, Vec::len)
+}
+
+async fn publish_stores_once_per_idempotency_key<S>(courier: Courier<S>) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
+    let first = post(
+        &app,
+        "/v1/messages",
+        Some("all"),
+        &message("a", "invoice.paid"),
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.text);
+    assert!(first.body["id"].is_string());
+    assert!(first.body.get("duplicate").is_none());
+
+    // The key in the body, then the same key in the header.
+    let mut keyed = message("a", "invoice.paid");
+    keyed["idempotency_key"] = json!("order-7");
+    let original = post(&app, "/v1/messages", Some("all"), &keyed).await;
+    assert_eq!(original.status, StatusCode::CREATED, "{}", original.text);
+    let again = post(&app, "/v1/messages", Some("all"), &keyed).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.text);
+    assert_eq!(again.body["duplicate"], json!(true));
+    assert_eq!(again.body["id"], original.body["id"]);
+    let by_header = post_raw(
+        &app,
+        "/v1/messages",
+        Some("all"),
+        message("a", "invoice.paid").to_string(),
+        &[("Idempotency-Key", "order-7")],
+    )
+    .await;
+    assert_eq!(by_header.status, StatusCode::OK, "{}", by_header.text);
+    assert_eq!(by_header.body["id"], original.body["id"]);
+    // The same key for another tenant is another message.
+    let mut other_tenant = keyed.clone();
+    other_tenant["tenant"] = json!("b");
+    let other = post(&app, "/v1/messages", Some("all"), &other_tenant).await;
+    assert_eq!(other.status, StatusCode::CREATED, "{}", other.text);
+    assert_eq!(message_count(&app).await, 3);
+
+    // The stored message reads back with every field.
+    let mut full = message("a", "invoice.sent");
+    full["schema_version"] = json!(2);
+    full["headers"] = json!({"trace": "t-1"});
+    full["ordering_key"] = json!("customer-1");
+    full["available_at"] = json!("2030-01-02T03:04:05Z");
+    let created = post(&app, "/v1/messages", Some("all"), &full).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.text);
+    let id = created.body["id"].as_str().unwrap_or_default().to_owned();
+    let read = get(&app, &format!("/v1/messages/{id}"), Some("all")).await;
+    assert_eq!(read.status, StatusCode::OK, "{}", read.text);
+    assert_eq!(read.body["payload"], json!({"n": 1}));
+    assert_eq!(read.body["schema_version"], json!(2));
+    assert_eq!(read.body["headers"], json!({"trace": "t-1"}));
+    assert_eq!(read.body["ordering_key"], json!("customer-1"));
+    assert!(read.body["available_at"]
+        .as_str()
+        .unwrap_or_default()
+        .starts_with("2030-01-02T03:04:05"));
+    assert!(read.body["deliveries"].is_array());
+    Ok(())
+}
+
+async fn batch_is_all_or_nothing<S>(courier: Courier<S>) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
+    let bad = json!({"messages": [
+        message("a", "t.one"),
+        message("a", "t.two"),
+        message("a", "bad:topic"),
+    ]});
+    let reply = post(&app, "/v1/messages/batch", Some("all"), &bad).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        reply.text
+    );
+    assert_eq!(reply.field(), Some("messages[2].topic"));
+    assert_eq!(message_count(&app).await, 0);
+
+    let wrong_tenant = json!({"messages": [message("a", "t"), message("b", "t")]});
+    let reply = post(
+        &app,
+        "/v1/messages/batch",
+        Some("publisher-a"),
+        &wrong_tenant,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN, "{}", reply.text);
+    assert_eq!(reply.field(), Some("messages[1].tenant"));
+    assert_eq!(message_count(&app).await, 0);
+
+    let empty = post(
+        &app,
+        "/v1/messages/batch",
+        Some("all"),
+        &json!({"messages": []}),
+    )
+    .await;
+    assert_eq!(empty.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(empty.field(), Some("messages"));
+
+    let mut keyed = message("a", "t.one");
+    keyed["idempotency_key"] = json!("k1");
+    let good = json!({"messages": [keyed.clone(), message("a", "t.two"), message("b", "t.three")]});
+    let reply = post(&app, "/v1/messages/batch", Some("all"), &good).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    assert_eq!(reply.body["messages"].as_array().map(Vec::len), Some(3));
+    assert_eq!(message_count(&app).await, 3);
+    let repeat = json!({"messages": [keyed]});
+    let reply = post(&app, "/v1/messages/batch", Some("all"), &repeat).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    assert_eq!(reply.body["messages"][0]["duplicate"], json!(true));
+    assert_eq!(message_count(&app).await, 3);
+    Ok(())
+}
+
+async fn bad_input_names_the_field_and_stores_nothing<S>(courier: Courier<S>) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
+    let with = |key: &str, value: Value| {
+        let mut body = message("a", "t");
+        body[key] = value;
+        body.to_string()
+    };
+    let without = |key: &str| {
+        let mut body = message("a", "t");
+        if let Some(object) = body.as_object_mut() {
+            object.remove(key);
+        }
+        body.to_string()
+    };
+    let big_payload = json!({"s": "x".repeat(LIMIT)});
+    let over_cap = format!(
+        "{{\"tenant\":\"a\",\"topic\":\"t\",\"payload\":\"{}\"}}",
+        "x".repeat(2 * LIMIT + 600 * 1024)
+    );
+    let cases: Vec<(&str, String, StatusCode, &str)> = vec![
+        (
+            "malformed JSON",
+            "{\"tenant\": ".into(),
+            StatusCode::BAD_REQUEST,
+            "body",
+        ),
+        (
+            "trailing garbage",
+            format!("{} x", message("a", "t")),
+            StatusCode::BAD_REQUEST,
+            "body",
+        ),
+        (
+            "not an object",
+            "[1, 2]".into(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "body",
+        ),
+        (
+            "tenant of wrong type",
+            with("tenant", json!(5)),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "tenant",
+        ),
+        (
+            "topic of wrong type",
+            with("topic", json!(["t"])),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "topic",
+        ),
+        (
+            "schema_version of wrong type",
+            with("schema_version", json!("1")),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "schema_version",
+        ),
+        (
+            "schema_version zero",
+            with("schema_version", json!(0)),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "schema_version",
+        ),
+        (
+            "unknown field",
+            with("color", json!("red")),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "color",
+        ),
+        (
+            "missing tenant",
+            without("tenant"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "tenant",
+        ),
+        (
+            "missing payload",
+            without("payload"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "payload",
+        ),
+        (
+            "tenant outside the grammar",
+            with("tenant", json!("a b")),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "tenant",
+        ),
+        (
+            "empty tenant",
+            with("tenant", json!("")),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "tenant",
+        ),
+        (
+            "topic with the reserved colon",
+            with("topic", json!("a:b")),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "topic",
+        ),
+        (
+            "topic too long",
+            with("topic", json!("t".repeat(129))),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "topic",
+        ),
+        (
+            "headers not an object",
+            with("headers", json!(["x"])),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "headers",
+        ),
+        (
+            "headers a string",
+            with("headers", json!("x=1")),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "headers",
+        ),
+        (
+            "header value not a string",
+            with("headers", json!({"x": 1})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "headers.x",
+        ),
+        (
+            "available_at not RFC 3339",
+            with("available_at", json!("tomorrow")),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "available_at",
+        ),
+        (
+            "available_at without zone",
+            with("available_at", json!("2030-01-01T00:00:00")),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "available_at",
+        ),
+        (
+            "available_at a number",
+            with("available_at", json!(1_700_000_000)),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "available_at",
+        ),
+        (
+            "empty ordering_key",
+            with("ordering_key", json!("")),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "ordering_key",
+        ),
+        (
+            "idempotency_key too long",
+            with("idempotency_key", json!("k".repeat(256))),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency_key",
+        ),
+        (
+            "payload over max_payload_bytes",
+            with("payload", big_payload),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload",
+        ),
+        (
+            "body over the hard cap",
+            over_cap,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body",
+        ),
+    ];
+    for (what, body, status, field) in cases {
+        let reply = post_raw(&app, "/v1/messages", Some("all"), body, &[]).await;
+        assert_eq!(reply.status, status, "{what}: {}", reply.text);
+        assert_eq!(reply.field(), Some(field), "{what}: {}", reply.text);
+        assert!(reply.body["error"]["message"].is_string(), "{what}");
+        assert!(reply.body["error"]["code"].is_string(), "{what}");
+    }
+    let reply = post_raw(
+        &app,
+        "/v1/messages",
+        Some("all"),
+        message("a", "t").to_string(),
+        &[("content-type", "text/plain")],
+    )
+    .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "{}",
+        reply.text
+    );
+    let reply = post_raw(
+        &app,
+        "/v1/messages",
+        Some("all"),
+        with("idempotency_key", json!("k1")),
+        &[("Idempotency-Key", "k2")],
+    )
+    .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        reply.text
+    );
+    assert_eq!(reply.field(), Some("idempotency_key"));
+    assert_eq!(
+        message_count(&app).await,
+        0,
+        "a refused request stored something"
+    );
+
+    // Query parameters and paths are checked the same way.
+    for (uri, field) in [
+        ("/v1/messages?limit=abc", "limit"),
+        ("/v1/messages?limit=0", "limit"),
+        ("/v1/messages?state=done", "state"),
+        ("/v1/messages?topic=a:b", "topic"),
+        ("/v1/messages?cursor=nope", "cursor"),
+        ("/v1/messages?colour=red", "colour"),
+        ("/v1/messages/not-a-uuid", "id"),
+        ("/v1/dead-letters?limit=9999", "limit"),
+        ("/v1/dead-letters?cursor=x", "cursor"),
+    ] {
+        let reply = get(&app, uri, Some("all")).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{uri}: {}",
+            reply.text
+        );
+        assert_eq!(reply.field(), Some(field), "{uri}: {}", reply.text);
+    }
+    for (body, field) in [
+        (json!({}), "ids"),
+        (json!({"ids": [1], "filter": {}}), "ids"),
+        (json!({"ids": []}), "ids"),
+        (json!({"ids": ["x"]}), "ids[0]"),
+        (json!({"filter": {"topic": "a b"}}), "filter.topic"),
+        (json!({"filter": {"tenantt": "a"}}), "filter.tenantt"),
+    ] {
+        let reply = post(&app, "/v1/dead-letters/retry", Some("all"), &body).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{body}: {}",
+            reply.text
+        );
+        assert_eq!(reply.field(), Some(field), "{body}: {}", reply.text);
+    }
+    Ok(())
+}
+
+/// Every route, with the role it needs.
+fn routes(message_id: &str) -> Vec<(Method, String, Option<Value>, &'static str)> {
+    vec![
+        (
+            Method::POST,
+            "/v1/messages".into(),
+            Some(message("a", "t")),
+            "publish",
+        ),
+        (
+            Method::POST,
+            "/v1/messages/batch".into(),
+            Some(json!({"messages": [message("a", "t")]})),
+            "publish",
+        ),
+        (
+            Method::GET,
+            format!("/v1/messages/{message_id}"),
+            None,
+            "read",
+        ),
+        (Method::GET, "/v1/messages".into(), None, "read"),
+        (Method::GET, "/v1/stats".into(), None, "read"),
+        (Method::GET, "/v1/dead-letters".into(), None, "read"),
+        (Method::GET, "/v1/subscriptions".into(), None, "read"),
+        (Method::GET, "/metrics".into(), None, "read"),
+        (
+            Method::POST,
+            "/v1/dead-letters/retry".into(),
+            Some(json!({"ids": [999_999_999]})),
+            "admin",
+        ),
+        (
+            Method::POST,
+            "/v1/dead-letters/discard".into(),
+            Some(json!({"ids": [999_999_999]})),
+            "admin",
+        ),
+        (
+            Method::POST,
+            "/v1/subscriptions/sub/pause".into(),
+            None,
+            "admin",
+        ),
+        (
+            Method::POST,
+            "/v1/subscriptions/sub/resume".into(),
+            None,
+            "admin",
+        ),
+    ]
+}
+
+async fn every_route_checks_token_role_and_tenant<S>(courier: Courier<S>) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
+    // A dead letter of tenant b, so tenant checks have something to hide.
+    let worker = courier
+        .worker("sub")
+        .handle(
+            "t",
+            1,
+            handler_fn(|_message: courier::Message<Value>| async {
+                Err::<(), _>(HandlerError::permanent("refused"))
+            }),
+        )
+        .build()
+        .await?;
+    let of_b = post(&app, "/v1/messages", Some("all"), &message("b", "t")).await;
+    assert_eq!(of_b.status, StatusCode::CREATED);
+    let b_id = of_b.body["id"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(worker.run_once().await?, 1);
+
+    for (method, uri, body, role) in routes(&b_id) {
+        let send = |token: Option<&'static str>| {
+            let app = app.clone();
+            let method = method.clone();
+            let uri = uri.clone();
+            let body = body.clone();
+            async move {
+                call(
+                    &app,
+                    method,
+                    &uri,
+                    token,
+                    body.map(|b| Body::from(b.to_string())),
+                    &[],
+                )
+                .await
+            }
+        };
+        for token in [None, Some("wrong-token")] {
+            let reply = send(token).await;
+            assert_eq!(
+                reply.status,
+                StatusCode::UNAUTHORIZED,
+                "{method} {uri} {token:?}"
+            );
+            assert_eq!(reply.code(), Some("unauthorized"), "{method} {uri}");
+        }
+        let lacking: &[&str] = match role {
+            "publish" => &["reader-a", "admin-all"],
+            "read" => &["publisher-a"],
+            _ => &["reader-a", "publisher-a"],
+        };
+        for token in lacking {
+            let reply = send(Some(token)).await;
+            assert_eq!(
+                reply.status,
+                StatusCode::FORBIDDEN,
+                "{method} {uri} as {token}: {}",
+                reply.text
+            );
+            assert_eq!(reply.code(), Some("forbidden"), "{method} {uri}");
+        }
+        let holder = match role {
+            "publish" => "publisher-a",
+            "read" => "reader-a",
+            _ => "admin-all",
+        };
+        let reply = send(Some(holder)).await;
+        assert!(
+            reply.status.is_success() || reply.status == StatusCode::NOT_FOUND,
+            "{method} {uri} as {holder}: {} {}",
+            reply.status,
+            reply.text
+        );
+    }
+
+    // Tenant isolation.
+    let reply = get(&app, &format!("/v1/messages/{b_id}"), Some("reader-a")).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND, "{}", reply.text);
+    let reply = get(&app, &format!("/v1/messages/{b_id}"), Some("all")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let reply = post(
+        &app,
+        "/v1/messages",
+        Some("publisher-a"),
+        &message("b", "t"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    assert_eq!(reply.field(), Some("tenant"));
+    for uri in [
+        "/v1/messages?tenant=b",
+        "/v1/stats?tenant=b",
+        "/v1/dead-letters?tenant=b",
+    ] {
+        let reply = get(&app, uri, Some("reader-a")).await;
+        assert_eq!(reply.status, StatusCode::FORBIDDEN, "{uri}: {}", reply.text);
+        assert_eq!(reply.field(), Some("tenant"), "{uri}");
+    }
+    let listed = get(&app, "/v1/messages", Some("reader-a")).await;
+    let tenants: Vec<&str> = listed.body["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["tenant"].as_str())
+        .collect();
+    assert!(tenants.iter().all(|t| *t == "a"), "{tenants:?}");
+    assert!(
+        !tenants.is_empty(),
+        "reader-a should see tenant a's messages"
+    );
+    let dead = get(&app, "/v1/dead-letters", Some("reader-a")).await;
+    assert_eq!(
+        dead.body["items"].as_array().map(Vec::len),
+        Some(0),
+        "{}",
+        dead.text
+    );
+    let dead = get(&app, "/v1/dead-letters", Some("all")).await;
+    assert_eq!(
+        dead.body["items"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        dead.text
+    );
+    let dead_id = dead.body["items"][0]["id"].clone();
+    let stats = get(&app, "/v1/stats", Some("reader-a")).await;
+    assert_eq!(stats.body["dead"], json!(0), "{}", stats.text);
+    let stats = get(&app, "/v1/stats", Some("all")).await;
+    assert_eq!(stats.body["dead"], json!(1), "{}", stats.text);
+    // Tenant a's admin cannot retry b's dead letter, by id or filter.
+    let retry = post(
+        &app,
+        "/v1/dead-letters/retry",
+        Some("admin-a"),
+        &json!({"ids": [dead_id]}),
+    )
+    .await;
+    assert_eq!(retry.body["affected"], json!(0), "{}", retry.text);
+    let retry = post(
+        &app,
+        "/v1/dead-letters/retry",
+        Some("admin-a"),
+        &json!({"filter": {"tenant": "b"}}),
+    )
+    .await;
+    assert_eq!(retry.status, StatusCode::FORBIDDEN, "{}", retry.text);
+    assert_eq!(retry.field(), Some("filter.tenant"));
+    let retry = post(
+        &app,
+        "/v1/dead-letters/retry",
+        Some("both-ab"),
+        &json!({"filter": {}}),
+    )
+    .await;
+    assert_eq!(
+        retry.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        retry.text
+    );
+    assert_eq!(retry.field(), Some("filter.tenant"));
+    // Pausing needs a token for every tenant.
+    let pause = post(
+        &app,
+        "/v1/subscriptions/sub/pause",
+        Some("admin-a"),
+        &json!(null),
+    )
+    .await;
+    assert_eq!(pause.status, StatusCode::FORBIDDEN, "{}", pause.text);
+    let pause = call(
+        &app,
+        Method::POST,
+        "/v1/subscriptions/nope/pause",
+        Some("admin-all"),
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(pause.status, StatusCode::NOT_FOUND, "{}", pause.text);
+    // Health and the document are public.
+    for uri in ["/healthz", "/readyz", "/v1/openapi.json"] {
+        let reply = get(&app, uri, None).await;
+        assert_eq!(reply.status, StatusCode::OK, "{uri}: {}", reply.text);
+    }
+    let reply = get(&app, "/v1/nothing-here", Some("all")).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    assert_eq!(reply.code(), Some("not_found"));
+    Ok(())
+}
+
+async fn dead_letters_and_subscriptions_are_managed<S>(courier: Courier<S>) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let app = app(courier.store().clone(), &[], LIMIT);
+    let worker = courier
+        .worker("billing")
+        .handle(
+            "invoice.paid",
+            1,
+            handler_fn(|_message: courier::Message<Value>| async {
+                Err::<(), _>(HandlerError::permanent("the ledger refused it"))
+            }),
+        )
+        .build()
+        .await?;
+    for _ in 0..3 {
+        let reply = post(&app, "/v1/messages", None, &message("a", "invoice.paid")).await;
+        assert_eq!(reply.status, StatusCode::CREATED);
+    }
+    let id = get(&app, "/v1/messages?limit=1", None).await.body["items"][0]["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(worker.run_once().await?, 3);
+
+    let detail = get(&app, &format!("/v1/messages/{id}"), None).await;
+    assert_eq!(
+        detail.body["deliveries"][0]["subscription"],
+        json!("billing"),
+        "{}",
+        detail.text
+    );
+    assert_eq!(detail.body["deliveries"][0]["state"], json!("dead"));
+    assert!(detail.body["deliveries"][0]["errors"][0]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("the ledger refused it"));
+    let dead = get(&app, "/v1/dead-letters?subscription=billing&limit=2", None).await;
+    assert_eq!(
+        dead.body["items"].as_array().map(Vec::len),
+        Some(2),
+        "{}",
+        dead.text
+    );
+    let cursor = dead.body["next_cursor"].clone();
+    assert!(cursor.is_number(), "{}", dead.text);
+    let rest = get(
+        &app,
+        &format!("/v1/dead-letters?limit=2&cursor={cursor}"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        rest.body["items"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        rest.text
+    );
+    let dead_state = get(&app, "/v1/messages?state=dead&subscription=billing", None).await;
+    assert_eq!(dead_state.body["items"].as_array().map(Vec::len), Some(3));
+
+    let first = dead.body["items"][0]["id"].clone();
+    let retried = post(
+        &app,
+        "/v1/dead-letters/retry",
+        None,
+        &json!({"ids": [first]}),
+    )
+    .await;
+    assert_eq!(retried.body["affected"], json!(1), "{}", retried.text);
+    let discarded = post(
+        &app,
+        "/v1/dead-letters/discard",
+        None,
+        &json!({"filter": {"subscription": "billing"}}),
+    )
+    .await;
+    assert_eq!(discarded.body["affected"], json!(2), "{}", discarded.text);
+    let stats = get(&app, "/v1/stats", None).await;
+    assert_eq!(stats.body["available"], json!(1), "{}", stats.text);
+    assert_eq!(stats.body["dead"], json!(0), "{}", stats.text);
+    assert_eq!(
+        stats.body["by_subscription"][0]["subscription"],
+        json!("billing")
+    );
+
+    let subscriptions = get(&app, "/v1/subscriptions", None).await;
+    assert_eq!(
+        subscriptions.body["subscriptions"][0]["name"],
+        json!("billing")
+    );
+    assert_eq!(
+        subscriptions.body["subscriptions"][0]["paused"],
+        json!(false)
+    );
+    let paused = call(
+        &app,
+        Method::POST,
+        "/v1/subscriptions/billing/pause",
+        None,
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(
+        paused.body,
+        json!({"name": "billing", "paused": true}),
+        "{}",
+        paused.text
+    );
+    assert_eq!(worker.run_once().await?, 0, "a paused subscription claimed");
+    let subscriptions = get(&app, "/v1/subscriptions", None).await;
+    assert_eq!(
+        subscriptions.body["subscriptions"][0]["paused"],
+        json!(true)
+    );
+    let resumed = call(
+        &app,
+        Method::POST,
+        "/v1/subscriptions/billing/resume",
+        None,
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(resumed.body["paused"], json!(false));
+    assert_eq!(
+        worker.run_once().await?,
+        1,
+        "the retried dead letter is delivered again"
+    );
+
+    let metrics = get(&app, "/metrics", None).await;
+    assert_eq!(metrics.status, StatusCode::OK);
+    assert!(metrics.content_type.starts_with("text/plain"));
+    assert!(
+        metrics.text.contains("courier_messages_published_total"),
+        "{}",
+        metrics.text
+    );
+    assert!(
+        metrics.text.contains("courier_queue_depth"),
+        "{}",
+        metrics.text
+    );
+    let ready = get(&app, "/readyz", None).await;
+    assert_eq!(ready.body["status"], json!("ready"));
+    Ok(())
+}
+
+api_tests!(
+    publish_stores_once_per_idempotency_key,
+    batch_is_all_or_nothing,
+    bad_input_names_the_field_and_stores_nothing,
+    every_route_checks_token_role_and_tenant,
+    dead_letters_and_subscriptions_are_managed,
+);
+
+#[test]
+fn the_openapi_document_lists_every_route() {
+    let document = serde_json::to_value(courier_server::openapi()).unwrap();
+    assert!(document["openapi"]
+        .as_str()
+        .unwrap_or_default()
+        .starts_with("3."));
+    // It is a valid OpenAPI document as utoipa reads one back.
+    let parsed: utoipa::openapi::OpenApi = serde_json::from_value(document.clone()).unwrap();
+    assert!(!parsed.paths.paths.is_empty());
+    let expected = [
+        ("/v1/messages", "post"),
+        ("/v1/messages", "get"),
+        ("/v1/messages/batch", "post"),
+        ("/v1/messages/{id}", "get"),
+        ("/v1/stats", "get"),
+        ("/v1/dead-letters", "get"),
+        ("/v1/dead-letters/retry", "post"),
+        ("/v1/dead-letters/discard", "post"),
+        ("/v1/subscriptions", "get"),
+        ("/v1/subscriptions/{name}/pause", "post"),
+        ("/v1/subscriptions/{name}/resume", "post"),
+        ("/healthz", "get"),
+        ("/readyz", "get"),
+        ("/metrics", "get"),
+        ("/v1/openapi.json", "get"),
+    ];
+    let mut listed = 0;
+    for (path, operations) in document["paths"].as_object().unwrap() {
+        for method in operations.as_object().unwrap().keys() {
+            assert!(
+                expected.contains(&(path.as_str(), method.as_str())),
+                "undocumented in the test: {method} {path}"
+            );
+            listed += 1;
+        }
+    }
+    for (path, method) in expected {
+        assert!(
+            document["paths"][path][method].is_object(),
+            "{method} {path} missing"
+        );
+    }
+    assert_eq!(listed, expected.len());
+    assert!(document["components"]["schemas"]["PublishRequest"].is_object());
+    assert!(document["components"]["securitySchemes"]["bearer"].is_object());
+}
+
+#[tokio::test]
+async fn the_served_document_is_the_generated_one_and_routers_share_one_recorder() {
+    let fixture = courier_testkit::SqliteFixture::new().await.unwrap();
+    let store = courier_testkit::Backend::courier(&fixture).store().clone();
+    // Two routers in one process: the recorder is installed once and both work.
+    let first = app(store.clone(), &[], LIMIT);
+    let second = app(store, &[], LIMIT);
+    let served = get(&first, "/v1/openapi.json", None).await;
+    assert_eq!(
+        served.body,
+        serde_json::to_value(courier_server::openapi()).unwrap()
+    );
+    assert_eq!(get(&second, "/metrics", None).await.status, StatusCode::OK);
+}

@@ -2,16 +2,31 @@
 //! auth, metrics and OpenAPI document), webhook delivery, and the serve loop
 //! that ties them to a database.
 //!
-//! The `courier serve` command is a thin wrapper over [`run`].
+//! `courier serve` is a thin wrapper over [`run`]:
+//!
+//! ```no_run
+//! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = courier_server::Config::load(None)?; // defaults + COURIER_* variables
+//! courier_server::init_logging(config.log_format);
+//! courier_server::run(config, async {
+//!     let _ = tokio::signal::ctrl_c().await;
+//! })
+//! .await?;
+//! # Ok(()) }
+//! ```
 
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod daemon;
 pub mod error;
 pub mod metrics;
 pub mod store;
+pub mod webhook;
 
 pub use api::{openapi, router, ApiState};
 pub use auth::{Authenticator, Principal, TenantScope};
 pub use config::{Config, ConfigError};
+pub use daemon::{bind, init_logging, run, Running, ServeError};
 pub use error::ApiError;
+pub use webhook::WebhookHandler;

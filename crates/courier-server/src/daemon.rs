@@ -1,0 +1,299 @@
+//! The serve loop: connect, migrate, start one worker per subscription, serve
+//! the API, and shut down gracefully.
+//!
+//! [`bind`] does everything that can fail at start — validating the config,
+//! opening the database (PostgreSQL for `postgres://` URLs, SQLite otherwise),
+//! running migrations, registering every subscription and binding the
+//! listener — and returns a [`Running`] daemon with its bound address (so
+//! tests can listen on port 0). [`run`] is `bind` then wait.
+//!
+//! Shutdown, when the `shutdown` future completes: the listener stops
+//! accepting and open HTTP requests finish; every worker stops claiming, lets
+//! its in-flight deliveries finish for up to `shutdown_timeout_ms` (those still
+//! running then are recorded as failed attempts, retried at once by the next
+//! daemon) and hands back claimed-but-unstarted ones without spending an
+//! attempt; then maintenance stops and `run` returns `Ok`. A crash instead
+//! leaves leases to expire, after which any daemon's rescuer returns them.
+
+use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use courier::{
+    AdminStore, Courier, DeadLetterStore, EngineError, MaintenanceConfig, OutboxStore, StoreError,
+    WorkerHandle,
+};
+use futures_util::future::BoxFuture;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{router, ApiState};
+use crate::config::{Config, ConfigError, DatabaseKind, LogFormat};
+use crate::metrics::prometheus;
+use crate::webhook::{WebhookError, WebhookHandler};
+
+/// PostgreSQL connections the daemon opens.
+pub const POSTGRES_CONNECTIONS: u32 = 10;
+/// SQLite connections the daemon opens.
+pub const SQLITE_CONNECTIONS: u32 = 8;
+/// How often histogram data is folded for `/metrics`.
+pub const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Why the daemon could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The configuration was refused.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The database could not be opened.
+    #[error("cannot open the database: {0}")]
+    Connect(#[source] StoreError),
+    /// Migrations failed.
+    #[error("cannot migrate the database: {0}")]
+    Migrate(#[source] StoreError),
+    /// A subscription's webhook could not be set up.
+    #[error(transparent)]
+    Webhook(#[from] WebhookError),
+    /// A subscription's worker could not be built.
+    #[error("subscription {subscription}: {source}")]
+    Worker {
+        /// The subscription.
+        subscription: String,
+        /// The engine's error.
+        #[source]
+        source: EngineError,
+    },
+    /// The listen address could not be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        /// The address.
+        address: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The HTTP server failed while running.
+    #[error("the HTTP server failed: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+/// A started daemon: listening, its workers running.
+pub struct Running {
+    address: SocketAddr,
+    task: BoxFuture<'static, Result<(), ServeError>>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("address", &self.address)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Running {
+    /// The address the API listens on (the bound port when `listen` used port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Runs until the shutdown future completes and shutdown has finished.
+    pub async fn finished(self) -> Result<(), ServeError> {
+        self.task.await
+    }
+}
+
+/// Starts the daemon and runs it until `shutdown` completes.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    bind(config, shutdown).await?.finished().await
+}
+
+/// Validates `config`, opens and migrates the database, registers and starts
+/// every subscription's worker and binds the listener; the returned daemon
+/// serves until `shutdown` completes.
+pub async fn bind(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Running, ServeError> {
+    config.validate()?;
+    match config.database()? {
+        DatabaseKind::Postgres(url) => {
+            let pool = courier::postgres::connect(&url, POSTGRES_CONNECTIONS)
+                .await
+                .map_err(ServeError::Connect)?;
+            let courier = Courier::postgres_with_schema(pool, &config.schema).map_err(|e| {
+                ConfigError::Invalid {
+                    key: "schema".into(),
+                    value: Some(format!("{:?}", config.schema)),
+                    reason: e.reason,
+                }
+            })?;
+            tracing::info!(schema = %config.schema, "using PostgreSQL");
+            start(courier, config, shutdown).await
+        }
+        DatabaseKind::Sqlite(path) => {
+            let pool = courier::sqlite::connect(&path, SQLITE_CONNECTIONS)
+                .await
+                .map_err(ServeError::Connect)?;
+            tracing::info!(database = %path, "using SQLite");
+            start(Courier::sqlite(pool), config, shutdown).await
+        }
+    }
+}
+
+async fn start<S>(
+    courier: Courier<S>,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Running, ServeError>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    courier.migrate().await.map_err(ServeError::Migrate)?;
+    let state = ApiState::new(courier.store().clone(), &config)?;
+    let open = state.is_open();
+    let app = router(state);
+
+    let mut workers: Vec<(String, WorkerHandle)> = Vec::with_capacity(config.subscriptions.len());
+    for subscription in &config.subscriptions {
+        let handler = WebhookHandler::from_config(subscription)?;
+        let built = courier
+            .worker(subscription.name.clone())
+            .handle_all(subscription.topics.clone(), handler)
+            .retry_policy(subscription.retry.policy())
+            .concurrency(subscription.concurrency)
+            .batch_size(subscription.concurrency)
+            .shutdown_timeout(config.shutdown_timeout())
+            .maintenance(None)
+            .build()
+            .await;
+        let worker = match built {
+            Ok(worker) => worker,
+            Err(source) => {
+                stop_workers(workers).await;
+                return Err(ServeError::Worker {
+                    subscription: subscription.name.clone(),
+                    source,
+                });
+            }
+        };
+        tracing::info!(
+            subscription = %subscription.name,
+            topics = ?subscription.topics,
+            "subscription registered"
+        );
+        workers.push((subscription.name.clone(), worker.start()));
+    }
+
+    let listener = match TcpListener::bind(config.listen).await {
+        Ok(listener) => listener,
+        Err(source) => {
+            stop_workers(workers).await;
+            return Err(ServeError::Bind {
+                address: config.listen,
+                source,
+            });
+        }
+    };
+    let address = listener.local_addr().map_err(|source| ServeError::Bind {
+        address: config.listen,
+        source,
+    })?;
+    if open {
+        tracing::warn!(
+            %address,
+            "no [[tokens]] configured: the API is open to anyone who can reach this loopback address"
+        );
+    }
+    tracing::info!(%address, subscriptions = workers.len(), "courier is serving");
+
+    let services = CancellationToken::new();
+    let maintenance = match courier.maintenance(MaintenanceConfig::default()) {
+        Ok(maintenance) => Some(tokio::spawn(maintenance.run(services.clone()))),
+        Err(error) => {
+            tracing::error!(%error, "maintenance refused its configuration; rescuer and pruner not running");
+            None
+        }
+    };
+    let upkeep = tokio::spawn(metrics_upkeep(services.clone()));
+
+    let shutdown_timeout = config.shutdown_timeout();
+    let task = async move {
+        let stop_accepting = CancellationToken::new();
+        let server = axum::serve(listener, app)
+            .with_graceful_shutdown(stop_accepting.clone().cancelled_owned())
+            .into_future();
+        let mut server = tokio::spawn(server);
+        let mut server_result = None;
+        tokio::select! {
+            () = shutdown => tracing::info!("shutting down: no new requests; finishing deliveries in flight"),
+            finished = &mut server => server_result = Some(finished),
+        }
+        stop_accepting.cancel();
+        let server_result = match server_result {
+            Some(result) => result,
+            None => match tokio::time::timeout(shutdown_timeout, &mut server).await {
+                Ok(result) => result,
+                Err(_) => {
+                    tracing::warn!(
+                        "open HTTP requests did not finish before the shutdown deadline"
+                    );
+                    server.abort();
+                    Ok(Ok(()))
+                }
+            },
+        };
+        stop_workers(workers).await;
+        services.cancel();
+        if let Some(maintenance) = maintenance {
+            let _ = maintenance.await;
+        }
+        let _ = upkeep.await;
+        tracing::info!("courier stopped");
+        match server_result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(ServeError::Serve(error)),
+            Err(join) => Err(ServeError::Serve(std::io::Error::other(join.to_string()))),
+        }
+    };
+    Ok(Running {
+        address,
+        task: Box::pin(task),
+    })
+}
+
+async fn stop_workers(workers: Vec<(String, WorkerHandle)>) {
+    let stops = workers.into_iter().map(|(name, worker)| async move {
+        worker.shutdown().await;
+        tracing::info!(subscription = %name, "subscription stopped");
+    });
+    futures_util::future::join_all(stops).await;
+}
+
+async fn metrics_upkeep(stop: CancellationToken) {
+    let handle = prometheus();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            () = tokio::time::sleep(METRICS_UPKEEP_INTERVAL) => handle.run_upkeep(),
+        }
+    }
+}
+
+/// Installs a global `tracing` subscriber writing `format` to stderr, filtered
+/// by `RUST_LOG` (default `info`). Does nothing if one is installed already.
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}

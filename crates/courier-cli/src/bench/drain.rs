@@ -1,0 +1,281 @@
+//! Drain: N messages loaded while no worker runs, then one worker per
+//! subscription (default settings) handles them all; the time runs from the
+//! workers' start until every handler has returned and every outcome is
+//! settled (the workers have shut down). Afterwards the deliveries table
+//! must be empty, and for the exactly-once case every effect row present.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use courier::{
+    handler_fn, Courier, DeadLetterStore, HandlerError, Message, NewMessage, OutboxStore, Worker,
+};
+
+use super::fixture::{BenchPayload, Fixture};
+use super::measure::{peak_rss_kib, reset_peak_rss, Counter, Progress};
+use super::{Measurement, Plan, Throughput};
+
+const TOPIC: &str = "bench.drain";
+/// Messages per transaction while loading.
+const LOAD_BATCH: u64 = 1000;
+const ORDERING_KEYS: u64 = 1000;
+const TENANTS: u64 = 50;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Case {
+    Noop,
+    ExactlyOnce,
+    TwoSubscriptions,
+    OrderingKeys,
+    Tenants,
+}
+
+impl Case {
+    fn id(self) -> &'static str {
+        match self {
+            Self::Noop => "drain.noop",
+            Self::ExactlyOnce => "drain.exactly_once",
+            Self::TwoSubscriptions => "drain.two_subscriptions",
+            Self::OrderingKeys => "drain.ordering_keys",
+            Self::Tenants => "drain.tenants",
+        }
+    }
+
+    fn label(self) -> String {
+        match self {
+            Self::Noop => "no-op handler".to_owned(),
+            Self::ExactlyOnce => "exactly-once: tx handler writes row + receipt".to_owned(),
+            Self::TwoSubscriptions => "2 subscriptions on 1 topic (deliveries/s)".to_owned(),
+            Self::OrderingKeys => format!("no-op, {ORDERING_KEYS} ordering keys"),
+            Self::Tenants => format!("no-op, {TENANTS} tenants"),
+        }
+    }
+
+    fn subscriptions(self) -> &'static [&'static str] {
+        match self {
+            Self::TwoSubscriptions => &["bench_a", "bench_b"],
+            _ => &["bench"],
+        }
+    }
+
+    fn message(self, seq: u64) -> anyhow::Result<NewMessage> {
+        let tenant = match self {
+            Self::Tenants => format!("tenant-{:02}", seq % TENANTS),
+            _ => "bench".to_owned(),
+        };
+        let message = NewMessage::new(tenant, TOPIC, &BenchPayload { seq })?;
+        Ok(match self {
+            Self::OrderingKeys => message.with_ordering_key(format!("key-{}", seq % ORDERING_KEYS)),
+            _ => message,
+        })
+    }
+}
+
+pub(crate) async fn run<F: Fixture>(
+    fixture: &mut F,
+    plan: &Plan,
+    out: &mut Vec<Measurement>,
+) -> anyhow::Result<()> {
+    let baseline = if plan.baseline {
+        Some(
+            drain_baseline(fixture, plan)
+                .await
+                .context("baseline drain")?,
+        )
+    } else {
+        None
+    };
+    for case in [
+        Case::Noop,
+        Case::ExactlyOnce,
+        Case::TwoSubscriptions,
+        Case::OrderingKeys,
+        Case::Tenants,
+    ] {
+        let measurement = drain(fixture, plan, case, baseline)
+            .await
+            .with_context(|| case.id())?;
+        out.push(measurement);
+    }
+    Ok(())
+}
+
+/// Generous: a drain slower than 100 messages a second is broken, not slow.
+fn time_limit(deliveries: u64) -> Duration {
+    Duration::from_secs(60 + deliveries / 100)
+}
+
+async fn drain_baseline<F: Fixture>(fixture: &mut F, plan: &Plan) -> anyhow::Result<Throughput> {
+    drop(fixture.fresh().await?);
+    let baseline = fixture.baseline()?;
+    let loaded = Counter::new(plan.messages);
+    let shown = Arc::clone(&loaded);
+    let progress = Progress::start(
+        plan.progress,
+        "loading baseline",
+        Some(plan.messages),
+        move || shown.count(),
+    );
+    let mut seq = 0;
+    while seq < plan.messages {
+        let size = LOAD_BATCH.min(plan.messages - seq);
+        let rows = (seq..seq + size)
+            .map(|s| {
+                Ok((
+                    "bench".to_owned(),
+                    TOPIC.to_owned(),
+                    serde_json::to_string(&BenchPayload { seq: s })?,
+                ))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        baseline.insert_batch(&rows).await?;
+        loaded.add(size);
+        seq += size;
+    }
+    progress.finish();
+    fixture.analyze().await?;
+    let drained = Counter::new(plan.messages);
+    let shown = Arc::clone(&drained);
+    let progress = Progress::start(
+        plan.progress,
+        "baseline drain",
+        Some(plan.messages),
+        move || shown.count(),
+    );
+    let result = baseline.drain(&drained, time_limit(plan.messages)).await;
+    progress.finish();
+    let result = result?;
+    if result.count != plan.messages {
+        anyhow::bail!("drained {} rows of {}", result.count, plan.messages);
+    }
+    Ok(result)
+}
+
+async fn load<S: OutboxStore + DeadLetterStore>(
+    courier: &Courier<S>,
+    plan: &Plan,
+    case: Case,
+) -> anyhow::Result<()> {
+    let loaded = Counter::new(plan.messages);
+    let shown = Arc::clone(&loaded);
+    let progress = Progress::start(
+        plan.progress,
+        &format!("loading {}", case.id()),
+        Some(plan.messages),
+        move || shown.count(),
+    );
+    let mut seq = 0;
+    while seq < plan.messages {
+        let size = LOAD_BATCH.min(plan.messages - seq);
+        let messages = (seq..seq + size)
+            .map(|s| case.message(s))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        courier.publish(&messages).await?;
+        loaded.add(size);
+        seq += size;
+    }
+    progress.finish();
+    Ok(())
+}
+
+async fn drain<F: Fixture>(
+    fixture: &mut F,
+    plan: &Plan,
+    case: Case,
+    baseline: Option<Throughput>,
+) -> anyhow::Result<Measurement> {
+    let courier = fixture.fresh().await?;
+    let deliveries = plan.messages * case.subscriptions().len() as u64;
+    let counter = Counter::new(deliveries);
+    // Building a worker registers its subscription, which must exist before
+    // the messages are enqueued for them to fan out to it.
+    let mut workers: Vec<Worker<F::Store>> = Vec::new();
+    for subscription in case.subscriptions() {
+        let builder = courier.worker(*subscription);
+        let builder = if case == Case::ExactlyOnce {
+            builder.handle_transactional(TOPIC, 1, fixture.effects(Arc::clone(&counter)))
+        } else {
+            let counter = Arc::clone(&counter);
+            builder.handle(
+                TOPIC,
+                1,
+                handler_fn(move |_message: Message<BenchPayload>| {
+                    counter.hit();
+                    async { Ok::<(), HandlerError>(()) }
+                }),
+            )
+        };
+        workers.push(builder.build().await?);
+    }
+    load(&courier, plan, case).await?;
+    fixture.analyze().await?;
+
+    let shown = Arc::clone(&counter);
+    let progress = Progress::start(plan.progress, case.id(), Some(deliveries), move || {
+        shown.count()
+    });
+    let rss_reset = reset_peak_rss();
+    let started = Instant::now();
+    let handles: Vec<_> = workers.into_iter().map(Worker::start).collect();
+    let limit = time_limit(deliveries);
+    // Every delivery has reached a handler; the drain is over when every
+    // outcome is settled too. A settle that failed leaves its delivery to
+    // be rescued after its lease and handled again, which this wait includes.
+    let finished = tokio::time::timeout(limit, async {
+        counter.reached().await;
+        loop {
+            let left = fixture.deliveries_left().await?;
+            if left == 0 {
+                return anyhow::Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    for handle in handles {
+        handle.shutdown().await;
+    }
+    let elapsed = started.elapsed();
+    progress.finish();
+    let peak_rss = peak_rss_kib();
+    match finished {
+        Ok(waited) => waited?,
+        Err(_) => {
+            let left = fixture.deliveries_left().await?;
+            anyhow::bail!(
+                "{left} of {deliveries} deliveries left after {limit:?} ({} handler calls)",
+                counter.count()
+            );
+        }
+    }
+    let left = fixture.deliveries_left().await?;
+    if left != 0 {
+        anyhow::bail!("{left} deliveries were left after the drain");
+    }
+    if case == Case::ExactlyOnce {
+        let effects = fixture.effects_written().await?;
+        if u64::try_from(effects).ok() != Some(plan.messages) {
+            anyhow::bail!(
+                "{effects} effect rows written for {} messages",
+                plan.messages
+            );
+        }
+    }
+    let mut measurement = Measurement::throughput(
+        case.id(),
+        &case.label(),
+        Throughput::new(deliveries, elapsed),
+        baseline,
+    );
+    measurement.peak_rss_kib = peak_rss;
+    let handled = counter.count();
+    if handled != deliveries {
+        measurement.note = Some(format!(
+            "{handled} handler calls for {deliveries} deliveries: settles that failed were redelivered after their lease"
+        ));
+    } else if !rss_reset {
+        measurement.note = Some("peak RSS covers the whole process lifetime".to_owned());
+    }
+    Ok(measurement)
+}

@@ -1,0 +1,321 @@
+//! What a bench run found: measurements, the bars they are held to, and the
+//! table or JSON they are printed as.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::measure::Percentiles;
+use super::{Plan, Throughput};
+
+/// Scenarios the issue names that this bench does not run yet.
+pub(crate) const NOT_DONE: [&str; 2] = ["fairness", "held-xmin"];
+
+/// One bench run's results.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// `postgres` or `sqlite`.
+    pub backend: String,
+    /// The database's version and the settings that matter.
+    pub database: BTreeMap<String, String>,
+    /// The machine it ran on.
+    pub machine: Machine,
+    /// When the run ended (UTC, RFC 3339).
+    pub finished_at: String,
+    /// Messages the drain scenarios pre-loaded.
+    pub messages: u64,
+    /// Messages per second in the latency scenario.
+    pub rate: u32,
+    /// Whether the hand-written baseline ran.
+    pub baseline: bool,
+    /// Every measurement, in the order taken.
+    pub measurements: Vec<Measurement>,
+    /// The highest peak resident set of the drain scenarios, in KiB.
+    pub peak_rss_kib: Option<u64>,
+    /// The bars from the design, checked against this run.
+    pub bars: Vec<BarCheck>,
+    /// Scenarios not measured yet.
+    pub not_done: Vec<String>,
+}
+
+/// The machine a run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    /// CPUs available to the process.
+    pub cpus: usize,
+    /// Total memory, in KiB (`None` without `/proc/meminfo`).
+    pub memory_kib: Option<u64>,
+}
+
+impl Machine {
+    fn here() -> Self {
+        let memory_kib = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find_map(|line| line.strip_prefix("MemTotal:"))
+                    .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            });
+        Self {
+            cpus: std::thread::available_parallelism().map_or(1, usize::from),
+            memory_kib,
+        }
+    }
+}
+
+/// One measured case.
+#[derive(Debug, Clone, Serialize)]
+pub struct Measurement {
+    /// A stable name, `scenario.case` (`drain.noop`, `latency.wake`, ...).
+    pub id: String,
+    /// What was measured, in words.
+    pub case: String,
+    /// Messages (or deliveries) handled.
+    pub count: u64,
+    /// Wall-clock seconds the work took.
+    pub seconds: f64,
+    /// Throughput, for enqueue and drain.
+    pub per_second: Option<f64>,
+    /// Commit → handler start, for latency.
+    pub latency: Option<Percentiles>,
+    /// The hand-written SQL's throughput on the same work.
+    pub baseline_per_second: Option<f64>,
+    /// `per_second / baseline_per_second`.
+    pub ratio: Option<f64>,
+    /// The process's peak resident set during this case, in KiB.
+    pub peak_rss_kib: Option<u64>,
+    /// Anything a reader should know about this number.
+    pub note: Option<String>,
+}
+
+impl Measurement {
+    pub(crate) fn throughput(
+        id: &str,
+        case: &str,
+        result: Throughput,
+        baseline: Option<Throughput>,
+    ) -> Self {
+        let per_second = result.per_second();
+        let baseline_per_second = baseline.map(|b| b.per_second());
+        Self {
+            id: id.to_owned(),
+            case: case.to_owned(),
+            count: result.count,
+            seconds: result.elapsed.as_secs_f64(),
+            per_second: Some(per_second),
+            latency: None,
+            baseline_per_second,
+            ratio: baseline_per_second
+                .filter(|b| *b > 0.0)
+                .map(|b| per_second / b),
+            peak_rss_kib: None,
+            note: None,
+        }
+    }
+}
+
+/// One bar from the design, checked.
+#[derive(Debug, Clone, Serialize)]
+pub struct BarCheck {
+    /// What is held to the bar.
+    pub bar: String,
+    /// What was measured, in the bar's unit.
+    pub measured: String,
+    /// Whether the bar was met.
+    pub met: bool,
+}
+
+impl Report {
+    pub(crate) fn new(
+        database: Vec<(String, String)>,
+        plan: &Plan,
+        measurements: Vec<Measurement>,
+    ) -> Self {
+        let database: BTreeMap<String, String> = database.into_iter().collect();
+        let backend = database.get("backend").cloned().unwrap_or_default();
+        let peak_rss_kib = measurements
+            .iter()
+            .filter(|m| m.id.starts_with("drain."))
+            .filter_map(|m| m.peak_rss_kib)
+            .max();
+        let mut report = Self {
+            backend,
+            database,
+            machine: Machine::here(),
+            finished_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            messages: plan.messages,
+            rate: plan.rate,
+            baseline: plan.baseline,
+            measurements,
+            peak_rss_kib,
+            bars: Vec::new(),
+            not_done: NOT_DONE.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        report.bars = report.check_bars();
+        report
+    }
+
+    fn find(&self, id: &str) -> Option<&Measurement> {
+        self.measurements.iter().find(|m| m.id == id)
+    }
+
+    fn check_bars(&self) -> Vec<BarCheck> {
+        let mut bars = Vec::new();
+        let postgres = self.backend == "postgres";
+        let noop = self.find("drain.noop");
+        if postgres {
+            if let Some(ratio) = noop.and_then(|m| m.ratio) {
+                bars.push(BarCheck {
+                    bar: "no-op drain ≥ 70% of the hand-written baseline".into(),
+                    measured: format!("{:.0}%", ratio * 100.0),
+                    met: ratio >= 0.70,
+                });
+            }
+        }
+        if let (Some(noop), Some(exact)) = (
+            noop.and_then(|m| m.per_second),
+            self.find("drain.exactly_once").and_then(|m| m.per_second),
+        ) {
+            let share = exact / noop;
+            bars.push(BarCheck {
+                bar: "exactly-once drain ≥ 60% of no-op".into(),
+                measured: format!("{:.0}%", share * 100.0),
+                met: share >= 0.60,
+            });
+        }
+        if let Some(rate) = self.find("enqueue.batch_1000").and_then(|m| m.per_second) {
+            bars.push(BarCheck {
+                bar: "batched enqueue ≥ 150,000 msg/s".into(),
+                measured: format!("{} msg/s", thousands(rate)),
+                met: rate >= 150_000.0,
+            });
+        }
+        if postgres {
+            if let Some(latency) = self.find("latency.wake").and_then(|m| m.latency) {
+                bars.push(BarCheck {
+                    bar: "pickup with NOTIFY p50 ≤ 1.5 ms".into(),
+                    measured: format!("{:.2} ms", latency.p50_ms),
+                    met: latency.p50_ms <= 1.5,
+                });
+                bars.push(BarCheck {
+                    bar: "pickup with NOTIFY p99 ≤ 3 ms".into(),
+                    measured: format!("{:.2} ms", latency.p99_ms),
+                    met: latency.p99_ms <= 3.0,
+                });
+            }
+        } else if let Some(rate) = noop.and_then(|m| m.per_second) {
+            bars.push(BarCheck {
+                bar: "SQLite no-op drain ≥ 20,000 msg/s".into(),
+                measured: format!("{} msg/s", thousands(rate)),
+                met: rate >= 20_000.0,
+            });
+        }
+        if let Some(kib) = self.peak_rss_kib {
+            bars.push(BarCheck {
+                bar: "worker peak RSS ≤ 50 MB (bench process, during drains)".into(),
+                measured: format!("{:.1} MB", kib as f64 / 1024.0),
+                met: kib <= 50 * 1024,
+            });
+        }
+        bars
+    }
+
+    /// The report as pretty JSON.
+    pub fn to_json(&self) -> anyhow::Result<String> {
+        Ok(serde_json::to_string_pretty(self)?)
+    }
+
+    /// The report as a table for people.
+    pub fn to_table(&self) -> String {
+        let mut out = String::new();
+        let version = self
+            .database
+            .get("server_version")
+            .or_else(|| self.database.get("sqlite_version"))
+            .map_or(String::new(), |v| format!(" {v}"));
+        let _ = writeln!(
+            out,
+            "courier bench on {}{version}: {} messages per drain, {} msg/s trickle, {} CPUs",
+            self.backend,
+            thousands(self.messages as f64),
+            self.rate,
+            self.machine.cpus
+        );
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "{:<23} {:<44} {:>16} {:>16} {:>7} {:>9}",
+            "id", "case", "result", "baseline", "ratio", "peak RSS"
+        );
+        for m in &self.measurements {
+            let result = match (m.per_second, m.latency) {
+                (Some(rate), _) => format!("{} msg/s", thousands(rate)),
+                (None, Some(l)) => format!("p50 {:.2} ms", l.p50_ms),
+                (None, None) => "-".into(),
+            };
+            let baseline = m
+                .baseline_per_second
+                .map_or("-".into(), |b| format!("{} msg/s", thousands(b)));
+            let ratio = m.ratio.map_or("-".into(), |r| format!("{r:.2}"));
+            let rss = m
+                .peak_rss_kib
+                .map_or("-".into(), |kib| format!("{:.1} MB", kib as f64 / 1024.0));
+            let _ = writeln!(
+                out,
+                "{:<23} {:<44} {:>16} {:>16} {:>7} {:>9}",
+                m.id, m.case, result, baseline, ratio, rss
+            );
+            if let Some(l) = m.latency {
+                let _ = writeln!(
+                    out,
+                    "{:<23} {:<44} p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms, n = {}",
+                    "", "", l.p99_ms, l.p999_ms, l.max_ms, m.count
+                );
+            }
+            if let Some(note) = &m.note {
+                let _ = writeln!(out, "{:<23} note: {note}", "");
+            }
+        }
+        if !self.bars.is_empty() {
+            let _ = writeln!(out);
+            let _ = writeln!(out, "bars:");
+            for bar in &self.bars {
+                let verdict = if bar.met { "met   " } else { "MISSED" };
+                let _ = writeln!(out, "  {verdict} {:<58} measured {}", bar.bar, bar.measured);
+            }
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(out, "not measured yet: {}", self.not_done.join(", "));
+        out
+    }
+}
+
+/// `1234567.8` as `1,234,568`.
+pub(crate) fn thousands(value: f64) -> String {
+    let rounded = value.round();
+    if !rounded.is_finite() || rounded < 0.0 {
+        return format!("{value:.0}");
+    }
+    let digits = format!("{rounded:.0}");
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_are_separated() {
+        assert_eq!(thousands(0.0), "0");
+        assert_eq!(thousands(999.4), "999");
+        assert_eq!(thousands(1234567.8), "1,234,568");
+    }
+}

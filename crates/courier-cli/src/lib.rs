@@ -1,6 +1,8 @@
 //! The library behind the `courier` command line.
 //!
 //! [`database`] says which database a URL names and runs migrations;
+//! [`ops`] holds the operator verbs (publish, status, dead letters,
+//! subscriptions) that work on the database directly;
 //! [`bench`] measures Courier (enqueue, drain, pickup latency) against
 //! hand-written SQL doing the same work on the same machine, so each number
 //! comes with its ratio to what the database can do right now. The binary in
@@ -9,3 +11,4 @@
 
 pub mod bench;
 pub mod database;
+pub mod ops;

@@ -2,14 +2,28 @@
 //! the `courier_cli` library; every error ends the process with status 1 and
 //! one line saying why.
 
+use std::io::BufRead;
 use std::process::ExitCode;
+
+use anyhow::Context;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use courier_cli::bench::{self, BenchOptions, Scenario};
 use courier_cli::database::{self, Database};
+use courier_cli::ops;
 
 const EXAMPLES: &str = "\
 Examples:
+  courier serve                                  # SQLite ./courier.db, http://127.0.0.1:7070
+  courier serve --config courier.toml            # see crates/courier-server/courier.example.toml
+  courier publish --tenant acme --topic invoice.paid --payload '{\"invoice\": 7}'
+  cat events.ndjson | courier publish            # one POST /v1/messages body per line
+  courier publish --url http://127.0.0.1:7070 --token $TOKEN --tenant acme --topic t --payload 1
+  courier status
+  courier dlq list --subscription billing
+  courier dlq show 42
+  courier dlq retry 42 43                        # or: courier dlq retry --topic invoice.paid
+  courier subscriptions pause billing
   courier migrate --database-url postgres://postgres@127.0.0.1:5432/app --schema courier
   courier bench --quick
   courier bench --scenario all --baseline --database-url postgres://postgres@127.0.0.1:5432/test
@@ -34,6 +48,30 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the daemon: workers for the configured subscriptions, the HTTP API
+    /// under /v1, /metrics, /healthz and /readyz.
+    Serve {
+        /// The config file (every key can also come from COURIER_<KEY>).
+        #[arg(long, env = "COURIER_CONFIG")]
+        config: Option<std::path::PathBuf>,
+    },
+    /// Publish one message, or NDJSON from standard input (one `POST
+    /// /v1/messages` body per line), to the database or a running daemon.
+    Publish(PublishArgs),
+    /// Open deliveries per subscription and topic, and the oldest waiting one.
+    Status {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Dead letters: list, show, retry, discard.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+    /// Subscriptions: list, pause, resume.
+    #[command(subcommand)]
+    Subscriptions(SubscriptionsCommand),
     /// Create or upgrade Courier's tables (safe to run from many processes at once).
     Migrate {
         /// `postgres://…`, or a SQLite file path (`sqlite:` prefix optional).
@@ -45,6 +83,141 @@ enum Command {
     },
     /// Measure enqueue and drain throughput, pickup latency and worker memory.
     Bench(BenchArgs),
+}
+
+/// Which database the operator verbs work on.
+#[derive(clap::Args)]
+struct DbArgs {
+    /// `postgres://…`, or a SQLite file path.
+    #[arg(long, env = "COURIER_DATABASE_URL", default_value = "courier.db")]
+    database_url: String,
+    /// PostgreSQL schema holding Courier's tables.
+    #[arg(long, env = "COURIER_SCHEMA", default_value = courier::postgres::DEFAULT_SCHEMA)]
+    schema: String,
+}
+
+impl DbArgs {
+    async fn open(&self) -> anyhow::Result<ops::Store> {
+        ops::Store::open(&Database::parse(&self.database_url)?, &self.schema).await
+    }
+}
+
+#[derive(clap::Args)]
+struct PublishArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Publish through a running daemon at this URL instead of the database.
+    #[arg(long, env = "COURIER_URL")]
+    url: Option<String>,
+    /// Bearer token for --url.
+    #[arg(long, env = "COURIER_TOKEN")]
+    token: Option<String>,
+    /// The tenant (without --tenant and --topic, NDJSON is read from stdin).
+    #[arg(long)]
+    tenant: Option<String>,
+    /// The topic.
+    #[arg(long)]
+    topic: Option<String>,
+    /// The payload as JSON.
+    #[arg(long, default_value = "{}")]
+    payload: String,
+    /// The payload's schema version.
+    #[arg(long)]
+    schema_version: Option<i32>,
+    /// Ordering key.
+    #[arg(long)]
+    ordering_key: Option<String>,
+    /// Idempotency key.
+    #[arg(long)]
+    idempotency_key: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct DlqFilterArgs {
+    /// Only this tenant's.
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Only this topic's.
+    #[arg(long)]
+    topic: Option<String>,
+    /// Only this subscription's.
+    #[arg(long)]
+    subscription: Option<String>,
+}
+
+impl DlqFilterArgs {
+    fn filter(&self) -> courier::DeadLetterFilter {
+        courier::DeadLetterFilter {
+            tenant: self.tenant.clone(),
+            topic: self.topic.clone(),
+            subscription: self.subscription.clone(),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// List dead letters, oldest first.
+    List {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(flatten)]
+        filter: DlqFilterArgs,
+        /// Page size.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Start after this delivery id (the previous page's cursor).
+        #[arg(long)]
+        after: Option<i64>,
+    },
+    /// Show one dead letter with its payload and error history.
+    Show {
+        #[command(flatten)]
+        db: DbArgs,
+        /// The delivery id (from `dlq list`).
+        id: i64,
+    },
+    /// Make dead letters deliverable again (attempts reset), by id or by filter.
+    Retry {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(flatten)]
+        filter: DlqFilterArgs,
+        /// Delivery ids; without ids, every dead letter matching the filter.
+        ids: Vec<i64>,
+    },
+    /// Discard dead letters for good, by id or by filter.
+    Discard {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(flatten)]
+        filter: DlqFilterArgs,
+        /// Delivery ids; without ids, every dead letter matching the filter.
+        ids: Vec<i64>,
+    },
+}
+
+#[derive(Subcommand)]
+enum SubscriptionsCommand {
+    /// List subscriptions with their topics and whether they are paused.
+    List {
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Stop claiming for a subscription; its messages wait.
+    Pause {
+        #[command(flatten)]
+        db: DbArgs,
+        /// The subscription.
+        name: String,
+    },
+    /// Resume a paused subscription.
+    Resume {
+        #[command(flatten)]
+        db: DbArgs,
+        /// The subscription.
+        name: String,
+    },
 }
 
 #[derive(clap::Args)]
@@ -122,6 +295,78 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Serve { config } => {
+            let config = courier_server::Config::load(config.as_deref())?;
+            courier_server::init_logging(config.log_format);
+            courier_server::run(config, shutdown_signal()).await?;
+        }
+        Command::Publish(args) => publish(args).await?,
+        Command::Status { db, json } => {
+            let stats = db.open().await?.status().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&stats)?);
+            } else {
+                let rows: Vec<Vec<String>> = stats
+                    .iter()
+                    .map(|s| {
+                        vec![
+                            s.subscription.clone(),
+                            s.topic.clone(),
+                            s.available.to_string(),
+                            s.running.to_string(),
+                            s.dead.to_string(),
+                            s.oldest_pending_age_seconds
+                                .map_or_else(|| "-".to_owned(), |age| format!("{age:.1}s")),
+                        ]
+                    })
+                    .collect();
+                print!(
+                    "{}",
+                    ops::table(
+                        &[
+                            "SUBSCRIPTION",
+                            "TOPIC",
+                            "WAITING",
+                            "RUNNING",
+                            "DEAD",
+                            "OLDEST"
+                        ],
+                        &rows
+                    )
+                );
+                if rows.is_empty() {
+                    println!("(nothing waiting: every delivery is done)");
+                }
+            }
+        }
+        Command::Dlq(command) => dlq(command).await?,
+        Command::Subscriptions(command) => match command {
+            SubscriptionsCommand::List { db } => {
+                let rows: Vec<Vec<String>> = db
+                    .open()
+                    .await?
+                    .subscriptions()
+                    .await?
+                    .into_iter()
+                    .map(|s| {
+                        vec![
+                            s.name,
+                            s.topics.join(","),
+                            if s.paused { "paused" } else { "active" }.to_owned(),
+                        ]
+                    })
+                    .collect();
+                print!("{}", ops::table(&["NAME", "TOPICS", "STATE"], &rows));
+            }
+            SubscriptionsCommand::Pause { db, name } => {
+                db.open().await?.set_paused(&name, true).await?;
+                println!("paused {name}");
+            }
+            SubscriptionsCommand::Resume { db, name } => {
+                db.open().await?.set_paused(&name, false).await?;
+                println!("resumed {name}");
+            }
+        },
         Command::Migrate {
             database_url,
             schema,
@@ -152,6 +397,224 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 print!("{}", report.to_table());
             }
+        }
+    }
+    Ok(())
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = interrupt => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = interrupt.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}
+
+async fn publish(args: PublishArgs) -> anyhow::Result<()> {
+    let single = match (&args.tenant, &args.topic) {
+        (Some(tenant), Some(topic)) => {
+            let payload: serde_json::Value = serde_json::from_str(&args.payload)
+                .map_err(|e| anyhow::anyhow!("invalid payload: not JSON: {e}"))?;
+            let mut body =
+                serde_json::json!({"tenant": tenant, "topic": topic, "payload": payload});
+            if let Some(version) = args.schema_version {
+                body["schema_version"] = version.into();
+            }
+            if let Some(key) = &args.ordering_key {
+                body["ordering_key"] = key.clone().into();
+            }
+            if let Some(key) = &args.idempotency_key {
+                body["idempotency_key"] = key.clone().into();
+            }
+            Some(body.to_string())
+        }
+        (None, None) => None,
+        _ => anyhow::bail!(
+            "invalid arguments: --tenant and --topic go together (or neither, to read NDJSON)"
+        ),
+    };
+    if let Some(url) = &args.url {
+        return publish_http(url, args.token.as_deref(), single).await;
+    }
+    let store = args.db.open().await?;
+    match single {
+        Some(line) => {
+            let message = ops::parse_line(&line, 1, courier::MAX_PAYLOAD_BYTES)
+                .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_start_matches("line 1: ")))?;
+            let outcome = store.publish(std::slice::from_ref(&message)).await?;
+            for o in outcome {
+                println!("{}{}", o.id, if o.duplicate { " (duplicate)" } else { "" });
+            }
+        }
+        None => {
+            let progress = indicatif::ProgressBar::new_spinner();
+            progress.set_style(
+                indicatif::ProgressStyle::with_template("{spinner} {pos} published ({per_sec})")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            );
+            let stdin = std::io::stdin();
+            let summary = ops::publish_ndjson(&store, stdin.lock(), &progress).await;
+            progress.finish_and_clear();
+            let summary = summary?;
+            println!(
+                "published {} message(s), {} duplicate(s) skipped",
+                summary.published, summary.duplicates
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn publish_http(
+    url: &str,
+    token: Option<&str>,
+    single: Option<String>,
+) -> anyhow::Result<()> {
+    let client = reqwest::Client::new();
+    let base = url.trim_end_matches('/');
+    let send = |path: &str, body: String| {
+        let mut request = client
+            .post(format!("{base}{path}"))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send()
+    };
+    let bodies: Vec<(String, String)> = match single {
+        Some(body) => vec![("/v1/messages".to_owned(), body)],
+        None => {
+            let mut batches = Vec::new();
+            let mut lines = Vec::new();
+            for line in std::io::stdin().lock().lines() {
+                let line = line?;
+                if !line.trim().is_empty() {
+                    lines.push(line);
+                }
+                if lines.len() == ops::PUBLISH_BATCH {
+                    batches.push(std::mem::take(&mut lines));
+                }
+            }
+            if !lines.is_empty() {
+                batches.push(lines);
+            }
+            batches
+                .into_iter()
+                .map(|lines| {
+                    (
+                        "/v1/messages/batch".to_owned(),
+                        format!("{{\"messages\":[{}]}}", lines.join(",")),
+                    )
+                })
+                .collect()
+        }
+    };
+    for (path, body) in bodies {
+        let response = send(&path, body)
+            .await
+            .with_context(|| format!("POST {base}{path}"))?;
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        if !status.is_success() {
+            anyhow::bail!("the daemon answered {status}: {text}");
+        }
+        println!("{text}");
+    }
+    Ok(())
+}
+
+async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
+    match command {
+        DlqCommand::List {
+            db,
+            filter,
+            limit,
+            after,
+        } => {
+            let page = db
+                .open()
+                .await?
+                .dead_letters(&filter.filter(), after, limit)
+                .await?;
+            let rows: Vec<Vec<String>> = page
+                .items
+                .iter()
+                .map(|d| {
+                    vec![
+                        d.delivery_id.to_string(),
+                        d.subscription.clone(),
+                        d.tenant.clone(),
+                        d.topic.clone(),
+                        d.attempts.to_string(),
+                        d.errors
+                            .last()
+                            .map(|e| courier::truncate_chars(&e.message, 60).to_owned())
+                            .unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                ops::table(
+                    &[
+                        "ID",
+                        "SUBSCRIPTION",
+                        "TENANT",
+                        "TOPIC",
+                        "ATTEMPTS",
+                        "LAST ERROR"
+                    ],
+                    &rows
+                )
+            );
+            if let Some(cursor) = page.next_cursor {
+                println!("more: --after {cursor}");
+            }
+        }
+        DlqCommand::Show { db, id } => {
+            let Some(letter) = db.open().await?.dead_letter(id).await? else {
+                anyhow::bail!("no dead letter with id {id}");
+            };
+            println!("delivery      {}", letter.delivery_id);
+            println!("message       {}", letter.message_id);
+            println!("subscription  {}", letter.subscription);
+            println!("tenant        {}", letter.tenant);
+            println!("topic         {} v{}", letter.topic, letter.schema_version);
+            println!("attempts      {}", letter.attempts);
+            println!("payload       {}", letter.payload);
+            println!("errors:");
+            for error in &letter.errors {
+                println!(
+                    "  #{} {}  {}",
+                    error.attempt,
+                    error.at.to_rfc3339(),
+                    error.message
+                );
+            }
+        }
+        DlqCommand::Retry { db, filter, ids } => {
+            let affected = db.open().await?.retry(&ids, &filter.filter()).await?;
+            println!("retried {affected} dead letter(s)");
+        }
+        DlqCommand::Discard { db, filter, ids } => {
+            let affected = db.open().await?.discard(&ids, &filter.filter()).await?;
+            println!("discarded {affected} dead letter(s)");
         }
     }
     Ok(())

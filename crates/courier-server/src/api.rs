@@ -378,6 +378,15 @@ pub struct PublishRequest {
     pub available_at: Option<String>,
 }
 
+impl PublishRequest {
+    /// Validates the request into a message, exactly as `POST /v1/messages`
+    /// does (the CLI's NDJSON publishing uses it too): names, payload size,
+    /// headers, RFC 3339 `available_at`. The error names the field.
+    pub fn into_message(self, max_payload_bytes: usize) -> Result<NewMessage, ApiError> {
+        build_message(self, "", max_payload_bytes, None)
+    }
+}
+
 /// A published (or already published) message.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct PublishResponse {

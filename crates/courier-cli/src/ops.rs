@@ -1,0 +1,246 @@
+//! Operators' verbs over a Courier database: publish, status, dead letters
+//! and subscriptions. They talk to the database directly (the same one a
+//! `courier serve` uses); `publish` can also go through a running daemon.
+
+use std::io::BufRead;
+
+use anyhow::{bail, Context};
+use courier::postgres::PgStore;
+use courier::sqlite::SqliteStore;
+use courier::{
+    AdminStore, Courier, DeadLetter, DeadLetterFilter, DeadLetterStore, DeliveryStats,
+    EnqueueOutcome, NewMessage, SubscriptionInfo,
+};
+
+use crate::database::{validate_schema, Database};
+
+/// Messages per transaction when publishing NDJSON.
+pub const PUBLISH_BATCH: usize = 500;
+
+/// Courier over whichever database a URL names, without migrating it.
+pub enum Store {
+    /// PostgreSQL.
+    Postgres(Courier<PgStore>),
+    /// SQLite.
+    Sqlite(Courier<SqliteStore>),
+}
+
+macro_rules! with_store {
+    ($store:expr, $courier:ident => $body:expr) => {
+        match $store {
+            Store::Postgres($courier) => $body,
+            Store::Sqlite($courier) => $body,
+        }
+    };
+}
+
+impl Store {
+    /// Opens the database; refuses one that `courier migrate` (or `serve`) never set up.
+    pub async fn open(database: &Database, schema: &str) -> anyhow::Result<Self> {
+        let store = match database {
+            Database::Postgres { url } => {
+                validate_schema(schema)?;
+                let pool = courier::postgres::connect(url, 4)
+                    .await
+                    .context("connecting to PostgreSQL")?;
+                Store::Postgres(Courier::postgres_with_schema(pool, schema)?)
+            }
+            Database::Sqlite { path } => {
+                if !std::path::Path::new(path).exists() {
+                    bail!("no Courier database at {path} (run `courier serve` or `courier migrate` first, or pass --database-url)");
+                }
+                Store::Sqlite(
+                    Courier::connect_sqlite(path)
+                        .await
+                        .with_context(|| format!("opening {path}"))?,
+                )
+            }
+        };
+        let ready = with_store!(&store, courier => courier.store().ready().await)?;
+        if !ready {
+            bail!("the database's Courier schema is missing or not current; run `courier migrate`");
+        }
+        Ok(store)
+    }
+
+    /// Publishes messages in one transaction.
+    pub async fn publish(&self, messages: &[NewMessage]) -> anyhow::Result<Vec<EnqueueOutcome>> {
+        Ok(with_store!(self, courier => courier.publish(messages).await)?)
+    }
+
+    /// Open deliveries per subscription and topic.
+    pub async fn status(&self) -> anyhow::Result<Vec<DeliveryStats>> {
+        Ok(with_store!(self, courier => courier.store().delivery_stats(None).await)?)
+    }
+
+    /// Registered subscriptions.
+    pub async fn subscriptions(&self) -> anyhow::Result<Vec<SubscriptionInfo>> {
+        Ok(with_store!(self, courier => courier.store().list_subscriptions().await)?)
+    }
+
+    /// Pauses or resumes a subscription; fails if it does not exist.
+    pub async fn set_paused(&self, name: &str, paused: bool) -> anyhow::Result<()> {
+        let found = with_store!(self, courier => courier.store().set_subscription_paused(name, paused).await)?;
+        if !found {
+            bail!("no subscription named {name:?}");
+        }
+        Ok(())
+    }
+
+    /// One page of dead letters.
+    pub async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        after: Option<i64>,
+        limit: usize,
+    ) -> anyhow::Result<courier::DeadLetterPage> {
+        Ok(with_store!(self, courier => courier.dead_letters(filter, after, limit).await)?)
+    }
+
+    /// One dead letter.
+    pub async fn dead_letter(&self, id: i64) -> anyhow::Result<Option<DeadLetter>> {
+        Ok(with_store!(self, courier => courier.store().get_dead_letter(id).await)?)
+    }
+
+    /// Retries dead letters by id, or every one matching `filter` when `ids` is empty.
+    pub async fn retry(&self, ids: &[i64], filter: &DeadLetterFilter) -> anyhow::Result<u64> {
+        Ok(if ids.is_empty() {
+            with_store!(self, courier => courier.retry_dead_letters_matching(filter).await)?
+        } else {
+            with_store!(self, courier => courier.retry_dead_letters(ids).await)?
+        })
+    }
+
+    /// Discards dead letters by id, or every one matching `filter` when `ids` is empty.
+    pub async fn discard(&self, ids: &[i64], filter: &DeadLetterFilter) -> anyhow::Result<u64> {
+        Ok(if ids.is_empty() {
+            with_store!(self, courier => courier.discard_dead_letters_matching(filter).await)?
+        } else {
+            with_store!(self, courier => courier.discard_dead_letters(ids).await)?
+        })
+    }
+}
+
+/// Parses one NDJSON line (the `POST /v1/messages` body) into a message.
+pub fn parse_line(
+    line: &str,
+    number: usize,
+    max_payload_bytes: usize,
+) -> anyhow::Result<NewMessage> {
+    let request: courier_server::api::PublishRequest = serde_json::from_str(line)
+        .with_context(|| format!("line {number}: not a valid message object"))?;
+    request.into_message(max_payload_bytes).map_err(|error| {
+        let field = error.field.unwrap_or_else(|| "body".to_owned());
+        anyhow::anyhow!("line {number}: invalid {field}: {}", error.message)
+    })
+}
+
+/// What an NDJSON publish did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PublishSummary {
+    /// Messages stored.
+    pub published: u64,
+    /// Lines whose idempotency key was already stored.
+    pub duplicates: u64,
+}
+
+/// Publishes NDJSON from `input` in transactions of [`PUBLISH_BATCH`]; blank
+/// lines are skipped. A bad line stops the run with its line number; the
+/// batches before it stay published (the summary says how many).
+pub async fn publish_ndjson(
+    store: &Store,
+    input: impl BufRead,
+    progress: &indicatif::ProgressBar,
+) -> anyhow::Result<PublishSummary> {
+    let mut summary = PublishSummary::default();
+    let mut batch = Vec::with_capacity(PUBLISH_BATCH);
+    for (index, line) in input.lines().enumerate() {
+        let line = line.context("reading standard input")?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match parse_line(&line, index + 1, courier::MAX_PAYLOAD_BYTES) {
+            Ok(message) => batch.push(message),
+            Err(error) => {
+                flush(store, &mut batch, &mut summary, progress).await?;
+                return Err(error.context(format!(
+                    "stopped; {} message(s) before it were published",
+                    summary.published
+                )));
+            }
+        }
+        if batch.len() == PUBLISH_BATCH {
+            flush(store, &mut batch, &mut summary, progress).await?;
+        }
+    }
+    flush(store, &mut batch, &mut summary, progress).await?;
+    Ok(summary)
+}
+
+async fn flush(
+    store: &Store,
+    batch: &mut Vec<NewMessage>,
+    summary: &mut PublishSummary,
+    progress: &indicatif::ProgressBar,
+) -> anyhow::Result<()> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let outcomes = store.publish(batch).await?;
+    let duplicates = outcomes.iter().filter(|o| o.duplicate).count() as u64;
+    summary.duplicates += duplicates;
+    summary.published += outcomes.len() as u64 - duplicates;
+    progress.inc(outcomes.len() as u64);
+    batch.clear();
+    Ok(())
+}
+
+/// Renders rows as an aligned text table with a header.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let rendered: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        out.push_str(rendered.join("  ").trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_line_is_refused_with_its_number_and_field() {
+        let error = parse_line(r#"{"tenant":"a:b","topic":"t","payload":{}}"#, 7, 1024)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("line 7") && error.contains("tenant"),
+            "{error}"
+        );
+        let error = parse_line("{nope", 3, 1024).unwrap_err().to_string();
+        assert!(error.contains("line 3"), "{error}");
+        assert!(parse_line(r#"{"tenant":"a","topic":"t","payload":{"n":1}}"#, 1, 1024).is_ok());
+    }
+
+    #[test]
+    fn tables_align_columns() {
+        let text = table(&["a", "bb"], &[vec!["xxx".into(), "y".into()]]);
+        assert_eq!(text, "a    bb\nxxx  y\n");
+    }
+}

@@ -1,0 +1,233 @@
+//! `courier serve` as a user runs it: the real binary on a free port, a real
+//! webhook receiver, publishing over HTTP and from the CLI, `courier status`,
+//! SIGTERM; and two daemons sharing one PostgreSQL.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::routing::post;
+use courier_testkit::{eventually, Backend, PgFixture};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_courier");
+
+/// Counts deliveries per `webhook-id`.
+#[derive(Clone, Default)]
+struct Receiver {
+    seen: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+impl Receiver {
+    fn total(&self) -> u32 {
+        self.seen.lock().map(|s| s.values().sum()).unwrap_or(0)
+    }
+    fn distinct(&self) -> usize {
+        self.seen.lock().map(|s| s.len()).unwrap_or(0)
+    }
+}
+
+async fn receive(State(receiver): State<Receiver>, headers: HeaderMap) -> &'static str {
+    let id = headers
+        .get("webhook-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    if let Ok(mut seen) = receiver.seen.lock() {
+        *seen.entry(id).or_insert(0) += 1;
+    }
+    "ok"
+}
+
+async fn start_receiver() -> anyhow::Result<(Receiver, u16)> {
+    let receiver = Receiver::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let app = axum::Router::new()
+        .route("/hook", post(receive))
+        .with_state(receiver.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok((receiver, port))
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn config(hook_port: u16) -> String {
+    format!(
+        r#"
+[[subscriptions]]
+name = "hook"
+topics = ["invoice.*"]
+concurrency = 16
+[subscriptions.target]
+type = "webhook"
+url = "http://127.0.0.1:{hook_port}/hook"
+secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+"#
+    )
+}
+
+fn serve(dir: &std::path::Path, env: &[(&str, String)]) -> anyhow::Result<tokio::process::Child> {
+    let mut command = tokio::process::Command::new(BINARY);
+    command
+        .arg("serve")
+        .arg("--config")
+        .arg(dir.join("courier.toml"))
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    Ok(command.spawn()?)
+}
+
+async fn ready(port: u16) -> bool {
+    eventually(Duration::from_secs(30), || async move {
+        matches!(
+            reqwest::get(format!("http://127.0.0.1:{port}/readyz")).await,
+            Ok(response) if response.status().is_success()
+        )
+    })
+    .await
+}
+
+fn terminate(child: &tokio::process::Child) -> anyhow::Result<()> {
+    let pid = child.id().ok_or_else(|| anyhow::anyhow!("no pid"))?;
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    anyhow::ensure!(status.success(), "kill -TERM failed");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_on_sqlite_delivers_what_curl_and_the_cli_publish_and_stops_on_sigterm(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (receiver, hook_port) = start_receiver().await?;
+    std::fs::write(dir.path().join("courier.toml"), config(hook_port))?;
+    let port = free_port()?;
+    let mut daemon = serve(
+        dir.path(),
+        &[("COURIER_LISTEN", format!("127.0.0.1:{port}"))],
+    )?;
+    assert!(ready(port).await, "the daemon never became ready");
+
+    let client = reqwest::Client::new();
+    let response = client
+        .post(format!("http://127.0.0.1:{port}/v1/messages"))
+        .header("content-type", "application/json")
+        .body(r#"{"tenant":"acme","topic":"invoice.paid","payload":{"invoice":7}}"#)
+        .send()
+        .await?;
+    assert_eq!(response.status().as_u16(), 201);
+    let cli = std::process::Command::new(BINARY)
+        .args([
+            "publish",
+            "--tenant",
+            "acme",
+            "--topic",
+            "invoice.void",
+            "--payload",
+            "{}",
+        ])
+        .current_dir(dir.path())
+        .output()?;
+    assert!(
+        cli.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    assert!(eventually(Duration::from_secs(20), || async { receiver.total() == 2 }).await);
+
+    let status = std::process::Command::new(BINARY)
+        .arg("status")
+        .current_dir(dir.path())
+        .output()?;
+    assert!(status.status.success());
+    assert!(String::from_utf8_lossy(&status.stdout).contains("every delivery is done"));
+
+    terminate(&daemon)?;
+    let exit = tokio::time::timeout(Duration::from_secs(30), daemon.wait()).await??;
+    assert!(exit.success(), "serve exited with {exit}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_daemons_on_postgres_deliver_each_message_once_even_when_one_gets_sigterm(
+) -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    let dir = tempfile::tempdir()?;
+    let (receiver, hook_port) = start_receiver().await?;
+    std::fs::write(dir.path().join("courier.toml"), config(hook_port))?;
+    let env = |port: u16| {
+        vec![
+            ("COURIER_LISTEN", format!("127.0.0.1:{port}")),
+            ("COURIER_DATABASE_URL", courier_testkit::database_url()),
+            ("COURIER_SCHEMA", pg.schema.clone()),
+        ]
+    };
+    let (port_a, port_b) = (free_port()?, free_port()?);
+    let mut first = serve(dir.path(), &env(port_a))?;
+    let mut second = serve(dir.path(), &env(port_b))?;
+    assert!(ready(port_a).await && ready(port_b).await);
+
+    let n = 5000;
+    let ndjson: String = (0..n)
+        .map(|i| {
+            format!(
+                "{{\"tenant\":\"acme\",\"topic\":\"invoice.paid\",\"payload\":{{\"n\":{i}}}}}\n"
+            )
+        })
+        .collect();
+    let mut publish = tokio::process::Command::new(BINARY)
+        .args([
+            "publish",
+            "--database-url",
+            &courier_testkit::database_url(),
+            "--schema",
+            &pg.schema,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    if let Some(mut stdin) = publish.stdin.take() {
+        use tokio::io::AsyncWriteExt;
+        stdin.write_all(ndjson.as_bytes()).await?;
+    }
+    assert!(publish.wait().await?.success());
+
+    // Stop one daemon mid-run; the other finishes the work.
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            receiver.total() >= 500
+        })
+        .await
+    );
+    terminate(&first)?;
+    let exit = tokio::time::timeout(Duration::from_secs(60), first.wait()).await??;
+    assert!(exit.success(), "the first daemon exited with {exit}");
+    let drained = eventually(Duration::from_secs(120), || async {
+        matches!(pg.scalar("SELECT count(*) FROM receipts").await, Ok(count) if count == n)
+    })
+    .await;
+    terminate(&second)?;
+    let _ = tokio::time::timeout(Duration::from_secs(60), second.wait()).await;
+    assert!(drained, "not every message was delivered");
+    assert_eq!(pg.scalar("SELECT count(*) FROM deliveries").await?, 0);
+    assert_eq!(receiver.distinct(), usize::try_from(n)?);
+    assert_eq!(
+        receiver.total(),
+        u32::try_from(n)?,
+        "a message reached the endpoint twice"
+    );
+    Ok(())
+}

@@ -15,6 +15,7 @@ use courier_cli::ops;
 const EXAMPLES: &str = "\
 Examples:
   courier serve                                  # SQLite ./courier.db, http://127.0.0.1:7070
+  courier serve --demo                           # plus sample events to a `demo` subscription
   courier serve --config courier.toml            # see crates/courier-server/courier.example.toml
   courier publish --tenant acme --topic invoice.paid --payload '{\"invoice\": 7}'
   cat events.ndjson | courier publish            # one POST /v1/messages body per line
@@ -54,6 +55,10 @@ enum Command {
         /// The config file (every key can also come from COURIER_<KEY>).
         #[arg(long, env = "COURIER_CONFIG")]
         config: Option<std::path::PathBuf>,
+        /// Publish a sample event every 2 s to a built-in `demo` subscription
+        /// that logs each delivery: messages flow in the first minute.
+        #[arg(long)]
+        demo: bool,
     },
     /// Publish one message, or NDJSON from standard input (one `POST
     /// /v1/messages` body per line), to the database or a running daemon.
@@ -295,8 +300,9 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Serve { config } => {
-            let config = courier_server::Config::load(config.as_deref())?;
+        Command::Serve { config, demo } => {
+            let mut config = courier_server::Config::load(config.as_deref())?;
+            config.demo |= demo;
             courier_server::init_logging(config.log_format);
             courier_server::run(config, shutdown_signal()).await?;
         }

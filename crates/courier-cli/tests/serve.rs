@@ -231,3 +231,34 @@ async fn two_daemons_on_postgres_deliver_each_message_once_even_when_one_gets_si
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_demo_delivers_sample_events_within_seconds() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("courier.toml"), "")?;
+    let port = free_port()?;
+    let mut command = tokio::process::Command::new(BINARY);
+    command
+        .args(["serve", "--demo"])
+        .current_dir(dir.path())
+        .env("COURIER_LISTEN", format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    let daemon = command.spawn()?;
+    assert!(ready(port).await);
+    let database = dir.path().join("courier.db");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite:{}", database.display())).await?;
+    let delivered = eventually(Duration::from_secs(20), || async {
+        matches!(
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM receipts WHERE subscription = 'demo'")
+                .fetch_one(&pool)
+                .await,
+            Ok(n) if n >= 2
+        )
+    })
+    .await;
+    terminate(&daemon)?;
+    assert!(delivered, "the demo subscription received nothing");
+    Ok(())
+}

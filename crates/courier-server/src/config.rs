@@ -277,6 +277,9 @@ pub struct Config {
     pub tokens: Vec<TokenConfig>,
     /// Subscriptions the daemon delivers.
     pub subscriptions: Vec<SubscriptionConfig>,
+    /// Publish a sample event every 2 s to a built-in `demo` subscription that
+    /// logs what it receives, so a newcomer sees messages flow at once.
+    pub demo: bool,
 }
 
 impl Default for Config {
@@ -290,6 +293,7 @@ impl Default for Config {
             shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
             tokens: Vec::new(),
             subscriptions: Vec::new(),
+            demo: false,
         }
     }
 }

@@ -189,6 +189,24 @@ where
         workers.push((subscription.name.clone(), worker.start()));
     }
 
+    let services = CancellationToken::new();
+    let mut demo_publisher = None;
+    if config.demo {
+        match start_demo(&courier, services.clone()).await {
+            Ok((worker, publisher)) => {
+                workers.push((DEMO_SUBSCRIPTION.to_owned(), worker));
+                demo_publisher = Some(publisher);
+            }
+            Err(source) => {
+                stop_workers(workers).await;
+                return Err(ServeError::Worker {
+                    subscription: DEMO_SUBSCRIPTION.to_owned(),
+                    source,
+                });
+            }
+        }
+    }
+
     let listener = match TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
         Err(source) => {
@@ -211,7 +229,6 @@ where
     }
     tracing::info!(%address, subscriptions = workers.len(), "courier is serving");
 
-    let services = CancellationToken::new();
     let maintenance = match courier.maintenance(MaintenanceConfig::default()) {
         Ok(maintenance) => Some(tokio::spawn(maintenance.run(services.clone()))),
         Err(error) => {
@@ -247,8 +264,11 @@ where
                 }
             },
         };
-        stop_workers(workers).await;
         services.cancel();
+        if let Some(publisher) = demo_publisher {
+            let _ = publisher.await;
+        }
+        stop_workers(workers).await;
         if let Some(maintenance) = maintenance {
             let _ = maintenance.await;
         }
@@ -264,6 +284,66 @@ where
         address,
         task: Box::pin(task),
     })
+}
+
+/// The built-in subscription `--demo` delivers to.
+pub const DEMO_SUBSCRIPTION: &str = "demo";
+const DEMO_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Starts the demo subscription (it logs every message it receives) and a
+/// publisher of one sample `demo.order_placed` event every two seconds.
+async fn start_demo<S>(
+    courier: &Courier<S>,
+    stop: CancellationToken,
+) -> Result<(WorkerHandle, tokio::task::JoinHandle<()>), courier::EngineError>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let worker = courier
+        .worker(DEMO_SUBSCRIPTION)
+        .handle_all(
+            vec!["demo.*".to_owned()],
+            courier::handler_fn(|message: courier::Message<serde_json::Value>| async move {
+                tracing::info!(
+                    message_id = %message.id,
+                    tenant = %message.tenant,
+                    topic = %message.topic,
+                    payload = %message.payload,
+                    "demo subscription delivered a message"
+                );
+                Ok::<(), courier::HandlerError>(())
+            }),
+        )
+        .maintenance(None)
+        .build()
+        .await?
+        .start();
+    tracing::info!("demo: publishing a sample event every 2 s to the `demo` subscription");
+    let courier = courier.clone();
+    let publisher = tokio::spawn(async move {
+        let mut order: u64 = 0;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(DEMO_INTERVAL) => {}
+            }
+            order += 1;
+            let payload = serde_json::json!({
+                "order": order,
+                "amount_cents": 1000 + (order * 250) % 9000,
+                "customer": format!("customer-{}", order % 7),
+            });
+            match courier::NewMessage::new("demo", "demo.order_placed", &payload) {
+                Ok(message) => {
+                    if let Err(error) = courier.publish(&[message]).await {
+                        tracing::warn!(%error, "demo: publishing failed");
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "demo: building the event failed"),
+            }
+        }
+    });
+    Ok((worker, publisher))
 }
 
 async fn stop_workers(workers: Vec<(String, WorkerHandle)>) {

@@ -99,11 +99,23 @@ struct DbArgs {
     /// PostgreSQL schema holding Courier's tables.
     #[arg(long, env = "COURIER_SCHEMA", default_value = courier::postgres::DEFAULT_SCHEMA)]
     schema: String,
+    /// Talk to a running daemon at this URL instead of the database.
+    #[arg(long, env = "COURIER_URL")]
+    url: Option<String>,
+    /// Bearer token for --url.
+    #[arg(long, env = "COURIER_TOKEN")]
+    token: Option<String>,
 }
 
 impl DbArgs {
     async fn open(&self) -> anyhow::Result<ops::Store> {
         ops::Store::open(&Database::parse(&self.database_url)?, &self.schema).await
+    }
+
+    fn remote(&self) -> Option<ops::Remote> {
+        self.url
+            .as_deref()
+            .map(|url| ops::Remote::new(url, self.token.as_deref()))
     }
 }
 
@@ -111,12 +123,6 @@ impl DbArgs {
 struct PublishArgs {
     #[command(flatten)]
     db: DbArgs,
-    /// Publish through a running daemon at this URL instead of the database.
-    #[arg(long, env = "COURIER_URL")]
-    url: Option<String>,
-    /// Bearer token for --url.
-    #[arg(long, env = "COURIER_TOKEN")]
-    token: Option<String>,
     /// The tenant (without --tenant and --topic, NDJSON is read from stdin).
     #[arg(long)]
     tenant: Option<String>,
@@ -307,6 +313,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             courier_server::run(config, shutdown_signal()).await?;
         }
         Command::Publish(args) => publish(args).await?,
+        Command::Status { db, json: _ } if db.url.is_some() => {
+            ops::print_json(&remote(&db)?.get("/v1/stats").await?)?;
+        }
         Command::Status { db, json } => {
             let stats = db.open().await?.status().await?;
             if json {
@@ -347,6 +356,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Dlq(command) => dlq(command).await?,
         Command::Subscriptions(command) => match command {
+            SubscriptionsCommand::List { db } if db.url.is_some() => {
+                ops::print_json(&remote(&db)?.get("/v1/subscriptions").await?)?;
+            }
+            SubscriptionsCommand::Pause { db, name } if db.url.is_some() => {
+                let path = format!("/v1/subscriptions/{name}/pause");
+                ops::print_json(&remote(&db)?.post(&path, serde_json::json!({})).await?)?;
+            }
+            SubscriptionsCommand::Resume { db, name } if db.url.is_some() => {
+                let path = format!("/v1/subscriptions/{name}/resume");
+                ops::print_json(&remote(&db)?.post(&path, serde_json::json!({})).await?)?;
+            }
             SubscriptionsCommand::List { db } => {
                 let rows: Vec<Vec<String>> = db
                     .open()
@@ -454,8 +474,8 @@ async fn publish(args: PublishArgs) -> anyhow::Result<()> {
             "invalid arguments: --tenant and --topic go together (or neither, to read NDJSON)"
         ),
     };
-    if let Some(url) = &args.url {
-        return publish_http(url, args.token.as_deref(), single).await;
+    if let Some(url) = &args.db.url {
+        return publish_http(url, args.db.token.as_deref(), single).await;
     }
     let store = args.db.open().await?;
     match single {
@@ -545,8 +565,60 @@ async fn publish_http(
     Ok(())
 }
 
+fn remote(db: &DbArgs) -> anyhow::Result<ops::Remote> {
+    db.remote()
+        .ok_or_else(|| anyhow::anyhow!("invalid arguments: --url is required here"))
+}
+
+fn selection(ids: &[i64], filter: &DlqFilterArgs) -> serde_json::Value {
+    if ids.is_empty() {
+        serde_json::json!({"filter": {
+            "tenant": filter.tenant, "topic": filter.topic, "subscription": filter.subscription
+        }})
+    } else {
+        serde_json::json!({ "ids": ids })
+    }
+}
+
 async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
     match command {
+        DlqCommand::List {
+            db,
+            filter,
+            limit,
+            after,
+        } if db.url.is_some() => {
+            let mut query = vec![("limit", limit.to_string())];
+            for (key, value) in [
+                ("tenant", &filter.tenant),
+                ("topic", &filter.topic),
+                ("subscription", &filter.subscription),
+            ] {
+                if let Some(value) = value {
+                    query.push((key, value.clone()));
+                }
+            }
+            if let Some(after) = after {
+                query.push(("cursor", after.to_string()));
+            }
+            let query: Vec<String> = query
+                .iter()
+                .map(|(k, v)| format!("{k}={}", ops::encode(v)))
+                .collect();
+            let path = format!("/v1/dead-letters?{}", query.join("&"));
+            ops::print_json(&remote(&db)?.get(&path).await?)?;
+        }
+        DlqCommand::Show { db, .. } if db.url.is_some() => {
+            anyhow::bail!("`dlq show` reads the database (the API lists dead letters: `courier dlq list --url …`)");
+        }
+        DlqCommand::Retry { db, filter, ids } if db.url.is_some() => {
+            let body = selection(&ids, &filter);
+            ops::print_json(&remote(&db)?.post("/v1/dead-letters/retry", body).await?)?;
+        }
+        DlqCommand::Discard { db, filter, ids } if db.url.is_some() => {
+            let body = selection(&ids, &filter);
+            ops::print_json(&remote(&db)?.post("/v1/dead-letters/discard", body).await?)?;
+        }
         DlqCommand::List {
             db,
             filter,

@@ -195,6 +195,87 @@ async fn flush(
     Ok(())
 }
 
+/// A running daemon's API, for the verbs given `--url`.
+pub struct Remote {
+    client: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl Remote {
+    /// The daemon at `url` (e.g. `http://127.0.0.1:7070`), with an optional bearer token.
+    pub fn new(url: &str, token: Option<&str>) -> Self {
+        Self {
+            client: reqwest::Client::new(),
+            base: url.trim_end_matches('/').to_owned(),
+            token: token.map(str::to_owned),
+        }
+    }
+
+    /// `GET path`; the JSON answer, or an error carrying the daemon's message.
+    pub async fn get(&self, path: &str) -> anyhow::Result<serde_json::Value> {
+        self.send(self.client.get(format!("{}{path}", self.base)), path)
+            .await
+    }
+
+    /// `POST path` with a JSON body.
+    pub async fn post(
+        &self,
+        path: &str,
+        body: serde_json::Value,
+    ) -> anyhow::Result<serde_json::Value> {
+        let request = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        self.send(request, path).await
+    }
+
+    async fn send(
+        &self,
+        mut request: reqwest::RequestBuilder,
+        path: &str,
+    ) -> anyhow::Result<serde_json::Value> {
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("calling {}{path}", self.base))?;
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        if !status.is_success() {
+            bail!("the daemon answered {status}: {text}");
+        }
+        if text.trim().is_empty() {
+            return Ok(serde_json::Value::Null);
+        }
+        serde_json::from_str(&text)
+            .with_context(|| format!("the daemon's answer is not JSON: {text}"))
+    }
+}
+
+/// Prints a JSON value, pretty.
+pub fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+/// Percent-encodes a query value.
+pub fn encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
 /// Renders rows as an aligned text table with a header.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();

@@ -155,6 +155,26 @@ async fn serve_on_sqlite_delivers_what_curl_and_the_cli_publish_and_stops_on_sig
     assert!(status.status.success());
     assert!(String::from_utf8_lossy(&status.stdout).contains("every delivery is done"));
 
+    // The same verbs through the daemon's API.
+    let url = format!("http://127.0.0.1:{port}");
+    let remote = |args: &[&str]| {
+        std::process::Command::new(BINARY)
+            .args(args)
+            .args(["--url", &url])
+            .current_dir(dir.path())
+            .output()
+    };
+    let listed = remote(&["subscriptions", "list"])?;
+    assert!(listed.status.success());
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("\"hook\""));
+    let paused = remote(&["subscriptions", "pause", "hook"])?;
+    assert!(String::from_utf8_lossy(&paused.stdout).contains("\"paused\": true"));
+    let stats = remote(&["status"])?;
+    assert!(stats.status.success());
+    let refused = remote(&["dlq", "list", "--topic", "not a topic"])?;
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("topic"));
+
     terminate(&daemon)?;
     let exit = tokio::time::timeout(Duration::from_secs(30), daemon.wait()).await??;
     assert!(exit.success(), "serve exited with {exit}");

@@ -249,6 +249,49 @@ pub struct EnqueueOutcome {
     pub duplicate: bool,
 }
 
+/// The outcome of each message of a batch insert, in input order, given the
+/// ids the insert stored and, for the skipped ones, the ids already stored
+/// under their (tenant, idempotency key). A key repeated within the batch
+/// points at its first occurrence. Backends share this so their answers agree.
+pub fn enqueue_outcomes(
+    messages: &[NewMessage],
+    inserted: &std::collections::HashSet<Uuid>,
+    existing: &std::collections::HashMap<(String, String), Uuid>,
+) -> Result<Vec<EnqueueOutcome>, crate::StoreError> {
+    let mut seen_in_batch: std::collections::HashMap<(&str, &str), Uuid> =
+        std::collections::HashMap::new();
+    messages
+        .iter()
+        .map(|m| {
+            if inserted.contains(&m.id) {
+                if let Some(key) = m.idempotency_key.as_deref() {
+                    seen_in_batch.insert((m.tenant.as_str(), key), m.id);
+                }
+                return Ok(EnqueueOutcome {
+                    id: m.id,
+                    duplicate: false,
+                });
+            }
+            let key = m.idempotency_key.as_deref().ok_or_else(|| {
+                crate::StoreError::Corrupt(format!("message {} was not inserted", m.id))
+            })?;
+            let first = seen_in_batch
+                .get(&(m.tenant.as_str(), key))
+                .copied()
+                .or_else(|| existing.get(&(m.tenant.clone(), key.to_owned())).copied())
+                .ok_or_else(|| {
+                    crate::StoreError::Corrupt(format!(
+                        "idempotency key {key:?} conflicted but no message holds it"
+                    ))
+                })?;
+            Ok(EnqueueOutcome {
+                id: first,
+                duplicate: true,
+            })
+        })
+        .collect()
+}
+
 /// One claimed (message, subscription) pair, under a lease.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClaimedDelivery {

@@ -154,37 +154,7 @@ impl OutboxStore for SqliteStore {
                 rows::uuid(row, "id")?,
             );
         }
-        let mut seen_in_batch: HashMap<(&str, &str), Uuid> = HashMap::new();
-        messages
-            .iter()
-            .map(|m| {
-                if inserted.contains(&m.id) {
-                    if let Some(key) = m.idempotency_key.as_deref() {
-                        seen_in_batch.insert((m.tenant.as_str(), key), m.id);
-                    }
-                    return Ok(EnqueueOutcome {
-                        id: m.id,
-                        duplicate: false,
-                    });
-                }
-                let key = m.idempotency_key.as_deref().ok_or_else(|| {
-                    StoreError::Corrupt(format!("message {} was not inserted", m.id))
-                })?;
-                let first = seen_in_batch
-                    .get(&(m.tenant.as_str(), key))
-                    .copied()
-                    .or_else(|| existing.get(&(m.tenant.clone(), key.to_owned())).copied())
-                    .ok_or_else(|| {
-                        StoreError::Corrupt(format!(
-                            "idempotency key {key:?} conflicted but no message holds it"
-                        ))
-                    })?;
-                Ok(EnqueueOutcome {
-                    id: first,
-                    duplicate: true,
-                })
-            })
-            .collect()
+        courier_core::enqueue_outcomes(messages, &inserted, &existing)
     }
 
     async fn publish_batch<'c>(

@@ -305,6 +305,15 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    if !matches!(cli.command, Command::Serve { .. }) {
+        // Warnings (a failed settle, a lost lease) reach the terminal; RUST_LOG overrides.
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     match cli.command {
         Command::Serve { config, demo } => {
             let mut config = courier_server::Config::load(config.as_deref())?;

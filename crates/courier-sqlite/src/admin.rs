@@ -137,6 +137,7 @@ impl AdminStore for SqliteStore {
         name: &'c str,
         paused: bool,
     ) -> Result<bool, StoreError> {
+        let _turn = self.write_turn().await?;
         let result = sqlx::query(queries::SUBSCRIPTION_PAUSE)
             .bind(name)
             .bind(i64::from(paused))

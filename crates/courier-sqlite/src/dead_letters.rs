@@ -122,6 +122,7 @@ impl SqliteStore {
         ids: Option<&[i64]>,
         filter: &DeadLetterFilter,
     ) -> Result<u64, StoreError> {
+        let _turn = self.write_turn().await?;
         let ids = ids.map(|ids| Value::from(ids.to_vec()).to_string());
         let result = sqlx::query(sql)
             .bind(ids)

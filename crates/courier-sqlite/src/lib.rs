@@ -69,6 +69,12 @@ pub struct SqliteStore {
 struct Inner {
     pool: SqlitePool,
     wake: watch::Sender<u64>,
+    /// Courier's own writes in this process take turns here, first come first
+    /// served, before asking SQLite for its single write lock. Left to
+    /// SQLite's busy handler (which sleeps and polls), a claim loop that keeps
+    /// re-taking the lock starves settles and heartbeats until their leases
+    /// expire. Other processes still meet at SQLite's lock (busy timeout).
+    writes: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -110,8 +116,25 @@ impl SqliteStore {
     pub fn new(pool: SqlitePool) -> Self {
         let (wake, _) = watch::channel(0);
         Self {
-            inner: Arc::new(Inner { pool, wake }),
+            inner: Arc::new(Inner {
+                pool,
+                wake,
+                writes: tokio::sync::Mutex::new(()),
+            }),
         }
+    }
+
+    /// Waits for this process's turn to write (see `Inner::writes`), at most
+    /// [`BUSY_TIMEOUT`]: a write attempted from inside another write of this
+    /// store (say, a transactional handler publishing through the pool instead
+    /// of its own connection) fails as busy instead of waiting forever.
+    pub(crate) async fn write_turn(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, StoreError> {
+        tokio::time::timeout(BUSY_TIMEOUT, self.inner.writes.lock())
+            .await
+            .map_err(|_| StoreError::Database {
+                source: "timed out waiting for this process's turn to write to SQLite".into(),
+                transient: true,
+            })
     }
 
     /// The pool the store runs its own work on.

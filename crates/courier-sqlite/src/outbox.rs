@@ -161,6 +161,7 @@ impl OutboxStore for SqliteStore {
         &'c self,
         messages: &'c [NewMessage],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        let _turn = self.write_turn().await?;
         let mut tx = self.begin().await?;
         let outcomes = self.enqueue_batch(&mut tx, messages).await?;
         tx.commit().await.map_err(map)?;
@@ -174,6 +175,7 @@ impl OutboxStore for SqliteStore {
         &'c self,
         spec: &'c SubscriptionSpec,
     ) -> Result<(), StoreError> {
+        let _turn = self.write_turn().await?;
         validate_name("subscription", &spec.name)?;
         let mut topics = Vec::with_capacity(spec.topics.len());
         for pattern in &spec.topics {
@@ -195,6 +197,7 @@ impl OutboxStore for SqliteStore {
     }
 
     async fn claim<'c>(&'c self, params: &'c ClaimParams) -> Result<ClaimBatch, StoreError> {
+        let _turn = self.write_turn().await?;
         if params.limit == 0 || params.routes.is_empty() {
             return Ok(ClaimBatch {
                 deliveries: Vec::new(),
@@ -280,6 +283,7 @@ impl OutboxStore for SqliteStore {
         &'c self,
         completions: &'c [Completion],
     ) -> Result<Vec<i64>, StoreError> {
+        let _turn = self.write_turn().await?;
         if completions.is_empty() {
             return Ok(Vec::new());
         }
@@ -317,6 +321,7 @@ impl OutboxStore for SqliteStore {
         &'c self,
         failures: &'c [Failure],
     ) -> Result<Vec<FailureApplied>, StoreError> {
+        let _turn = self.write_turn().await?;
         if failures.is_empty() {
             return Ok(Vec::new());
         }
@@ -360,6 +365,7 @@ impl OutboxStore for SqliteStore {
         leases: &'c [LeaseRef],
         lease: Duration,
     ) -> Result<Vec<i64>, StoreError> {
+        let _turn = self.write_turn().await?;
         if leases.is_empty() {
             return Ok(Vec::new());
         }
@@ -377,6 +383,7 @@ impl OutboxStore for SqliteStore {
     }
 
     async fn release_many<'c>(&'c self, leases: &'c [LeaseRef]) -> Result<Vec<i64>, StoreError> {
+        let _turn = self.write_turn().await?;
         if leases.is_empty() {
             return Ok(Vec::new());
         }
@@ -393,6 +400,7 @@ impl OutboxStore for SqliteStore {
     }
 
     async fn rescue_expired(&self, limit: usize) -> Result<u64, StoreError> {
+        let _turn = self.write_turn().await?;
         let result = sqlx::query(queries::RESCUE)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .execute(&self.inner.pool)
@@ -406,6 +414,7 @@ impl OutboxStore for SqliteStore {
         delivery: &'c ClaimedDelivery,
         work: TxWork<SqliteConnection>,
     ) -> Result<TransactionalOutcome, StoreError> {
+        let _turn = self.write_turn().await?;
         let mut tx = self.begin().await?;
         let held: i64 = sqlx::query_scalar(queries::LEASE_CHECK)
             .bind(delivery.delivery_id)
@@ -453,6 +462,7 @@ impl OutboxStore for SqliteStore {
     }
 
     async fn prune(&self, older_than: Duration, batch: usize) -> Result<PruneReport, StoreError> {
+        let _turn = self.write_turn().await?;
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
         let receipts = sqlx::query(queries::PRUNE_RECEIPTS)
             .bind(millis(older_than))

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::{DeliverySummary, StoreError};
+use crate::{DeliverySummary, StoreError, ValidationError};
 
 /// A stored message, as operators see it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -50,6 +50,46 @@ pub struct MessageFilter {
     /// Only messages owed to (or applied by) this subscription; with `state`,
     /// the state of this subscription's delivery.
     pub subscription: Option<String>,
+}
+
+/// The most messages one page of [`AdminStore::list_messages`] holds.
+pub const MAX_MESSAGE_PAGE: usize = 1000;
+
+/// The states a message listing can filter on.
+pub const MESSAGE_FILTER_STATES: [&str; 4] = ["available", "running", "dead", "completed"];
+
+impl MessageFilter {
+    /// Refuses a `state` other than the four a delivery can show, naming the field.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        match self.state.as_deref() {
+            Some(state) if !MESSAGE_FILTER_STATES.contains(&state) => Err(ValidationError::new(
+                "state",
+                format!("{state:?} is not one of available, running, dead, completed"),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_four_delivery_states_pass_the_state_filter() {
+        let with = |state: Option<&str>| MessageFilter {
+            state: state.map(str::to_owned),
+            ..MessageFilter::default()
+        };
+        for state in MESSAGE_FILTER_STATES {
+            assert!(with(Some(state)).validate().is_ok(), "{state}");
+        }
+        assert!(with(None).validate().is_ok());
+        for bad in ["", "Dead", "completed ", "done"] {
+            let error = with(Some(bad)).validate().err();
+            assert_eq!(error.map(|e| e.field), Some("state"), "{bad:?}");
+        }
+    }
 }
 
 /// One page of messages, newest first.

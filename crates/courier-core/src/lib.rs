@@ -16,6 +16,7 @@ mod store;
 
 pub use admin::{
     AdminStore, DeliveryStats, MessageFilter, MessagePage, StoredMessage, SubscriptionInfo,
+    MAX_MESSAGE_PAGE, MESSAGE_FILTER_STATES,
 };
 pub use error::{HandlerError, StoreError, ValidationError};
 pub use message::{

@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use courier_core::{
-    ClaimParams, ClaimedDelivery, Failure, HandlerError, LeaseRef, OutboxStore, RetryPolicy, Route,
-    StoreError, SubscriptionSpec, TransactionalOutcome, ValidationError,
+    ClaimBatch, ClaimParams, ClaimedDelivery, Failure, HandlerError, LeaseRef, OutboxStore,
+    RetryPolicy, Route, StoreError, SubscriptionSpec, TransactionalOutcome, ValidationError,
 };
 use futures_util::FutureExt;
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
@@ -442,14 +442,14 @@ impl<S: OutboxStore> Worker<S> {
     /// outcomes before returning how many deliveries were claimed. For tests
     /// and tools that want deterministic steps instead of a running loop.
     pub async fn run_once(&self) -> Result<usize, StoreError> {
-        let batch = self
-            .claim(self.shared.config.batch_size, String::new())
-            .await?;
+        let batch = claim(&self.shared, &self.shared.claim_params())
+            .await?
+            .deliveries;
         let count = batch.len();
         let mut runs = JoinSet::new();
         let ids: Vec<i64> = batch.iter().map(|d| d.delivery_id).collect();
         for delivery in batch {
-            self.track(&delivery);
+            track(&self.shared.in_flight, &delivery);
             let shared = Arc::clone(&self.shared);
             runs.spawn(async move { execute(shared, delivery).await });
         }
@@ -473,18 +473,6 @@ impl<S: OutboxStore> Worker<S> {
             self.shared.config.lease,
         )
         .await
-    }
-
-    async fn claim(
-        &self,
-        limit: usize,
-        tenant_cursor: String,
-    ) -> Result<Vec<ClaimedDelivery>, StoreError> {
-        Ok(claim(&self.shared, limit, tenant_cursor).await?.0)
-    }
-
-    fn track(&self, delivery: &ClaimedDelivery) {
-        track(&self.shared.in_flight, delivery);
     }
 
     /// Starts the fetch loop, heartbeat, settler and (if configured)
@@ -553,26 +541,32 @@ impl Drop for OutcomeGuard {
     }
 }
 
+impl<S: OutboxStore> Shared<S> {
+    /// A full-batch claim from the first tenant; the fetch loop builds it once
+    /// and then only moves its limit and tenant cursor.
+    fn claim_params(&self) -> ClaimParams {
+        ClaimParams {
+            subscription: self.subscription.clone(),
+            routes: self.claim_routes.clone(),
+            limit: self.config.batch_size,
+            lease: self.config.lease,
+            worker_id: self.config.worker_id.clone(),
+            tenant_cursor: String::new(),
+            tenant_in_flight_limit: self.config.tenant_in_flight_limit,
+        }
+    }
+}
+
 async fn claim<S: OutboxStore>(
     shared: &Shared<S>,
-    limit: usize,
-    tenant_cursor: String,
-) -> Result<(Vec<ClaimedDelivery>, String), StoreError> {
-    let params = ClaimParams {
-        subscription: shared.subscription.clone(),
-        routes: shared.claim_routes.clone(),
-        limit,
-        lease: shared.config.lease,
-        worker_id: shared.config.worker_id.clone(),
-        tenant_cursor,
-        tenant_in_flight_limit: shared.config.tenant_in_flight_limit,
-    };
-    let batch = shared.store.claim(&params).await?;
+    params: &ClaimParams,
+) -> Result<ClaimBatch, StoreError> {
+    let batch = shared.store.claim(params).await?;
     if !batch.deliveries.is_empty() {
         metrics::counter!(CLAIMED, "subscription" => shared.subscription.clone())
             .increment(u64::try_from(batch.deliveries.len()).unwrap_or(u64::MAX));
     }
-    Ok((batch.deliveries, batch.next_tenant_cursor))
+    Ok(batch)
 }
 
 /// The fetch loop, with the services it owns, until shutdown completes.
@@ -606,6 +600,7 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
     let freed = Arc::new(Notify::new());
     let threshold = (config.batch_size.min(config.concurrency) / 4).max(1);
     let mut running: JoinSet<()> = JoinSet::new();
+    let mut params = shared.claim_params();
     let mut cursor = String::new();
     // A lap is a run of claims from the first tenant to the last; the loop
     // sleeps only after a whole lap found nothing.
@@ -626,14 +621,18 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
                 () = freed.notified() => continue,
             }
         }
-        let want = free.min(config.batch_size);
         if cursor.is_empty() {
             lap_claimed = false;
         }
-        match claim(&shared, want, std::mem::take(&mut cursor)).await {
-            Ok((deliveries, next_cursor)) => {
+        params.limit = free.min(config.batch_size);
+        params.tenant_cursor = std::mem::take(&mut cursor);
+        match claim(&shared, &params).await {
+            Ok(ClaimBatch {
+                deliveries,
+                next_tenant_cursor,
+            }) => {
                 error_backoff = Duration::from_millis(50);
-                cursor = next_cursor;
+                cursor = next_tenant_cursor;
                 let claimed = deliveries.len();
                 for delivery in deliveries {
                     let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {

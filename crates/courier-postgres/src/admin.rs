@@ -4,7 +4,7 @@
 
 use courier_core::{
     AdminStore, DeadLetterStore, DeliveryStats, DeliverySummary, MessageFilter, MessagePage,
-    StoreError, StoredMessage, SubscriptionInfo, ValidationError,
+    StoreError, StoredMessage, SubscriptionInfo,
 };
 use sqlx::postgres::PgRow;
 use sqlx::Row;
@@ -13,22 +13,7 @@ use uuid::Uuid;
 use crate::error::map;
 use crate::{migrate, parse_headers, PgStore};
 
-/// The most messages one page of [`AdminStore::list_messages`] holds.
-pub const MAX_MESSAGE_PAGE: usize = 1000;
-
-/// The states a message listing can filter on.
-const FILTER_STATES: [&str; 4] = ["available", "running", "dead", "completed"];
-
-/// Refuses a state filter other than the four states a delivery can show.
-fn check_state(state: Option<&str>) -> Result<(), ValidationError> {
-    match state {
-        Some(state) if !FILTER_STATES.contains(&state) => Err(ValidationError::new(
-            "state",
-            format!("{state:?} is not one of available, running, dead, completed"),
-        )),
-        _ => Ok(()),
-    }
-}
+pub use courier_core::MAX_MESSAGE_PAGE;
 
 fn stored_message_from_row(row: &PgRow) -> Result<StoredMessage, StoreError> {
     let headers: String = row.try_get("headers").map_err(map)?;
@@ -71,7 +56,7 @@ impl AdminStore for PgStore {
         before: Option<Uuid>,
         limit: usize,
     ) -> Result<MessagePage, StoreError> {
-        check_state(filter.state.as_deref())?;
+        filter.validate()?;
         let limit = limit.clamp(1, MAX_MESSAGE_PAGE);
         let rows = sqlx::query(&self.q().messages_list)
             .bind(&filter.tenants)
@@ -161,22 +146,5 @@ impl AdminStore for PgStore {
             .await
             .map_err(map)?;
         Ok(self.schema_version().await? == migrate::SCHEMA_VERSION)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_the_four_delivery_states_pass_the_state_filter() {
-        for state in FILTER_STATES {
-            assert!(check_state(Some(state)).is_ok(), "{state}");
-        }
-        assert!(check_state(None).is_ok());
-        for bad in ["", "Dead", "completed ", "done"] {
-            let error = check_state(Some(bad)).err();
-            assert_eq!(error.map(|e| e.field), Some("state"), "{bad:?}");
-        }
     }
 }

@@ -5,7 +5,7 @@
 
 use courier_core::{
     AdminStore, DeadLetterStore, DeliveryStats, DeliverySummary, MessageFilter, MessagePage,
-    StoreError, StoredMessage, SubscriptionInfo, ValidationError,
+    StoreError, StoredMessage, SubscriptionInfo,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -14,22 +14,7 @@ use crate::error::map;
 use crate::rows::{self, get};
 use crate::{migrate, queries, SqliteStore};
 
-/// The most messages one page of [`AdminStore::list_messages`] holds.
-pub const MAX_MESSAGE_PAGE: usize = 1000;
-
-/// The states a message listing can filter on.
-const FILTER_STATES: [&str; 4] = ["available", "running", "dead", "completed"];
-
-/// Refuses a state filter other than the four states a delivery can show.
-fn check_state(state: Option<&str>) -> Result<(), ValidationError> {
-    match state {
-        Some(state) if !FILTER_STATES.contains(&state) => Err(ValidationError::new(
-            "state",
-            format!("{state:?} is not one of available, running, dead, completed"),
-        )),
-        _ => Ok(()),
-    }
-}
+pub use courier_core::MAX_MESSAGE_PAGE;
 
 /// A tenant scope as the JSON array the queries read with `json_each`;
 /// `None` (every tenant) stays NULL.
@@ -61,7 +46,7 @@ impl AdminStore for SqliteStore {
         before: Option<Uuid>,
         limit: usize,
     ) -> Result<MessagePage, StoreError> {
-        check_state(filter.state.as_deref())?;
+        filter.validate()?;
         let limit = limit.clamp(1, MAX_MESSAGE_PAGE);
         let fetched = sqlx::query(queries::MESSAGES_LIST)
             .bind(tenants_json(filter.tenants.as_deref()))
@@ -159,18 +144,6 @@ impl AdminStore for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_the_four_delivery_states_pass_the_state_filter() {
-        for state in FILTER_STATES {
-            assert!(check_state(Some(state)).is_ok(), "{state}");
-        }
-        assert!(check_state(None).is_ok());
-        for bad in ["", "Dead", "completed ", "done"] {
-            let error = check_state(Some(bad)).err();
-            assert_eq!(error.map(|e| e.field), Some("state"), "{bad:?}");
-        }
-    }
 
     #[test]
     fn a_tenant_scope_becomes_a_json_array_and_no_scope_stays_null() {

@@ -26,7 +26,8 @@ pub use message::{
 pub use names::{validate_name, NAME_MAX_LEN};
 pub use retry::RetryPolicy;
 pub use store::{
-    ClaimBatch, ClaimParams, Completion, DeadLetter, DeadLetterFilter, DeadLetterPage,
-    DeadLetterStore, DeliverySummary, Failure, FailureApplied, LeaseRef, OutboxStore, PruneReport,
-    Route, SubscriptionSpec, TransactionalOutcome, TxWork,
+    BatchRollback, ClaimBatch, ClaimParams, Completion, DeadLetter, DeadLetterFilter,
+    DeadLetterPage, DeadLetterStore, DeliverySummary, Failure, FailureApplied, LeaseRef,
+    OutboxStore, PruneReport, Route, SubscriptionSpec, TransactionalBatchOutcome,
+    TransactionalOutcome, TxWork,
 };

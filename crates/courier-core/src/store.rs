@@ -110,6 +110,32 @@ pub enum TransactionalOutcome {
     HandlerFailed(HandlerError),
 }
 
+/// What running several transactional handlers in one transaction came to.
+#[derive(Debug)]
+pub enum TransactionalBatchOutcome {
+    /// Every delivery's effect, receipt and completion committed together.
+    /// Per delivery, in input order: `true` if its effect was applied now,
+    /// `false` if a receipt already existed and the effect was skipped.
+    Committed(Vec<bool>),
+    /// Nothing was committed; every delivery is as it was before. The caller
+    /// runs each one again on its own to learn its outcome.
+    RolledBack(BatchRollback),
+}
+
+/// Why a transactional batch was rolled back.
+#[derive(Debug)]
+pub enum BatchRollback {
+    /// The work at this position (input order) failed.
+    HandlerFailed {
+        /// The position of the failed work in the batch.
+        index: usize,
+        /// What it failed with.
+        error: HandlerError,
+    },
+    /// At least one delivery's lease was no longer held.
+    LeaseLost,
+}
+
 /// A transactional handler's work, run inside the delivery's transaction.
 pub type TxWork<C> =
     Box<dyn for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<(), HandlerError>> + Send + 'static>;
@@ -195,6 +221,16 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
         delivery: &'c ClaimedDelivery,
         work: TxWork<Self::Connection>,
     ) -> impl Future<Output = Result<TransactionalOutcome, StoreError>> + Send + 'c;
+
+    /// Runs several deliveries' `work` in one transaction, each after its
+    /// receipt is written (work whose receipt already exists is skipped), and
+    /// completes them all: everything commits together or nothing does. The
+    /// deliveries must be distinct and of this store's subscriptions. The work
+    /// runs in input order on one connection.
+    fn run_transactional_batch<'c>(
+        &'c self,
+        batch: Vec<(&'c ClaimedDelivery, TxWork<Self::Connection>)>,
+    ) -> impl Future<Output = Result<TransactionalBatchOutcome, StoreError>> + Send + 'c;
 
     /// Removes up to `batch` finished messages and up to `batch` receipts older
     /// than `older_than`. Dead letters and their messages are kept.

@@ -116,6 +116,9 @@ pub(crate) enum Prepared<C> {
 /// A handler with its payload type erased.
 pub(crate) trait ErasedHandler<C>: Send + Sync {
     fn prepare(&self, delivery: &ClaimedDelivery) -> Result<Prepared<C>, HandlerError>;
+
+    /// Whether [`ErasedHandler::prepare`] gives work for the delivery's transaction.
+    fn is_transactional(&self) -> bool;
 }
 
 pub(crate) struct PlainRoute<H>(pub(crate) Arc<H>);
@@ -128,11 +131,15 @@ impl<C, H: Handler> ErasedHandler<C> for PlainRoute<H> {
             handler.handle(message).await
         })))
     }
+
+    fn is_transactional(&self) -> bool {
+        false
+    }
 }
 
 pub(crate) struct TransactionalRoute<H>(pub(crate) Arc<H>);
 
-fn transactional_work<C, F>(work: F) -> TxWork<C>
+pub(crate) fn transactional_work<C, F>(work: F) -> TxWork<C>
 where
     F: for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<(), HandlerError>> + Send + 'static,
 {
@@ -152,5 +159,9 @@ where
                 Box::pin(async move { handler.handle(&message, conn).await })
             },
         )))
+    }
+
+    fn is_transactional(&self) -> bool {
+        true
     }
 }

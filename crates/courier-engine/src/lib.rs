@@ -23,7 +23,7 @@ pub use maintenance::{Maintenance, MaintenanceConfig};
 pub use worker::{
     Worker, WorkerBuilder, WorkerConfig, WorkerHandle, CATCH_ALL_TOPIC, CATCH_ALL_VERSION,
     DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_LEASE, DEFAULT_POLL_INTERVAL,
-    DEFAULT_SHUTDOWN_TIMEOUT,
+    DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TRANSACTION_BATCH_SIZE,
 };
 
 /// Why a worker could not be built or started.

@@ -24,8 +24,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use courier_core::{
-    ClaimBatch, ClaimParams, ClaimedDelivery, Failure, HandlerError, LeaseRef, OutboxStore,
-    RetryPolicy, Route, StoreError, SubscriptionSpec, TransactionalOutcome, ValidationError,
+    BatchRollback, ClaimBatch, ClaimParams, ClaimedDelivery, Failure, HandlerError, LeaseRef,
+    OutboxStore, RetryPolicy, Route, StoreError, SubscriptionSpec, TransactionalBatchOutcome,
+    TransactionalOutcome, TxWork, ValidationError,
 };
 use futures_util::FutureExt;
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
@@ -50,6 +51,8 @@ pub const CATCH_ALL_VERSION: i32 = 0;
 pub const DEFAULT_CONCURRENCY: usize = 64;
 /// Deliveries per claim, by default.
 pub const DEFAULT_BATCH_SIZE: usize = 100;
+/// Transactional deliveries run in one database transaction, by default.
+pub const DEFAULT_TRANSACTION_BATCH_SIZE: usize = 64;
 /// Lease length, by default.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// How long an idle worker waits between claims without a wake-up, by default.
@@ -64,6 +67,13 @@ pub struct WorkerConfig {
     pub concurrency: usize,
     /// The most deliveries claimed in one round trip.
     pub batch_size: usize,
+    /// The most transactional deliveries of one claim that run in one
+    /// database transaction, one after another, committing together (1: each
+    /// in its own). If one fails, the transaction rolls back and the others
+    /// run again each in its own transaction, so a transactional handler may
+    /// be called twice for one attempt; its writes commit once. Lower it for
+    /// slow transactional handlers: a batch holds its locks until it commits.
+    pub transaction_batch_size: usize,
     /// How long a claim lasts without a heartbeat (database clock).
     pub lease: Duration,
     /// Time between heartbeats; a third of the lease if `None`.
@@ -87,6 +97,7 @@ impl Default for WorkerConfig {
         Self {
             concurrency: DEFAULT_CONCURRENCY,
             batch_size: DEFAULT_BATCH_SIZE,
+            transaction_batch_size: DEFAULT_TRANSACTION_BATCH_SIZE,
             lease: DEFAULT_LEASE,
             heartbeat_interval: None,
             poll_interval: DEFAULT_POLL_INTERVAL,
@@ -118,6 +129,15 @@ impl WorkerConfig {
             return Err(ValidationError::new(
                 "batch_size",
                 format!("must be between 1 and 10000, got {}", self.batch_size),
+            ));
+        }
+        if self.transaction_batch_size == 0 || self.transaction_batch_size > 10_000 {
+            return Err(ValidationError::new(
+                "transaction_batch_size",
+                format!(
+                    "must be between 1 and 10000, got {}",
+                    self.transaction_batch_size
+                ),
             ));
         }
         if self.lease < Duration::from_millis(100) {
@@ -257,6 +277,13 @@ impl<S: OutboxStore> WorkerBuilder<S> {
     /// The most deliveries claimed in one round trip.
     pub fn batch_size(mut self, batch_size: usize) -> Self {
         self.config.batch_size = batch_size;
+        self
+    }
+
+    /// The most transactional deliveries run in one database transaction
+    /// (see [`WorkerConfig::transaction_batch_size`]).
+    pub fn transaction_batch_size(mut self, size: usize) -> Self {
+        self.config.transaction_batch_size = size;
         self
     }
 
@@ -448,15 +475,17 @@ impl<S: OutboxStore> Worker<S> {
         let count = batch.len();
         let mut runs = JoinSet::new();
         let ids: Vec<i64> = batch.iter().map(|d| d.delivery_id).collect();
-        for delivery in batch {
-            track(&self.shared.in_flight, &delivery);
+        for delivery in &batch {
+            track(&self.shared.in_flight, delivery);
+        }
+        for group in self.shared.groups(batch) {
             let shared = Arc::clone(&self.shared);
-            runs.spawn(async move { execute(shared, delivery).await });
+            runs.spawn(async move { execute_group(shared, group).await });
         }
         let mut settlements = Vec::with_capacity(count);
         while let Some(result) = runs.join_next().await {
-            if let Ok(settlement) = result {
-                settlements.push(settlement);
+            if let Ok(group) = result {
+                settlements.extend(group);
             }
         }
         settle::settle_batch(&self.shared.store, &self.shared.subscription, settlements).await;
@@ -542,6 +571,64 @@ impl Drop for OutcomeGuard {
 }
 
 impl<S: OutboxStore> Shared<S> {
+    /// The handler for a delivery's topic and version, else the catch-all.
+    fn route_of(
+        &self,
+        delivery: &ClaimedDelivery,
+    ) -> Option<&Arc<dyn ErasedHandler<S::Connection>>> {
+        self.routes
+            .get(&(delivery.topic.clone(), delivery.schema_version))
+            .or_else(|| {
+                self.routes
+                    .get(&(CATCH_ALL_TOPIC.to_owned(), CATCH_ALL_VERSION))
+            })
+    }
+
+    /// Decodes a delivery for its handler; a missing handler or a panic
+    /// while decoding is an error, not a crash.
+    fn prepare(&self, delivery: &ClaimedDelivery) -> Result<Prepared<S::Connection>, HandlerError> {
+        let Some(route) = self.route_of(delivery) else {
+            return Err(HandlerError::permanent(format!(
+                "no handler for {} v{}",
+                delivery.topic, delivery.schema_version
+            )));
+        };
+        std::panic::catch_unwind(AssertUnwindSafe(|| route.prepare(delivery))).unwrap_or_else(
+            |panic| {
+                Err(HandlerError::retry(format!(
+                    "decoding the payload panicked: {}",
+                    panic_message(panic.as_ref())
+                )))
+            },
+        )
+    }
+
+    /// Splits a claimed batch into units of work: each plain delivery on its
+    /// own, transactional ones in groups of up to `transaction_batch_size`.
+    fn groups(&self, deliveries: Vec<ClaimedDelivery>) -> Vec<Vec<ClaimedDelivery>> {
+        let size = self.config.transaction_batch_size;
+        let mut groups = Vec::new();
+        let mut transactional = Vec::new();
+        for delivery in deliveries {
+            if size > 1
+                && self
+                    .route_of(&delivery)
+                    .is_some_and(|r| r.is_transactional())
+            {
+                transactional.push(delivery);
+                if transactional.len() == size {
+                    groups.push(std::mem::take(&mut transactional));
+                }
+            } else {
+                groups.push(vec![delivery]);
+            }
+        }
+        if !transactional.is_empty() {
+            groups.push(transactional);
+        }
+        groups
+    }
+
     /// A full-batch claim from the first tenant; the fetch loop builds it once
     /// and then only moves its limit and tenant cursor.
     fn claim_params(&self) -> ClaimParams {
@@ -634,29 +721,40 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
                 error_backoff = Duration::from_millis(50);
                 cursor = next_tenant_cursor;
                 let claimed = deliveries.len();
-                for delivery in deliveries {
-                    let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+                for group in shared.groups(deliveries) {
+                    let size = u32::try_from(group.len()).unwrap_or(u32::MAX);
+                    let Ok(permit) = Arc::clone(&slots).try_acquire_many_owned(size) else {
                         // Cannot happen: we claimed no more than the free slots.
-                        let _ = settle_tx.send(Settlement::Release {
-                            lease: delivery.lease(),
-                        });
+                        for delivery in group {
+                            let _ = settle_tx.send(Settlement::Release {
+                                lease: delivery.lease(),
+                            });
+                        }
                         continue;
                     };
-                    track(&shared.in_flight, &delivery);
+                    let mut guards = Vec::with_capacity(group.len());
+                    for delivery in &group {
+                        track(&shared.in_flight, delivery);
+                        guards.push(OutcomeGuard {
+                            settle: settle_tx.clone(),
+                            lease: delivery.lease(),
+                            topic: delivery.topic.clone(),
+                            settled: false,
+                        });
+                    }
                     let task_shared = Arc::clone(&shared);
                     let task_freed = Arc::clone(&freed);
-                    let mut guard = OutcomeGuard {
-                        settle: settle_tx.clone(),
-                        lease: delivery.lease(),
-                        topic: delivery.topic.clone(),
-                        settled: false,
-                    };
+                    let settle = settle_tx.clone();
                     running.spawn(async move {
-                        let settlement = execute(task_shared, delivery).await;
-                        guard.settled = true;
+                        let settlements = execute_group(task_shared, group).await;
+                        for guard in &mut guards {
+                            guard.settled = true;
+                        }
                         drop(permit);
                         task_freed.notify_one();
-                        let _ = guard.settle.send(settlement);
+                        for settlement in settlements {
+                            let _ = settle.send(settlement);
+                        }
                     });
                 }
                 lap_claimed |= claimed > 0;
@@ -765,109 +863,214 @@ async fn execute<S: OutboxStore>(shared: Arc<Shared<S>>, delivery: ClaimedDelive
         attempt = delivery.attempt,
     );
     async move {
-        let pickup = chrono::Utc::now() - delivery.enqueued_at;
-        if delivery.attempt == 1 {
-            if let Ok(pickup) = pickup.to_std() {
-                metrics::histogram!(PICKUP_SECONDS, "subscription" => shared.subscription.clone())
-                    .record(pickup.as_secs_f64());
-            }
-        }
+        record_pickup(&shared, &delivery);
         let started = Instant::now();
-        let outcome = match shared
-            .routes
-            .get(&(delivery.topic.clone(), delivery.schema_version))
-            .or_else(|| {
-                shared
-                    .routes
-                    .get(&(CATCH_ALL_TOPIC.to_owned(), CATCH_ALL_VERSION))
-            })
-        {
-            None => Outcome::Failed(HandlerError::permanent(format!(
-                "no handler for {} v{}",
-                delivery.topic, delivery.schema_version
-            ))),
-            Some(route) => match std::panic::catch_unwind(AssertUnwindSafe(|| {
-                route.prepare(&delivery)
-            }))
-            .unwrap_or_else(|panic| {
-                Err(HandlerError::retry(format!(
-                    "decoding the payload panicked: {}",
+        let outcome = match shared.prepare(&delivery) {
+            Err(error) => Outcome::Failed(error),
+            Ok(Prepared::Plain(future)) => match AssertUnwindSafe(future).catch_unwind().await {
+                Ok(Ok(())) => Outcome::Succeeded,
+                Ok(Err(error)) => Outcome::Failed(error),
+                Err(panic) => Outcome::Failed(HandlerError::retry(format!(
+                    "handler panicked: {}",
                     panic_message(panic.as_ref())
-                )))
-            }) {
-                Err(error) => Outcome::Failed(error),
-                Ok(Prepared::Plain(future)) => match AssertUnwindSafe(future).catch_unwind().await {
-                    Ok(Ok(())) => Outcome::Succeeded,
-                    Ok(Err(error)) => Outcome::Failed(error),
+                ))),
+            },
+            Ok(Prepared::Transactional(work)) => {
+                match AssertUnwindSafe(shared.store.run_transactional(&delivery, work))
+                    .catch_unwind()
+                    .await
+                {
+                    Ok(Ok(TransactionalOutcome::Applied | TransactionalOutcome::AlreadyApplied)) => {
+                        Outcome::Committed
+                    }
+                    Ok(Ok(TransactionalOutcome::LeaseLost)) => Outcome::LeaseLost,
+                    Ok(Ok(TransactionalOutcome::HandlerFailed(error))) => Outcome::Failed(error),
+                    Ok(Err(error)) => Outcome::Failed(HandlerError::retry(format!(
+                        "store error around the handler's transaction: {error}"
+                    ))),
                     Err(panic) => Outcome::Failed(HandlerError::retry(format!(
                         "handler panicked: {}",
                         panic_message(panic.as_ref())
                     ))),
-                },
-                Ok(Prepared::Transactional(work)) => {
-                    match AssertUnwindSafe(shared.store.run_transactional(&delivery, work))
-                        .catch_unwind()
-                        .await
-                    {
-                        Ok(Ok(TransactionalOutcome::Applied | TransactionalOutcome::AlreadyApplied)) => {
-                            Outcome::Committed
-                        }
-                        Ok(Ok(TransactionalOutcome::LeaseLost)) => Outcome::LeaseLost,
-                        Ok(Ok(TransactionalOutcome::HandlerFailed(error))) => Outcome::Failed(error),
-                        Ok(Err(error)) => Outcome::Failed(HandlerError::retry(format!(
-                            "store error around the handler's transaction: {error}"
-                        ))),
-                        Err(panic) => Outcome::Failed(HandlerError::retry(format!(
-                            "handler panicked: {}",
-                            panic_message(panic.as_ref())
-                        ))),
-                    }
                 }
-            },
+            }
         };
         metrics::histogram!(HANDLER_SECONDS, "subscription" => shared.subscription.clone(), "topic" => delivery.topic.clone())
             .record(started.elapsed().as_secs_f64());
-        let topic = delivery.topic.clone();
-        match outcome {
-            Outcome::Succeeded => Settlement::Complete {
-                lease: delivery.lease(),
-                topic,
-            },
-            Outcome::Committed => Settlement::Committed {
-                delivery_id: delivery.delivery_id,
-                topic,
-            },
-            Outcome::LeaseLost => {
-                tracing::warn!("lease lost; the handler's writes were rolled back");
-                Settlement::Lost {
-                    delivery_id: delivery.delivery_id,
-                }
-            }
-            Outcome::Failed(error) => {
-                let policy = shared
-                    .policies
-                    .get(&delivery.topic)
-                    .copied()
-                    .unwrap_or(shared.config.retry);
-                let retry_in = match &error {
-                    HandlerError::Permanent(_) => None,
-                    HandlerError::RetryAfter { delay, .. } => Some(*delay),
-                    HandlerError::Retry(_) => Some(policy.backoff(delivery.attempt)),
-                };
-                tracing::warn!(error = %error, permanent = retry_in.is_none(), "handler failed");
-                Settlement::Fail {
-                    failure: Failure {
-                        lease: delivery.lease(),
-                        // PostgreSQL text cannot hold NUL; one such error must
-                        // not sink the batch it is written with.
-                        error: error.to_string().replace('\0', "\u{FFFD}"),
-                        retry_in,
-                    },
-                    topic,
-                }
-            }
-        }
+        settlement_for(&shared, &delivery, outcome)
     }
     .instrument(span)
     .await
+}
+
+/// Runs a unit of work from [`Shared::groups`]: one delivery on its own, or
+/// transactional deliveries in one transaction. When that transaction rolls
+/// back (a handler failed or panicked, a lease was lost, the store erred),
+/// a failed handler's error is its outcome and every other delivery runs
+/// again in its own transaction, so each outcome is exactly its own.
+async fn execute_group<S: OutboxStore>(
+    shared: Arc<Shared<S>>,
+    group: Vec<ClaimedDelivery>,
+) -> Vec<Settlement> {
+    if group.len() < 2 || shared.stopping.is_cancelled() {
+        return execute_each(shared, group).await;
+    }
+    let mut settlements = Vec::with_capacity(group.len());
+    let mut deliveries = Vec::with_capacity(group.len());
+    let mut works = Vec::with_capacity(group.len());
+    for delivery in group {
+        match shared.prepare(&delivery) {
+            Ok(Prepared::Transactional(work)) => {
+                record_pickup(&shared, &delivery);
+                works.push(timed(&shared, &delivery, work));
+                deliveries.push(delivery);
+            }
+            // Not decodable (or not transactional): the single path reports it.
+            Ok(Prepared::Plain(_)) | Err(_) => {
+                settlements.push(execute(Arc::clone(&shared), delivery).await);
+            }
+        }
+    }
+    if deliveries.len() < 2 {
+        drop(works);
+        settlements.extend(execute_each(shared, deliveries).await);
+        return settlements;
+    }
+    let span = tracing::info_span!(
+        "courier.deliver_batch",
+        subscription = %shared.subscription,
+        deliveries = deliveries.len(),
+    );
+    let batch = deliveries.iter().zip(works).collect();
+    let outcome = AssertUnwindSafe(shared.store.run_transactional_batch(batch))
+        .catch_unwind()
+        .instrument(span)
+        .await;
+    match outcome {
+        Ok(Ok(TransactionalBatchOutcome::Committed(_))) => {
+            settlements.extend(
+                deliveries
+                    .into_iter()
+                    .map(|delivery| Settlement::Committed {
+                        delivery_id: delivery.delivery_id,
+                        topic: delivery.topic,
+                    }),
+            );
+        }
+        Ok(Ok(TransactionalBatchOutcome::RolledBack(BatchRollback::HandlerFailed {
+            index,
+            error,
+        }))) if index < deliveries.len() => {
+            let failed = deliveries.remove(index);
+            settlements.push(settlement_for(&shared, &failed, Outcome::Failed(error)));
+            settlements.extend(execute_each(shared, deliveries).await);
+        }
+        other => {
+            let reason = match other {
+                Ok(Ok(TransactionalBatchOutcome::RolledBack(BatchRollback::LeaseLost))) => {
+                    "a lease was lost".to_owned()
+                }
+                Ok(Err(error)) => format!("store error: {error}"),
+                Err(panic) => format!("a handler panicked: {}", panic_message(panic.as_ref())),
+                Ok(Ok(_)) => "rolled back".to_owned(),
+            };
+            tracing::debug!(
+                subscription = shared.subscription,
+                deliveries = deliveries.len(),
+                reason,
+                "transactional batch rolled back; running each delivery on its own"
+            );
+            settlements.extend(execute_each(shared, deliveries).await);
+        }
+    }
+    settlements
+}
+
+/// Runs each delivery on its own, at once.
+async fn execute_each<S: OutboxStore>(
+    shared: Arc<Shared<S>>,
+    deliveries: Vec<ClaimedDelivery>,
+) -> Vec<Settlement> {
+    futures_util::future::join_all(
+        deliveries
+            .into_iter()
+            .map(|delivery| execute(Arc::clone(&shared), delivery)),
+    )
+    .await
+}
+
+/// Records how long a first attempt waited between enqueue and handler start.
+fn record_pickup<S: OutboxStore>(shared: &Shared<S>, delivery: &ClaimedDelivery) {
+    if delivery.attempt != 1 {
+        return;
+    }
+    if let Ok(pickup) = (chrono::Utc::now() - delivery.enqueued_at).to_std() {
+        metrics::histogram!(PICKUP_SECONDS, "subscription" => shared.subscription.clone())
+            .record(pickup.as_secs_f64());
+    }
+}
+
+/// Wraps transactional work so its own run time is recorded as handler time.
+fn timed<S: OutboxStore>(
+    shared: &Shared<S>,
+    delivery: &ClaimedDelivery,
+    work: TxWork<S::Connection>,
+) -> TxWork<S::Connection> {
+    let histogram = metrics::histogram!(HANDLER_SECONDS, "subscription" => shared.subscription.clone(), "topic" => delivery.topic.clone());
+    crate::handler::transactional_work(move |conn: &mut S::Connection| {
+        Box::pin(async move {
+            let started = Instant::now();
+            let result = work(conn).await;
+            histogram.record(started.elapsed().as_secs_f64());
+            result
+        }) as futures_util::future::BoxFuture<'_, Result<(), HandlerError>>
+    })
+}
+
+/// The settlement that records a finished delivery's outcome.
+fn settlement_for<S: OutboxStore>(
+    shared: &Shared<S>,
+    delivery: &ClaimedDelivery,
+    outcome: Outcome,
+) -> Settlement {
+    let topic = delivery.topic.clone();
+    match outcome {
+        Outcome::Succeeded => Settlement::Complete {
+            lease: delivery.lease(),
+            topic,
+        },
+        Outcome::Committed => Settlement::Committed {
+            delivery_id: delivery.delivery_id,
+            topic,
+        },
+        Outcome::LeaseLost => {
+            tracing::warn!("lease lost; the handler's writes were rolled back");
+            Settlement::Lost {
+                delivery_id: delivery.delivery_id,
+            }
+        }
+        Outcome::Failed(error) => {
+            let policy = shared
+                .policies
+                .get(&delivery.topic)
+                .copied()
+                .unwrap_or(shared.config.retry);
+            let retry_in = match &error {
+                HandlerError::Permanent(_) => None,
+                HandlerError::RetryAfter { delay, .. } => Some(*delay),
+                HandlerError::Retry(_) => Some(policy.backoff(delivery.attempt)),
+            };
+            tracing::warn!(error = %error, permanent = retry_in.is_none(), "handler failed");
+            Settlement::Fail {
+                failure: Failure {
+                    lease: delivery.lease(),
+                    // PostgreSQL text cannot hold NUL; one such error must
+                    // not sink the batch it is written with.
+                    error: error.to_string().replace('\0', "\u{FFFD}"),
+                    retry_in,
+                },
+                topic,
+            }
+        }
+    }
 }

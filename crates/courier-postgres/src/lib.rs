@@ -22,10 +22,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use courier_core::{
-    truncate_chars, Availability, ClaimBatch, ClaimParams, ClaimedDelivery, Completion, DeadLetter,
-    DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliverySummary, EnqueueOutcome, ErrorEntry,
-    Failure, FailureApplied, LeaseRef, NewMessage, OutboxStore, PruneReport, StoreError,
-    SubscriptionSpec, TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS,
+    truncate_chars, Availability, BatchRollback, ClaimBatch, ClaimParams, ClaimedDelivery,
+    Completion, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliverySummary,
+    EnqueueOutcome, ErrorEntry, Failure, FailureApplied, LeaseRef, NewMessage, OutboxStore,
+    PruneReport, StoreError, SubscriptionSpec, TransactionalBatchOutcome, TransactionalOutcome,
+    TxWork, ValidationError, MAX_ERROR_CHARS,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Row};
@@ -571,6 +572,59 @@ impl OutboxStore for PgStore {
         } else {
             TransactionalOutcome::AlreadyApplied
         })
+    }
+
+    async fn run_transactional_batch<'c>(
+        &'c self,
+        batch: Vec<(&'c ClaimedDelivery, TxWork<PgConnection>)>,
+    ) -> Result<TransactionalBatchOutcome, StoreError> {
+        let mut tx = self.inner.pool.begin().await.map_err(map)?;
+        let (tenants, subscriptions, message_ids): (Vec<&str>, Vec<&str>, Vec<Uuid>) = batch
+            .iter()
+            .map(|(d, _)| (d.tenant.as_str(), d.subscription.as_str(), d.message_id))
+            .collect();
+        let written: std::collections::HashSet<(Uuid, String)> =
+            sqlx::query_as(&self.q().receipts_insert_many)
+                .bind(&tenants)
+                .bind(&subscriptions)
+                .bind(&message_ids)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(map)?
+                .into_iter()
+                .collect();
+        let mut applied = Vec::with_capacity(batch.len());
+        let mut ids = Vec::with_capacity(batch.len());
+        let mut tokens = Vec::with_capacity(batch.len());
+        for (index, (delivery, work)) in batch.into_iter().enumerate() {
+            ids.push(delivery.delivery_id);
+            tokens.push(delivery.lease_token);
+            let fresh = written.contains(&(delivery.message_id, delivery.subscription.clone()));
+            if fresh {
+                if let Err(error) = work(&mut tx).await {
+                    tx.rollback().await.map_err(map)?;
+                    return Ok(TransactionalBatchOutcome::RolledBack(
+                        BatchRollback::HandlerFailed { index, error },
+                    ));
+                }
+            }
+            applied.push(fresh);
+        }
+        let completed = sqlx::query(&self.q().complete_leased)
+            .bind(&ids)
+            .bind(&tokens)
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?
+            .rows_affected();
+        if completed != ids.len() as u64 {
+            tx.rollback().await.map_err(map)?;
+            return Ok(TransactionalBatchOutcome::RolledBack(
+                BatchRollback::LeaseLost,
+            ));
+        }
+        tx.commit().await.map_err(map)?;
+        Ok(TransactionalBatchOutcome::Committed(applied))
     }
 
     async fn prune(&self, older_than: Duration, batch: usize) -> Result<PruneReport, StoreError> {

@@ -21,6 +21,7 @@ macro_rules! queries {
 queries!(
     claim,
     complete,
+    complete_leased,
     complete_one,
     dead_letter_get,
     dead_letters_discard,
@@ -37,6 +38,7 @@ queries!(
     prune_messages,
     prune_receipts,
     receipt_insert,
+    receipts_insert_many,
     release,
     rescue,
     subscription_pause,
@@ -44,3 +46,23 @@ queries!(
     subscription_upsert,
     subscriptions_list,
 );
+
+impl crate::PgStore {
+    /// The SQL of one of the store's hot queries (`queries/<name>.sql`:
+    /// `claim`, `complete`, `enqueue`, `prune_messages`, `prune_receipts`)
+    /// exactly as this store runs it, `{schema}` replaced by its schema;
+    /// `None` for any other name. Read-only, for tools that explain what the
+    /// store runs (`courier bench --scenario explain`).
+    pub fn query_sql(&self, name: &str) -> Option<&str> {
+        let queries = self.q();
+        let sql = match name {
+            "claim" => &queries.claim,
+            "complete" => &queries.complete,
+            "enqueue" => &queries.enqueue,
+            "prune_messages" => &queries.prune_messages,
+            "prune_receipts" => &queries.prune_receipts,
+            _ => return None,
+        };
+        Some(sql.as_str())
+    }
+}

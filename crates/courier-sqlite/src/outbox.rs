@@ -4,10 +4,10 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use courier_core::{
-    truncate_chars, validate_name, Availability, ClaimBatch, ClaimParams, ClaimedDelivery,
-    Completion, EnqueueOutcome, Failure, FailureApplied, LeaseRef, NewMessage, OutboxStore,
-    PruneReport, StoreError, SubscriptionSpec, TransactionalOutcome, TxWork, ValidationError,
-    MAX_ERROR_CHARS,
+    truncate_chars, validate_name, Availability, BatchRollback, ClaimBatch, ClaimParams,
+    ClaimedDelivery, Completion, EnqueueOutcome, Failure, FailureApplied, LeaseRef, NewMessage,
+    OutboxStore, PruneReport, StoreError, SubscriptionSpec, TransactionalBatchOutcome,
+    TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS,
 };
 use serde_json::{json, Value};
 use sqlx::{Connection, SqliteConnection};
@@ -459,6 +459,71 @@ impl OutboxStore for SqliteStore {
         } else {
             TransactionalOutcome::AlreadyApplied
         })
+    }
+
+    async fn run_transactional_batch<'c>(
+        &'c self,
+        batch: Vec<(&'c ClaimedDelivery, TxWork<SqliteConnection>)>,
+    ) -> Result<TransactionalBatchOutcome, StoreError> {
+        let _turn = self.write_turn().await?;
+        let mut tx = self.begin().await?;
+        // Every lease is checked before any work runs: from here to commit
+        // this transaction holds the write lock, so nobody can take one over.
+        let leases: Vec<(i64, String)> = batch
+            .iter()
+            .map(|(d, _)| (d.delivery_id, d.lease_token.to_string()))
+            .collect();
+        for (delivery_id, lease_token) in &leases {
+            let held: i64 = sqlx::query_scalar(queries::LEASE_CHECK)
+                .bind(delivery_id)
+                .bind(lease_token)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(map)?;
+            if held != 1 {
+                tx.rollback().await.map_err(map)?;
+                return Ok(TransactionalBatchOutcome::RolledBack(
+                    BatchRollback::LeaseLost,
+                ));
+            }
+        }
+        let mut applied = Vec::with_capacity(batch.len());
+        for (index, (delivery, work)) in batch.into_iter().enumerate() {
+            let fresh = sqlx::query(queries::RECEIPT_INSERT)
+                .bind(&delivery.tenant)
+                .bind(&delivery.subscription)
+                .bind(delivery.message_id.to_string())
+                .execute(&mut *tx)
+                .await
+                .map_err(map)?
+                .rows_affected()
+                == 1;
+            if fresh {
+                if let Err(error) = work(&mut tx).await {
+                    tx.rollback().await.map_err(map)?;
+                    return Ok(TransactionalBatchOutcome::RolledBack(
+                        BatchRollback::HandlerFailed { index, error },
+                    ));
+                }
+            }
+            let completed = sqlx::query(queries::COMPLETE_ONE)
+                .bind(delivery.delivery_id)
+                .bind(delivery.lease_token.to_string())
+                .execute(&mut *tx)
+                .await
+                .map_err(map)?
+                .rows_affected()
+                == 1;
+            if !completed {
+                tx.rollback().await.map_err(map)?;
+                return Ok(TransactionalBatchOutcome::RolledBack(
+                    BatchRollback::LeaseLost,
+                ));
+            }
+            applied.push(fresh);
+        }
+        tx.commit().await.map_err(map)?;
+        Ok(TransactionalBatchOutcome::Committed(applied))
     }
 
     async fn prune(&self, older_than: Duration, batch: usize) -> Result<PruneReport, StoreError> {

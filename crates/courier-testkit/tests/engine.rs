@@ -8,7 +8,7 @@ use courier::{
     handler_fn, DeadLetterFilter, HandlerError, MaintenanceConfig, Message, NewMessage, RetryPolicy,
 };
 use courier_testkit::{
-    backend_tests, events, eventually, Backend, CallCounter, Event, RecordEffect,
+    backend_tests, events, eventually, Backend, CallCounter, EffectConnection, Event, RecordEffect,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -151,6 +151,115 @@ async fn every_subscription_applies_every_message_exactly_once<B: Backend>(
     assert_eq!(effect.counter.total(), u64::try_from(n)?);
     assert_eq!(plain.total(), u64::try_from(n)?);
     assert_eq!(plain.distinct(), usize::try_from(n)?);
+    Ok(())
+}
+
+/// Records its effect like [`RecordEffect`], except that multiples of 5
+/// fail permanently and 7 panics.
+#[derive(Clone, Default)]
+struct FailSome {
+    effect: RecordEffect,
+}
+
+impl<C: EffectConnection> courier::TransactionalHandler<C> for FailSome {
+    type Payload = Event;
+
+    async fn handle(&self, message: &Message<Event>, conn: &mut C) -> Result<(), HandlerError> {
+        if message.payload.n % 5 == 0 {
+            return Err(HandlerError::permanent(format!(
+                "refusing {}",
+                message.payload.n
+            )));
+        }
+        if message.payload.n == 7 {
+            panic!("handler bug on 7");
+        }
+        courier::TransactionalHandler::<C>::handle(&self.effect, message, conn).await
+    }
+}
+
+async fn a_failing_handler_in_a_transactional_batch_fails_alone<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    backend.create_effects_table().await?;
+    let handler = FailSome::default();
+    let worker = backend
+        .courier()
+        .worker("ledger")
+        .handle_transactional("order.placed", 1, handler.clone())
+        .concurrency(20)
+        .batch_size(20)
+        .transaction_batch_size(20)
+        .retry_policy(fast_retry(1))
+        .build()
+        .await?;
+    backend
+        .enqueue_committed(&events("acme", "order.placed", 20)?)
+        .await?;
+    // One claim of all 20, run as one transactional batch that rolls back.
+    assert_eq!(worker.run_once().await?, 20);
+    assert_eq!(pending(&backend).await?, 0, "every delivery settled");
+    assert_eq!(backend.scalar("SELECT count(*) FROM effects").await?, 15);
+    assert_eq!(
+        backend
+            .scalar("SELECT count(*) FROM effects WHERE calls <> 1")
+            .await?,
+        0,
+        "no effect was applied twice"
+    );
+    assert_eq!(backend.scalar("SELECT count(*) FROM receipts").await?, 15);
+    let dead = backend
+        .courier()
+        .dead_letters(&DeadLetterFilter::default(), None, 100)
+        .await?;
+    let mut reasons: Vec<String> = dead
+        .items
+        .iter()
+        .map(|d| {
+            d.errors
+                .last()
+                .map(|e| e.message.clone())
+                .unwrap_or_default()
+        })
+        .collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        [
+            "handler panicked: handler bug on 7",
+            "permanent failure: refusing 0",
+            "permanent failure: refusing 10",
+            "permanent failure: refusing 15",
+            "permanent failure: refusing 5"
+        ]
+    );
+    Ok(())
+}
+
+async fn a_batch_of_transactional_deliveries_commits_once_each<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    backend.create_effects_table().await?;
+    let effect = RecordEffect::default();
+    let worker = backend
+        .courier()
+        .worker("ledger")
+        .handle_transactional("order.placed", 1, effect.clone())
+        .concurrency(50)
+        .batch_size(50)
+        .transaction_batch_size(25)
+        .build()
+        .await?;
+    backend
+        .enqueue_committed(&events("acme", "order.placed", 50)?)
+        .await?;
+    assert_eq!(worker.run_once().await?, 50);
+    assert_eq!(pending(&backend).await?, 0);
+    assert_eq!(backend.scalar("SELECT count(*) FROM effects").await?, 50);
+    assert_eq!(backend.scalar("SELECT count(*) FROM receipts").await?, 50);
+    // Nothing failed, so no batch rolled back and no handler ran twice.
+    assert_eq!(effect.counter.total(), 50);
+    assert_eq!(effect.counter.distinct(), 50);
     Ok(())
 }
 
@@ -1284,6 +1393,8 @@ backend_tests!(
     rolled_back_enqueue_leaves_no_message,
     idempotent_enqueue_returns_the_first_id,
     every_subscription_applies_every_message_exactly_once,
+    a_failing_handler_in_a_transactional_batch_fails_alone,
+    a_batch_of_transactional_deliveries_commits_once_each,
     the_heartbeat_keeps_a_long_transactional_handler_s_lease,
     poison_payload_dead_letters_with_the_decode_error,
     ten_failed_attempts_dead_letter_with_ten_errors,

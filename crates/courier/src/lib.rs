@@ -40,12 +40,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use courier_core::{
-    truncate_chars, validate_name, AdminStore, Availability, ClaimBatch, ClaimParams,
-    ClaimedDelivery, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliveryStats,
-    DeliverySummary, EnqueueOutcome, ErrorEntry, Failure, FailureApplied, HandlerError, LeaseRef,
-    Message, MessageFilter, MessagePage, NewMessage, OutboxStore, PruneReport, RetryPolicy, Route,
-    StoreError, StoredMessage, SubscriptionInfo, SubscriptionSpec, TransactionalOutcome,
-    ValidationError, MAX_ERROR_CHARS, MAX_PAYLOAD_BYTES,
+    truncate_chars, validate_name, AdminStore, Availability, BatchRollback, ClaimBatch,
+    ClaimParams, ClaimedDelivery, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore,
+    DeliveryStats, DeliverySummary, EnqueueOutcome, ErrorEntry, Failure, FailureApplied,
+    HandlerError, LeaseRef, Message, MessageFilter, MessagePage, NewMessage, OutboxStore,
+    PruneReport, RetryPolicy, Route, StoreError, StoredMessage, SubscriptionInfo, SubscriptionSpec,
+    TransactionalBatchOutcome, TransactionalOutcome, ValidationError, MAX_ERROR_CHARS,
+    MAX_PAYLOAD_BYTES,
 };
 pub use courier_engine::{
     handler_fn, EngineError, Handler, Maintenance, MaintenanceConfig, TransactionalHandler, Worker,

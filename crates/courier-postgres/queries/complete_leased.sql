@@ -1,0 +1,10 @@
+-- Completes a batch of transactional deliveries inside their shared
+-- transaction, fenced like complete.sql (the receipts are already written).
+-- Locks the deleted rows until the transaction ends. The caller rolls back
+-- unless every delivery passed the fence.
+DELETE FROM {schema}.deliveries d
+USING unnest($1::bigint[], $2::uuid[]) AS c (id, lease_token)
+WHERE d.id = c.id
+  AND d.lease_token = c.lease_token
+  AND d.state = 'running'
+  AND d.lease_expires_at > clock_timestamp()

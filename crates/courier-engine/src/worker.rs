@@ -28,7 +28,8 @@ use courier_core::{
     OutboxStore, RetryPolicy, Route, StoreError, SubscriptionSpec, TransactionalBatchOutcome,
     TransactionalOutcome, TxWork, ValidationError,
 };
-use futures_util::FutureExt;
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -47,6 +48,9 @@ pub const CATCH_ALL_TOPIC: &str = "*";
 /// The route version that stands for every schema version.
 pub const CATCH_ALL_VERSION: i32 = 0;
 
+/// Claims a worker keeps in flight at once, so one is on its way while
+/// another's deliveries start.
+const CLAIMS_IN_FLIGHT: usize = 2;
 /// Handlers running at once, by default.
 pub const DEFAULT_CONCURRENCY: usize = 64;
 /// Deliveries per claim, by default.
@@ -687,12 +691,16 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
     let freed = Arc::new(Notify::new());
     let threshold = (config.batch_size.min(config.concurrency) / 4).max(1);
     let mut running: JoinSet<()> = JoinSet::new();
+    // Claims in flight, each holding the handler slots it may fill.
+    let mut claims = FuturesUnordered::new();
     let mut params = shared.claim_params();
     let mut cursor = String::new();
     // A lap is a run of claims from the first tenant to the last; the loop
-    // sleeps only after a whole lap found nothing.
+    // goes idle only after a whole lap found nothing.
     let mut lap_claimed = false;
+    let mut idle = false;
     let mut error_backoff = Duration::from_millis(50);
+    let mut backoff_until: Option<tokio::time::Instant> = None;
     tracing::info!(
         subscription = shared.subscription,
         worker_id = config.worker_id,
@@ -701,82 +709,31 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
 
     while !shared.stopping.is_cancelled() {
         while running.try_join_next().is_some() {}
-        let free = slots.available_permits();
-        if free < threshold {
-            tokio::select! {
-                () = shared.stopping.cancelled() => break,
-                () = freed.notified() => continue,
+        // Keep up to CLAIMS_IN_FLIGHT claims going while slots are free, so
+        // the next batch is on its way while this one runs.
+        while !idle && backoff_until.is_none() && claims.len() < CLAIMS_IN_FLIGHT {
+            let free = slots.available_permits();
+            if free < threshold {
+                break;
             }
-        }
-        if cursor.is_empty() {
-            lap_claimed = false;
-        }
-        params.limit = free.min(config.batch_size);
-        params.tenant_cursor = std::mem::take(&mut cursor);
-        match claim(&shared, &params).await {
-            Ok(ClaimBatch {
-                deliveries,
-                next_tenant_cursor,
-            }) => {
-                error_backoff = Duration::from_millis(50);
-                cursor = next_tenant_cursor;
-                let claimed = deliveries.len();
-                for group in shared.groups(deliveries) {
-                    let size = u32::try_from(group.len()).unwrap_or(u32::MAX);
-                    let Ok(permit) = Arc::clone(&slots).try_acquire_many_owned(size) else {
-                        // Cannot happen: we claimed no more than the free slots.
-                        for delivery in group {
-                            let _ = settle_tx.send(Settlement::Release {
-                                lease: delivery.lease(),
-                            });
-                        }
-                        continue;
-                    };
-                    let mut guards = Vec::with_capacity(group.len());
-                    for delivery in &group {
-                        track(&shared.in_flight, delivery);
-                        guards.push(OutcomeGuard {
-                            settle: settle_tx.clone(),
-                            lease: delivery.lease(),
-                            topic: delivery.topic.clone(),
-                            settled: false,
-                        });
-                    }
-                    let task_shared = Arc::clone(&shared);
-                    let task_freed = Arc::clone(&freed);
-                    let settle = settle_tx.clone();
-                    running.spawn(async move {
-                        let settlements = execute_group(task_shared, group).await;
-                        for guard in &mut guards {
-                            guard.settled = true;
-                        }
-                        drop(permit);
-                        task_freed.notify_one();
-                        for settlement in settlements {
-                            let _ = settle.send(settlement);
-                        }
-                    });
-                }
-                lap_claimed |= claimed > 0;
-                // Work was found, more tenants wait after the cursor, or this
-                // lap found work: claim again at once instead of sleeping.
-                if claimed > 0 || !cursor.is_empty() || lap_claimed {
-                    continue;
-                }
+            let limit = free.min(config.batch_size);
+            let Ok(reserved) =
+                Arc::clone(&slots).try_acquire_many_owned(u32::try_from(limit).unwrap_or(u32::MAX))
+            else {
+                break;
+            };
+            if cursor.is_empty() {
+                lap_claimed = false;
             }
-            Err(error) => {
-                metrics::counter!(STORE_ERRORS, "operation" => "claim").increment(1);
-                tracing::warn!(subscription = shared.subscription, %error, "claim failed; backing off");
-                tokio::select! {
-                    () = shared.stopping.cancelled() => break,
-                    () = tokio::time::sleep(error_backoff) => {}
-                }
-                error_backoff = (error_backoff * 2).min(Duration::from_secs(5));
-                continue;
-            }
+            params.limit = limit;
+            params.tenant_cursor.clone_from(&cursor);
+            let claim_params = params.clone();
+            let claim_shared = Arc::clone(&shared);
+            claims.push(async move {
+                let result = claim(&claim_shared, &claim_params).await;
+                (result, reserved)
+            });
         }
-        // Nothing ready: wait for a wake-up, a settled delivery (it may
-        // release the next of its ordering key) or the poll interval.
         let woken = async {
             match wake.as_mut() {
                 Some(receiver) => {
@@ -787,11 +744,58 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
                 None => std::future::pending::<()>().await,
             }
         };
+        let backoff = async {
+            match backoff_until {
+                Some(until) => tokio::time::sleep_until(until).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
         tokio::select! {
             () = shared.stopping.cancelled() => break,
-            () = woken => {}
-            () = settled.notified() => {}
-            () = tokio::time::sleep(config.poll_interval) => {}
+            Some((result, mut reserved)) = claims.next(), if !claims.is_empty() => match result {
+                Ok(ClaimBatch { deliveries, next_tenant_cursor }) => {
+                    error_backoff = Duration::from_millis(50);
+                    let claimed = deliveries.len();
+                    lap_claimed |= claimed > 0;
+                    // Nothing in a whole lap: idle until woken. Work found
+                    // or tenants left in the lap: claim again at once.
+                    if claimed > 0 {
+                        idle = false;
+                    } else if next_tenant_cursor.is_empty() && !lap_claimed {
+                        idle = true;
+                    }
+                    cursor = next_tenant_cursor;
+                    for group in shared.groups(deliveries) {
+                        spawn_group(&shared, group, &mut reserved, &settle_tx, &freed, &mut running);
+                    }
+                    // Unused reserved slots go back with `reserved`.
+                }
+                Err(error) => {
+                    metrics::counter!(STORE_ERRORS, "operation" => "claim").increment(1);
+                    tracing::warn!(subscription = shared.subscription, %error, "claim failed; backing off");
+                    backoff_until = Some(tokio::time::Instant::now() + error_backoff);
+                    error_backoff = (error_backoff * 2).min(Duration::from_secs(5));
+                }
+            },
+            () = backoff, if backoff_until.is_some() => backoff_until = None,
+            // Too few free slots for a claim: wait for a handler to finish.
+            () = freed.notified(), if !idle && claims.is_empty() => {}
+            // Idle: wait for a wake-up, a settled delivery (it may release
+            // the next of its ordering key) or the poll interval.
+            () = woken, if idle => idle = false,
+            () = settled.notified(), if idle => idle = false,
+            () = tokio::time::sleep(config.poll_interval), if idle => idle = false,
+        }
+    }
+
+    // Claims still in flight finish; what they took is handed back unstarted.
+    while let Some((result, _reserved)) = claims.next().await {
+        if let Ok(batch) = result {
+            for delivery in batch.deliveries {
+                let _ = settle_tx.send(Settlement::Release {
+                    lease: delivery.lease(),
+                });
+            }
         }
     }
 
@@ -828,6 +832,52 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
         worker_id = config.worker_id,
         "worker stopped"
     );
+}
+
+/// Starts one unit of work on the slots it takes from `reserved`; its
+/// outcomes go to the settler, and a task that ends without them (a panic,
+/// an abort at the shutdown deadline) records failed attempts instead.
+fn spawn_group<S: OutboxStore>(
+    shared: &Arc<Shared<S>>,
+    group: Vec<ClaimedDelivery>,
+    reserved: &mut tokio::sync::OwnedSemaphorePermit,
+    settle_tx: &mpsc::UnboundedSender<Settlement>,
+    freed: &Arc<Notify>,
+    running: &mut JoinSet<()>,
+) {
+    let Some(permit) = reserved.split(group.len()) else {
+        // Cannot happen: a claim takes no more than the slots it reserved.
+        for delivery in group {
+            let _ = settle_tx.send(Settlement::Release {
+                lease: delivery.lease(),
+            });
+        }
+        return;
+    };
+    let mut guards = Vec::with_capacity(group.len());
+    for delivery in &group {
+        track(&shared.in_flight, delivery);
+        guards.push(OutcomeGuard {
+            settle: settle_tx.clone(),
+            lease: delivery.lease(),
+            topic: delivery.topic.clone(),
+            settled: false,
+        });
+    }
+    let task_shared = Arc::clone(shared);
+    let task_freed = Arc::clone(freed);
+    let settle = settle_tx.clone();
+    running.spawn(async move {
+        let settlements = execute_group(task_shared, group).await;
+        for guard in &mut guards {
+            guard.settled = true;
+        }
+        drop(permit);
+        task_freed.notify_one();
+        for settlement in settlements {
+            let _ = settle.send(settlement);
+        }
+    });
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

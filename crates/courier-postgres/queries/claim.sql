@@ -1,7 +1,7 @@
 -- Claims up to $4 ready deliveries of subscription $1, taking tenants in turn.
 -- Touches: deliveries (locks the claimed rows with FOR UPDATE SKIP LOCKED, sets
 -- them running under a fresh lease token), reads messages for the payload.
--- Shape: a loose index scan of dedeliveries_ready finds up to $3 tenants with
+-- Shape: a loose index scan of deliveries_ready finds up to $3 tenants with
 -- ready work, starting after the cursor $2; each tenant then gets an equal share
 -- of the batch, walked in enqueue order along the same index, so one tenant's
 -- backlog cannot crowd out the rest. Only the routes this worker handles
@@ -74,12 +74,15 @@ claimed AS (
   UPDATE {schema}.deliveries d
   SET state = 'running',
       attempts = d.attempts + 1,
-      max_attempts = (SELECT r.max_attempts FROM routes r
-                      WHERE (r.topic = d.topic OR r.topic = '*')
-                        AND (r.schema_version = d.schema_version OR r.schema_version = 0)
-                      ORDER BY r.topic = '*', r.schema_version = 0
-                      LIMIT 1),
-      lease_token = gen_random_uuid(),
+      -- $12: the budget every route shares (NULL: they differ; look it up).
+      max_attempts = coalesce($12::int,
+                              (SELECT r.max_attempts FROM routes r
+                               WHERE (r.topic = d.topic OR r.topic = '*')
+                                 AND (r.schema_version = d.schema_version OR r.schema_version = 0)
+                               ORDER BY r.topic = '*', r.schema_version = 0
+                               LIMIT 1)),
+      -- One fresh token per claim: with the delivery id it names this lease.
+      lease_token = $11::uuid,
       lease_expires_at = statement_timestamp() + $9::bigint * interval '1 millisecond',
       claimed_by = $10
   WHERE d.id = ANY (ARRAY(SELECT id FROM picked))

@@ -237,6 +237,12 @@ fn pattern_prefix(pattern: &str) -> Result<Option<String>, ValidationError> {
     Ok(None)
 }
 
+/// The attempt budget every route shares, if they all share one.
+fn uniform_budget(budgets: &[i32]) -> Option<i32> {
+    let first = *budgets.first()?;
+    budgets.iter().all(|b| *b == first).then_some(first)
+}
+
 impl OutboxStore for PgStore {
     type Connection = PgConnection;
 
@@ -401,7 +407,9 @@ impl OutboxStore for PgStore {
             .bind(&budgets)
             .bind(in_flight_limit)
             .bind(millis(params.lease))
-            .bind(&params.worker_id);
+            .bind(&params.worker_id)
+            .bind(Uuid::new_v4())
+            .bind(uniform_budget(&budgets));
         let rows = if in_flight_limit.is_some() {
             // Counting a tenant's running deliveries is only exact if no other
             // claim of this subscription is in flight: take turns, so each

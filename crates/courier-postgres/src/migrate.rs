@@ -7,11 +7,17 @@ use sqlx::PgPool;
 use crate::error::map;
 
 /// (version, name, SQL with `{schema}` placeholders), oldest first.
-const MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "outbox", include_str!("../migrations/0001_outbox.sql"))];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "outbox", include_str!("../migrations/0001_outbox.sql")),
+    (
+        2,
+        "fast_name_checks",
+        include_str!("../migrations/0002_fast_name_checks.sql"),
+    ),
+];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 pub(crate) async fn run(pool: &PgPool, schema: &str) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.map_err(map)?;

@@ -99,9 +99,34 @@ async fn a_plain_sql_insert_is_delivered_to_every_matching_subscription() -> any
         ),
         (2, 2, 2, 0)
     );
-    // Bad rows are refused by the table itself.
+    // Bad rows are refused by the table itself, with the name grammar of
+    // `validate_name`: ASCII letters, digits, '.', '_', '-', not leading with
+    // punctuation, 1 to 128 bytes.
+    for (tenant, topic) in [
+        ("a:b", "t"),
+        ("", "t"),
+        ("-a", "t"),
+        ("a", ".t"),
+        ("a", "t t"),
+        ("é", "t"),
+        ("a", "t\n"),
+    ] {
+        let refused = pg
+            .execute(&format!(
+                "INSERT INTO messages (tenant, topic, payload) VALUES ('{tenant}', E'{topic}', '{{}}')"
+            ))
+            .await;
+        assert!(refused.is_err(), "{tenant:?} / {topic:?} was stored");
+    }
+    let longest = "a".repeat(128);
+    pg.execute(&format!(
+        "INSERT INTO messages (tenant, topic, payload) VALUES ('{longest}', '{longest}', '{{}}')"
+    ))
+    .await?;
     assert!(pg
-        .execute("INSERT INTO messages (tenant, topic, payload) VALUES ('a:b', 't', '{}')")
+        .execute(&format!(
+            "INSERT INTO messages (tenant, topic, payload) VALUES ('{longest}a', 't', '{{}}')"
+        ))
         .await
         .is_err());
     assert!(pg
@@ -259,7 +284,7 @@ async fn migrations_run_once_when_many_processes_start_together() -> anyhow::Res
         sqlx::query_scalar(&format!("SELECT count(*) FROM {fresh}.schema_migrations"))
             .fetch_one(&pool)
             .await?;
-    assert_eq!(applied, 1);
+    assert_eq!(applied, courier::postgres::SCHEMA_VERSION);
     sqlx::query(&format!("DROP SCHEMA {fresh} CASCADE"))
         .execute(&pool)
         .await?;

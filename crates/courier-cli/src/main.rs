@@ -29,6 +29,7 @@ Examples:
   courier bench --quick
   courier bench --scenario all --baseline --database-url postgres://postgres@127.0.0.1:5432/test
   courier bench --scenario drain --messages 20000 --json > drain.json
+  courier bench --scenario explain --database-url postgres://postgres@127.0.0.1:5432/test
 
 The database URL may also come from COURIER_DATABASE_URL. `courier bench`
 without one measures SQLite in ./courier-bench.db (deleted and recreated);
@@ -243,7 +244,9 @@ struct BenchArgs {
     /// Which scenarios to run.
     #[arg(long, value_enum, default_value_t = ScenarioArg::All)]
     scenario: ScenarioArg,
-    /// Messages each drain scenario pre-loads [default: 100000, or 2000 with --quick].
+    /// Messages each drain scenario pre-loads [default: 100000, or 2000 with
+    /// --quick]; also the fairness backlog [default: 200000, 5000 with --quick]
+    /// and the explain table [default: 1000000, 10000 with --quick].
     #[arg(long)]
     messages: Option<u64>,
     /// Seconds, not minutes: small N and short runs (a CI smoke run).
@@ -255,6 +258,17 @@ struct BenchArgs {
     /// Messages per second trickled in by the latency scenario.
     #[arg(long, default_value_t = bench::DEFAULT_RATE)]
     rate: u32,
+    /// Handlers running at once per worker in drain, fairness and held-xmin
+    /// (1-10000) [default: the backend's, as `Courier::worker` sets it].
+    #[arg(long)]
+    concurrency: Option<usize>,
+    /// Deliveries those workers claim per round trip (1-10000) [default: the
+    /// backend's, as `Courier::worker` sets it].
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Seconds held-xmin holds its REPEATABLE READ snapshot open [default: 180, or 5 with --quick].
+    #[arg(long)]
+    hold_seconds: Option<u64>,
     /// Print the report as JSON on stdout instead of a table.
     #[arg(long)]
     json: bool,
@@ -268,6 +282,11 @@ enum ScenarioArg {
     Enqueue,
     Drain,
     Latency,
+    Fairness,
+    HeldXmin,
+    /// EXPLAIN (ANALYZE, BUFFERS) of the hot queries (PostgreSQL; not in `all`).
+    Explain,
+    /// Every scenario but explain.
     All,
 }
 
@@ -277,6 +296,9 @@ impl From<ScenarioArg> for Scenario {
             ScenarioArg::Enqueue => Scenario::Enqueue,
             ScenarioArg::Drain => Scenario::Drain,
             ScenarioArg::Latency => Scenario::Latency,
+            ScenarioArg::Fairness => Scenario::Fairness,
+            ScenarioArg::HeldXmin => Scenario::HeldXmin,
+            ScenarioArg::Explain => Scenario::Explain,
             ScenarioArg::All => Scenario::All,
         }
     }
@@ -425,6 +447,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 baseline: args.baseline,
                 rate: args.rate,
                 progress: !args.no_progress,
+                concurrency: args.concurrency,
+                batch_size: args.batch_size,
+                hold_seconds: args.hold_seconds,
             };
             let report = bench::run(&options).await?;
             if args.json {

@@ -79,11 +79,22 @@ fn quick_bench_on_sqlite_prints_the_table_and_removes_its_file() {
         "drain.tenants",
         "latency.wake",
         "latency.poll",
-        "not measured yet: fairness, held-xmin",
+        "fairness.solo",
+        "fairness.big",
+        "fairness.small",
+        "held_xmin.held",
+        "skipped: PostgreSQL only",
+        "(backend default)",
+        "not measured yet: streams",
     ] {
         assert!(table.contains(id), "{id} missing from:\n{table}");
     }
-    assert!(!dir.path().join("courier-bench.db").exists());
+    // Every per-measurement file (courier-bench.db.<n>, -wal, -shm) is gone.
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("read_dir")
+        .map(|entry| entry.expect("entry").file_name())
+        .collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
 }
 
 #[tokio::test]
@@ -98,6 +109,10 @@ async fn quick_bench_on_postgres_prints_json_and_drops_its_schema() {
             "--quick",
             "--baseline",
             "--json",
+            "--concurrency",
+            "128",
+            "--batch-size",
+            "128",
             "--database-url",
             &url,
             "--schema",
@@ -108,14 +123,43 @@ async fn quick_bench_on_postgres_prints_json_and_drops_its_schema() {
     let report: serde_json::Value =
         serde_json::from_str(&stdout(&output)).expect("stdout is one JSON document");
     assert_eq!(report["backend"], "postgres");
+    assert_eq!(report["settings"]["concurrency"], 128, "{report:#}");
+    assert_eq!(report["settings"]["batch_size_is_default"], false);
     let measurements = report["measurements"].as_array().expect("measurements");
-    assert_eq!(measurements.len(), 10, "{report:#}");
-    let noop = measurements
-        .iter()
-        .find(|m| m["id"] == "drain.noop")
-        .expect("drain.noop");
+    assert_eq!(measurements.len(), 15, "{report:#}");
+    let find = |id: &str| {
+        measurements
+            .iter()
+            .find(|m| m["id"] == id)
+            .unwrap_or_else(|| panic!("{id} missing from {report:#}"))
+    };
+    let noop = find("drain.noop");
     assert_eq!(noop["count"], 2000);
     assert!(noop["ratio"].is_number(), "{noop:#}");
+    // Fairness: the big tenant's rate against its solo rate, small tenants' latency.
+    assert_eq!(find("fairness.big")["count"], 5000);
+    assert!(find("fairness.big")["ratio"].is_number());
+    assert!(find("fairness.small")["latency"]["p99_ms"].is_number());
+    // Held xmin: throughput before and during the hold, with dead tuples.
+    let held = find("held_xmin.held");
+    assert!(held["ratio"].is_number(), "{held:#}");
+    assert!(
+        held["details"]["dead_tuples_at_end"].is_number(),
+        "{held:#}"
+    );
+    assert!(
+        held["details"]["held_xmin_age_xids"].is_number(),
+        "{held:#}"
+    );
+    assert!(find("held_xmin.before")["per_second"].is_number());
+    let bars = report["bars"].as_array().expect("bars");
+    for bar in ["fairness: small", "fairness: big", "held xmin"] {
+        assert!(
+            bars.iter()
+                .any(|b| b["bar"].as_str().is_some_and(|s| s.starts_with(bar))),
+            "{bar} missing from {bars:#?}"
+        );
+    }
     assert!(report["bars"]
         .as_array()
         .is_some_and(|bars| !bars.is_empty()));
@@ -123,6 +167,84 @@ async fn quick_bench_on_postgres_prints_json_and_drops_its_schema() {
         !schema_exists(&schema).await,
         "the bench schema was left behind"
     );
+}
+
+#[tokio::test]
+async fn explain_prints_the_hot_queries_plans_and_indexes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let schema = fresh_schema("explain");
+    let url = database_url();
+    let output = courier(
+        dir.path(),
+        &[
+            "bench",
+            "--scenario",
+            "explain",
+            "--messages",
+            "2000",
+            "--no-progress",
+            "--database-url",
+            &url,
+            "--schema",
+            &schema,
+        ],
+    );
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let table = stdout(&output);
+    for needle in [
+        "EXPLAIN (ANALYZE, BUFFERS) at 2,000 deliveries",
+        "-- claim (queries/claim.sql",
+        "-- complete (queries/complete.sql",
+        "the 256 leases of a real claim",
+        "-- enqueue (queries/enqueue.sql",
+        "-- prune_receipts (queries/prune_receipts.sql",
+        "-- prune_messages (queries/prune_messages.sql",
+        "Buffers: shared hit=",
+        "Execution Time:",
+        "deliveries_ready",
+        "messages_created_at",
+        "receipts_completed_at",
+    ] {
+        assert!(table.contains(needle), "{needle} missing from:\n{table}");
+    }
+    // Nothing but the plans: the other scenarios did not run.
+    assert!(!table.contains("drain.noop"), "{table}");
+    assert!(
+        !schema_exists(&schema).await,
+        "the bench schema was left behind"
+    );
+}
+
+#[test]
+fn explain_and_held_xmin_on_sqlite_are_skipped_with_a_note() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for scenario in ["explain", "held-xmin"] {
+        let output = courier(
+            dir.path(),
+            &["bench", "--quick", "--scenario", scenario, "--no-progress"],
+        );
+        assert!(output.status.success(), "stderr: {}", stderr(&output));
+        let table = stdout(&output);
+        assert!(table.contains("skipped"), "{table}");
+        assert!(table.contains("PostgreSQL only"), "{table}");
+    }
+}
+
+#[test]
+fn bench_refuses_worker_settings_out_of_range_naming_the_option() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (option, value) in [
+        ("--concurrency", "0"),
+        ("--batch-size", "10001"),
+        ("--hold-seconds", "0"),
+    ] {
+        let output = courier(dir.path(), &["bench", "--quick", option, value]);
+        assert_eq!(output.status.code(), Some(1), "{option} {value}");
+        let message = stderr(&output);
+        assert!(message.contains(&format!("invalid {option}")), "{message}");
+        assert_eq!(message.trim().lines().count(), 1, "one line: {message}");
+    }
+    assert!(!dir.path().join("courier-bench.db").exists());
 }
 
 #[tokio::test]

@@ -1,5 +1,5 @@
 //! Drain: N messages loaded while no worker runs, then one worker per
-//! subscription (default settings) handles them all; the time runs from the
+//! subscription (the backend's defaults, or `--concurrency`/`--batch-size`) handles them all; the time runs from the
 //! workers' start until every handler has returned and every outcome is
 //! settled (the workers have shut down). Afterwards the deliveries table
 //! must be empty, and for the exactly-once case every effect row present.
@@ -18,7 +18,7 @@ use super::{Measurement, Plan, Throughput};
 
 const TOPIC: &str = "bench.drain";
 /// Messages per transaction while loading.
-const LOAD_BATCH: u64 = 1000;
+pub(crate) const LOAD_BATCH: u64 = 1000;
 const ORDERING_KEYS: u64 = 1000;
 const TENANTS: u64 = 50;
 
@@ -102,7 +102,7 @@ pub(crate) async fn run<F: Fixture>(
 }
 
 /// Generous: a drain slower than 100 messages a second is broken, not slow.
-fn time_limit(deliveries: u64) -> Duration {
+pub(crate) fn time_limit(deliveries: u64) -> Duration {
     Duration::from_secs(60 + deliveries / 100)
 }
 
@@ -157,26 +157,47 @@ async fn load<S: OutboxStore + DeadLetterStore>(
     plan: &Plan,
     case: Case,
 ) -> anyhow::Result<()> {
-    let loaded = Counter::new(plan.messages);
-    let shown = Arc::clone(&loaded);
-    let progress = Progress::start(
-        plan.progress,
+    publish_all(
+        courier,
+        plan,
         &format!("loading {}", case.id()),
-        Some(plan.messages),
-        move || shown.count(),
-    );
+        plan.messages,
+        |seq| case.message(seq),
+    )
+    .await
+}
+
+/// Publishes `count` messages made by `message(seq)` for seq in `0..count`,
+/// [`LOAD_BATCH`] per transaction through `Courier::publish`, with a progress bar.
+pub(crate) async fn publish_all<S: OutboxStore + DeadLetterStore>(
+    courier: &Courier<S>,
+    plan: &Plan,
+    label: &str,
+    count: u64,
+    message: impl Fn(u64) -> anyhow::Result<NewMessage>,
+) -> anyhow::Result<()> {
+    let loaded = Counter::new(count);
+    let shown = Arc::clone(&loaded);
+    let progress = Progress::start(plan.progress, label, Some(count), move || shown.count());
     let mut seq = 0;
-    while seq < plan.messages {
-        let size = LOAD_BATCH.min(plan.messages - seq);
-        let messages = (seq..seq + size)
-            .map(|s| case.message(s))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        courier.publish(&messages).await?;
+    let mut published = Ok(());
+    while seq < count {
+        let size = LOAD_BATCH.min(count - seq);
+        let batch = (seq..seq + size)
+            .map(&message)
+            .collect::<anyhow::Result<Vec<_>>>();
+        published = match batch {
+            Ok(batch) => courier.publish(&batch).await.map(drop).map_err(Into::into),
+            Err(error) => Err(error),
+        };
+        if published.is_err() {
+            break;
+        }
         loaded.add(size);
         seq += size;
     }
     progress.finish();
-    Ok(())
+    published
 }
 
 async fn drain<F: Fixture>(
@@ -192,7 +213,7 @@ async fn drain<F: Fixture>(
     // the messages are enqueued for them to fan out to it.
     let mut workers: Vec<Worker<F::Store>> = Vec::new();
     for subscription in case.subscriptions() {
-        let builder = courier.worker(*subscription);
+        let builder = plan.configure(courier.worker(*subscription));
         let builder = if case == Case::ExactlyOnce {
             builder.handle_transactional(TOPIC, 1, fixture.effects(Arc::clone(&counter)))
         } else {

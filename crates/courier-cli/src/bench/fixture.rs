@@ -1,9 +1,21 @@
-//! A fresh database per measurement: the PostgreSQL bench schema or the
-//! SQLite bench file, dropped and recreated before each one, removed at the end.
+//! A fresh database per measurement: the PostgreSQL bench schema, dropped and
+//! recreated before each one, or a new SQLite file per measurement
+//! (`<path>.<n>`, the previous one closed and deleted); removed at the end.
 //!
 //! The PostgreSQL bench works only inside its own schema (a name that did not
 //! exist when the run began) and drops it at the end, on error too; the SQLite
-//! bench refuses to delete a file it did not create, except its default file.
+//! bench refuses to delete a file it did not create, except its default file
+//! (and that file's numbered siblings).
+//!
+//! Why a new SQLite file each time: reusing one name (delete, recreate)
+//! made a long run fail on the new file's first statement with `(code: 522)
+//! disk I/O error` (a short read). SQLite shares locks and the WAL index
+//! (`-shm`) between the connections of one process by file, so anything of
+//! the old database still open when its files were deleted (a connection
+//! still being torn down after its pool closed is the likely one) could meet
+//! the new file. Each measurement's pool is closed (waiting for every
+//! connection) before its files are removed, and the next one never reuses
+//! a name.
 
 use std::sync::Arc;
 
@@ -73,6 +85,13 @@ pub(crate) trait Fixture {
 
     /// The database's name, version and settings that matter here.
     async fn describe(&self) -> anyhow::Result<Vec<(String, String)>>;
+
+    /// The concurrency and batch size `Courier::worker` gives a worker on this backend.
+    fn worker_defaults(&self) -> (usize, usize);
+
+    /// The PostgreSQL pool and bench schema, for the PostgreSQL-only
+    /// scenarios; `None` on SQLite.
+    fn postgres(&self) -> Option<(&PgPool, &str)>;
 
     /// Removes the bench schema or file.
     async fn cleanup(self) -> anyhow::Result<()>;
@@ -192,6 +211,7 @@ impl Fixture for PgBench {
             "wal_level",
             "max_connections",
             "work_mem",
+            "autovacuum",
         ] {
             let value: String = sqlx::query_scalar(&format!("SHOW {name}"))
                 .fetch_one(&self.pool)
@@ -201,6 +221,14 @@ impl Fixture for PgBench {
         }
         settings.push(("schema".to_owned(), self.schema.clone()));
         Ok(settings)
+    }
+
+    fn worker_defaults(&self) -> (usize, usize) {
+        (courier::POSTGRES_CONCURRENCY, courier::POSTGRES_BATCH_SIZE)
+    }
+
+    fn postgres(&self) -> Option<(&PgPool, &str)> {
+        Some((&self.pool, &self.schema))
     }
 
     async fn cleanup(self) -> anyhow::Result<()> {
@@ -235,13 +263,24 @@ impl TransactionalHandler<PgConnection> for PgEffects {
     }
 }
 
-/// The file the SQLite bench uses unless told otherwise; deleted and
-/// recreated for each measurement.
+/// The file the SQLite bench uses unless told otherwise: each measurement
+/// gets a new `./courier-bench.db.<n>`, deleted when the next one starts and
+/// at the end.
 pub const DEFAULT_SQLITE_PATH: &str = "./courier-bench.db";
 
-/// The bench on a SQLite file of its own.
+/// The SQLite file suffixes that belong to one database.
+const SQLITE_SUFFIXES: [&str; 4] = ["", "-wal", "-shm", "-journal"];
+
+/// The bench on SQLite files of its own.
 pub(crate) struct SqliteBench {
+    /// The path the user named; measurement `n` runs in `<path>.<n>`.
     path: String,
+    /// Whether `path` is [`DEFAULT_SQLITE_PATH`], whose leftovers may be deleted.
+    is_default: bool,
+    /// Measurements started so far.
+    generation: u32,
+    /// The file of the current measurement, open or not.
+    current_file: Option<String>,
     courier: Option<Courier<SqliteStore>>,
 }
 
@@ -257,26 +296,60 @@ impl SqliteBench {
         }
         Ok(Self {
             path: path.to_owned(),
+            is_default,
+            generation: 0,
+            current_file: None,
             courier: None,
         })
     }
 
+    /// Closes the current pool, waiting for every connection to close.
     async fn close(&mut self) {
         if let Some(courier) = self.courier.take() {
             courier.store().pool().close().await;
         }
     }
 
-    fn remove_files(&self) -> anyhow::Result<()> {
-        for suffix in ["", "-wal", "-shm", "-journal"] {
-            let file = format!("{}{suffix}", self.path);
-            match std::fs::remove_file(&file) {
+    /// Removes one database file and its WAL, shared-memory and journal files.
+    fn remove_database(file: &str) -> anyhow::Result<()> {
+        for suffix in SQLITE_SUFFIXES {
+            let name = format!("{file}{suffix}");
+            match std::fs::remove_file(&name) {
                 Ok(()) => {}
                 Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                Err(error) => return Err(error).with_context(|| format!("removing {file}")),
+                Err(error) => return Err(error).with_context(|| format!("removing {name}")),
             }
         }
         Ok(())
+    }
+
+    /// Removes the current measurement's file (after [`Self::close`]), and
+    /// with the default path also the file an older bench left at that name.
+    fn remove_files(&mut self) -> anyhow::Result<()> {
+        if let Some(file) = self.current_file.take() {
+            Self::remove_database(&file)?;
+        }
+        if self.is_default {
+            Self::remove_database(&self.path)?;
+        }
+        Ok(())
+    }
+
+    /// The next measurement's file name, which must not exist yet unless it
+    /// is a leftover of the default bench file.
+    fn next_file(&mut self) -> anyhow::Result<String> {
+        self.generation += 1;
+        let file = format!("{}.{}", self.path, self.generation);
+        if std::path::Path::new(&file).exists() {
+            if !self.is_default {
+                anyhow::bail!(
+                    "invalid database-url: SQLite file {file} already exists; the bench uses {}.<n> for its measurements, so give it a new path",
+                    self.path
+                );
+            }
+            Self::remove_database(&file)?;
+        }
+        Ok(file)
     }
 
     fn current(&self) -> anyhow::Result<&Courier<SqliteStore>> {
@@ -293,9 +366,11 @@ impl Fixture for SqliteBench {
     async fn fresh(&mut self) -> anyhow::Result<Courier<SqliteStore>> {
         self.close().await;
         self.remove_files()?;
-        let courier = Courier::connect_sqlite(&self.path)
+        let file = self.next_file()?;
+        self.current_file = Some(file.clone());
+        let courier = Courier::connect_sqlite(&file)
             .await
-            .with_context(|| format!("opening SQLite file {}", self.path))?;
+            .with_context(|| format!("opening SQLite file {file}"))?;
         courier
             .migrate()
             .await
@@ -346,8 +421,17 @@ impl Fixture for SqliteBench {
             ("sqlite_version".to_owned(), version),
             ("journal_mode".to_owned(), "wal".to_owned()),
             ("synchronous".to_owned(), "normal".to_owned()),
-            ("file".to_owned(), self.path.clone()),
+            ("file".to_owned(), format!("{}.<n>", self.path)),
         ])
+    }
+
+    fn worker_defaults(&self) -> (usize, usize) {
+        let defaults = courier::WorkerConfig::default();
+        (defaults.concurrency, defaults.batch_size)
+    }
+
+    fn postgres(&self) -> Option<(&PgPool, &str)> {
+        None
     }
 
     async fn cleanup(mut self) -> anyhow::Result<()> {

@@ -150,20 +150,9 @@ async fn latency<F: Fixture>(
         (Some(first), Some(last)) => last.duration_since(*first).as_secs_f64(),
         _ => 0.0,
     };
-    Ok(Measurement {
-        id: id.to_owned(),
-        case,
-        count: samples.len() as u64,
-        seconds,
-        per_second: None,
-        latency: Some(summary),
-        baseline_per_second: None,
-        ratio: None,
-        peak_rss_kib: None,
-        note: (early > 0).then(|| {
-            format!(
-                "{early} handler starts came before the producer saw its commit; counted as 0 ms"
-            )
-        }),
-    })
+    let mut measurement = Measurement::latency(id, &case, samples.len() as u64, seconds, summary);
+    measurement.note = (early > 0).then(|| {
+        format!("{early} handler starts came before the producer saw its commit; counted as 0 ms")
+    });
+    Ok(measurement)
 }

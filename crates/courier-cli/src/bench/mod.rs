@@ -10,7 +10,18 @@
 //!   handler writing a row, with the receipt); two subscriptions on one topic;
 //!   1,000 ordering keys; 50 tenants;
 //! - **latency**: a steady trickle into an idle worker, commit → handler
-//!   start, woken by NOTIFY (or SQLite's in-process signal) and by polling only.
+//!   start, woken by NOTIFY (or SQLite's in-process signal) and by polling only;
+//! - **fairness**: one tenant's backlog drained alone, then again while 50
+//!   small tenants trickle 1 message/s each: the small tenants' commit →
+//!   handler start and the big tenant's rate against its solo rate;
+//! - **held-xmin** (PostgreSQL): a worker kept busy by a topped-up backlog,
+//!   before and while another connection holds a `REPEATABLE READ` snapshot:
+//!   throughput, dead tuples and a probe claim's round trip;
+//! - **explain** (PostgreSQL, not in `all`): `EXPLAIN (ANALYZE, BUFFERS)` of
+//!   the store's hot queries, exactly as it renders them, on a large table.
+//!
+//! Drain, fairness and held-xmin workers take `concurrency` and `batch_size`
+//! if given, else the backend's defaults (what `Courier::worker` applies).
 //!
 //! With `baseline`, [`baseline`]'s SQL runs the same enqueue and drain work
 //! first and each result carries its ratio to it. Memory is the bench
@@ -23,7 +34,10 @@
 mod baseline;
 mod drain;
 mod enqueue;
+mod explain;
+mod fairness;
 mod fixture;
+mod held_xmin;
 mod latency;
 mod measure;
 mod report;
@@ -32,7 +46,7 @@ use std::time::Duration;
 
 pub use fixture::DEFAULT_SQLITE_PATH;
 pub use measure::Percentiles;
-pub use report::{BarCheck, Machine, Measurement, Report};
+pub use report::{BarCheck, ExplainedQuery, IndexInfo, Machine, Measurement, Report, Settings};
 
 use crate::database::Database;
 use fixture::{Fixture, PgBench, SqliteBench};
@@ -41,6 +55,20 @@ use fixture::{Fixture, PgBench, SqliteBench};
 pub const DEFAULT_MESSAGES: u64 = 100_000;
 /// Messages the drain scenarios pre-load in a quick run.
 pub const QUICK_MESSAGES: u64 = 2_000;
+/// The big tenant's backlog in the fairness scenario unless told otherwise.
+pub const FAIRNESS_MESSAGES: u64 = 200_000;
+/// The big tenant's backlog in a quick fairness run.
+pub const QUICK_FAIRNESS_MESSAGES: u64 = 5_000;
+/// Deliveries the explain scenario loads unless told otherwise.
+pub const EXPLAIN_MESSAGES: u64 = 1_000_000;
+/// Deliveries the explain scenario loads in a quick run.
+pub const QUICK_EXPLAIN_MESSAGES: u64 = 10_000;
+/// Seconds the held-xmin scenario holds its snapshot open, by default.
+pub const DEFAULT_HOLD_SECONDS: u64 = 180;
+/// Seconds the held-xmin scenario holds its snapshot open in a quick run.
+pub const QUICK_HOLD_SECONDS: u64 = 5;
+/// The most handlers or claimed rows `--concurrency` and `--batch-size` accept.
+pub const MAX_WORKER_SETTING: usize = 10_000;
 /// Messages per second the latency scenario trickles in, by default.
 pub const DEFAULT_RATE: u32 = 200;
 /// The prefix of the PostgreSQL schema a bench creates (and drops) unless told otherwise.
@@ -55,13 +83,19 @@ pub enum Scenario {
     Drain,
     /// Commit → handler start on idle workers.
     Latency,
-    /// All of the above.
+    /// A big tenant's backlog while small tenants trickle.
+    Fairness,
+    /// Draining while another transaction holds back the xmin horizon (PostgreSQL).
+    HeldXmin,
+    /// `EXPLAIN (ANALYZE, BUFFERS)` of the hot queries (PostgreSQL; not part of `All`).
+    Explain,
+    /// Every scenario above except `Explain`.
     All,
 }
 
 impl Scenario {
     fn includes(self, other: Scenario) -> bool {
-        self == Scenario::All || self == other
+        self == other || (self == Scenario::All && other != Scenario::Explain)
     }
 }
 
@@ -86,6 +120,35 @@ pub struct BenchOptions {
     pub rate: u32,
     /// Draw progress bars on stderr (only where stderr is a terminal).
     pub progress: bool,
+    /// Handlers running at once per worker in the drain, fairness and
+    /// held-xmin scenarios; the backend's default if `None`.
+    pub concurrency: Option<usize>,
+    /// Deliveries claimed per round trip by those workers; the backend's
+    /// default if `None`.
+    pub batch_size: Option<usize>,
+    /// Seconds the held-xmin scenario holds its snapshot open;
+    /// [`DEFAULT_HOLD_SECONDS`] (or [`QUICK_HOLD_SECONDS`] when quick) if `None`.
+    pub hold_seconds: Option<u64>,
+}
+
+impl BenchOptions {
+    /// Options for `database` with every setting at its default (all
+    /// scenarios but explain, no baseline, no progress bars).
+    pub fn new(database: Database) -> Self {
+        Self {
+            database,
+            schema: None,
+            scenario: Scenario::All,
+            messages: None,
+            quick: false,
+            baseline: false,
+            rate: DEFAULT_RATE,
+            progress: false,
+            concurrency: None,
+            batch_size: None,
+            hold_seconds: None,
+        }
+    }
 }
 
 /// Sizes and durations of one run.
@@ -97,18 +160,58 @@ pub(crate) struct Plan {
     pub(crate) rate: u32,
     pub(crate) progress: bool,
     pub(crate) baseline: bool,
+    pub(crate) quick: bool,
+    /// `--concurrency`, if given.
+    pub(crate) concurrency: Option<usize>,
+    /// `--batch-size`, if given.
+    pub(crate) batch_size: Option<usize>,
+    /// The fairness scenario's big backlog.
+    pub(crate) fairness_messages: u64,
+    /// The explain scenario's table size.
+    pub(crate) explain_messages: u64,
+    /// How long held-xmin holds its snapshot.
+    pub(crate) hold: Duration,
+    /// Held-xmin's measuring window, before and at the end of the hold.
+    pub(crate) xmin_window: Duration,
 }
 
 impl Plan {
     fn new(options: &BenchOptions) -> anyhow::Result<Self> {
-        let messages = options.messages.unwrap_or(if options.quick {
-            QUICK_MESSAGES
-        } else {
-            DEFAULT_MESSAGES
-        });
+        let quick = options.quick;
+        let pick =
+            |full: u64, short: u64| options.messages.unwrap_or(if quick { short } else { full });
+        let messages = pick(DEFAULT_MESSAGES, QUICK_MESSAGES);
         if messages == 0 || messages > 10_000_000 {
             anyhow::bail!("invalid messages: must be between 1 and 10000000, got {messages}");
         }
+        for (option, value) in [
+            ("--concurrency", options.concurrency),
+            ("--batch-size", options.batch_size),
+        ] {
+            if let Some(value) = value {
+                if value == 0 || value > MAX_WORKER_SETTING {
+                    anyhow::bail!(
+                        "invalid {option}: must be between 1 and {MAX_WORKER_SETTING}, got {value}"
+                    );
+                }
+            }
+        }
+        let hold_seconds = options.hold_seconds.unwrap_or(if quick {
+            QUICK_HOLD_SECONDS
+        } else {
+            DEFAULT_HOLD_SECONDS
+        });
+        if hold_seconds == 0 || hold_seconds > 86_400 {
+            anyhow::bail!(
+                "invalid --hold-seconds: must be between 1 and 86400, got {hold_seconds}"
+            );
+        }
+        let hold = Duration::from_secs(hold_seconds);
+        let window = if quick {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_secs(20)
+        };
         if options.rate == 0 || options.rate > 10_000 {
             anyhow::bail!(
                 "invalid rate: must be between 1 and 10000, got {}",
@@ -130,7 +233,30 @@ impl Plan {
             rate: options.rate,
             progress: options.progress,
             baseline: options.baseline,
+            quick,
+            concurrency: options.concurrency,
+            batch_size: options.batch_size,
+            fairness_messages: pick(FAIRNESS_MESSAGES, QUICK_FAIRNESS_MESSAGES),
+            explain_messages: pick(EXPLAIN_MESSAGES, QUICK_EXPLAIN_MESSAGES),
+            hold,
+            xmin_window: window.min(hold),
         })
+    }
+
+    /// Applies `--concurrency` and `--batch-size` to a worker, leaving the
+    /// backend's defaults (already on `builder`) where they were not given.
+    pub(crate) fn configure<S: courier::OutboxStore>(
+        &self,
+        builder: courier::WorkerBuilder<S>,
+    ) -> courier::WorkerBuilder<S> {
+        let builder = match self.concurrency {
+            Some(concurrency) => builder.concurrency(concurrency),
+            None => builder,
+        };
+        match self.batch_size {
+            Some(batch_size) => builder.batch_size(batch_size),
+            None => builder,
+        }
     }
 }
 
@@ -203,7 +329,9 @@ async fn scenarios<F: Fixture>(
 ) -> anyhow::Result<Report> {
     drop(fixture.fresh().await?);
     let database = fixture.describe().await?;
+    let workers = fixture.worker_defaults();
     let mut measurements = Vec::new();
+    let mut explained = None;
     if scenario.includes(Scenario::Enqueue) {
         enqueue::run(fixture, &plan, &mut measurements).await?;
     }
@@ -213,5 +341,19 @@ async fn scenarios<F: Fixture>(
     if scenario.includes(Scenario::Latency) {
         latency::run(fixture, &plan, &mut measurements).await?;
     }
-    Ok(Report::new(database, &plan, measurements))
+    if scenario.includes(Scenario::Fairness) {
+        fairness::run(fixture, &plan, &mut measurements).await?;
+    }
+    if scenario.includes(Scenario::HeldXmin) {
+        held_xmin::run(fixture, &plan, &mut measurements).await?;
+    }
+    if scenario.includes(Scenario::Explain) {
+        explained = explain::run(fixture, &plan, &mut measurements).await?;
+    }
+    let mut report = Report::new(database, &plan, workers, measurements);
+    if let Some(explained) = explained {
+        report.explain = explained.queries;
+        report.indexes = explained.indexes;
+    }
+    Ok(report)
 }

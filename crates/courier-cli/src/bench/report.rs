@@ -10,7 +10,7 @@ use super::measure::Percentiles;
 use super::{Plan, Throughput};
 
 /// Scenarios the issue names that this bench does not run yet.
-pub(crate) const NOT_DONE: [&str; 2] = ["fairness", "held-xmin"];
+pub(crate) const NOT_DONE: [&str; 1] = ["streams (once streams land)"];
 
 /// One bench run's results.
 #[derive(Debug, Clone, Serialize)]
@@ -29,6 +29,8 @@ pub struct Report {
     pub rate: u32,
     /// Whether the hand-written baseline ran.
     pub baseline: bool,
+    /// The run's sizes, durations and worker settings.
+    pub settings: Settings,
     /// Every measurement, in the order taken.
     pub measurements: Vec<Measurement>,
     /// The highest peak resident set of the drain scenarios, in KiB.
@@ -37,6 +39,59 @@ pub struct Report {
     pub bars: Vec<BarCheck>,
     /// Scenarios not measured yet.
     pub not_done: Vec<String>,
+    /// The explain scenario's plans, in the order run (empty unless it ran).
+    pub explain: Vec<ExplainedQuery>,
+    /// The explain scenario's indexes on deliveries, messages and receipts.
+    pub indexes: Vec<IndexInfo>,
+}
+
+/// The sizes, durations and worker settings of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Settings {
+    /// Seconds, not minutes (a smoke run).
+    pub quick: bool,
+    /// Messages each drain case pre-loads.
+    pub messages: u64,
+    /// The big tenant's backlog in the fairness scenario.
+    pub fairness_messages: u64,
+    /// Deliveries the explain scenario loads.
+    pub explain_messages: u64,
+    /// Handlers running at once per worker (drain, fairness, held-xmin).
+    pub concurrency: usize,
+    /// Whether `concurrency` is the backend's default (no `--concurrency`).
+    pub concurrency_is_default: bool,
+    /// Deliveries claimed per round trip by those workers.
+    pub batch_size: usize,
+    /// Whether `batch_size` is the backend's default (no `--batch-size`).
+    pub batch_size_is_default: bool,
+    /// Seconds held-xmin holds its snapshot open.
+    pub hold_seconds: u64,
+    /// Seconds of each held-xmin measuring window (before and at the end of the hold).
+    pub xmin_window_seconds: f64,
+}
+
+/// One hot query's plan, as `EXPLAIN (ANALYZE, BUFFERS)` printed it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExplainedQuery {
+    /// The query's name in the store (`queries/<name>.sql`).
+    pub name: String,
+    /// What it was run with.
+    pub parameters: String,
+    /// The SQL exactly as the store runs it.
+    pub sql: String,
+    /// The plan, one line per plan row.
+    pub plan: String,
+}
+
+/// One index on a table the hot queries touch.
+#[derive(Debug, Clone, Serialize)]
+pub struct IndexInfo {
+    /// The table.
+    pub table: String,
+    /// The index.
+    pub name: String,
+    /// `CREATE INDEX ...` as `pg_indexes` shows it.
+    pub definition: String,
 }
 
 /// The machine a run measured.
@@ -87,6 +142,10 @@ pub struct Measurement {
     pub peak_rss_kib: Option<u64>,
     /// Anything a reader should know about this number.
     pub note: Option<String>,
+    /// Not run on this backend (the note says why).
+    pub skipped: bool,
+    /// Further figures of this case (dead tuples, probe round trips, ...).
+    pub details: BTreeMap<String, f64>,
 }
 
 impl Measurement {
@@ -111,6 +170,50 @@ impl Measurement {
                 .map(|b| per_second / b),
             peak_rss_kib: None,
             note: None,
+            skipped: false,
+            details: BTreeMap::new(),
+        }
+    }
+
+    /// A latency case: `count` samples over `seconds`.
+    pub(crate) fn latency(
+        id: &str,
+        case: &str,
+        count: u64,
+        seconds: f64,
+        latency: Percentiles,
+    ) -> Self {
+        Self {
+            id: id.to_owned(),
+            case: case.to_owned(),
+            count,
+            seconds,
+            per_second: None,
+            latency: Some(latency),
+            baseline_per_second: None,
+            ratio: None,
+            peak_rss_kib: None,
+            note: None,
+            skipped: false,
+            details: BTreeMap::new(),
+        }
+    }
+
+    /// A case this backend cannot run, and why.
+    pub(crate) fn skipped(id: &str, case: &str, why: &str) -> Self {
+        Self {
+            id: id.to_owned(),
+            case: case.to_owned(),
+            count: 0,
+            seconds: 0.0,
+            per_second: None,
+            latency: None,
+            baseline_per_second: None,
+            ratio: None,
+            peak_rss_kib: None,
+            note: Some(why.to_owned()),
+            skipped: true,
+            details: BTreeMap::new(),
         }
     }
 }
@@ -130,6 +233,7 @@ impl Report {
     pub(crate) fn new(
         database: Vec<(String, String)>,
         plan: &Plan,
+        worker_defaults: (usize, usize),
         measurements: Vec<Measurement>,
     ) -> Self {
         let database: BTreeMap<String, String> = database.into_iter().collect();
@@ -147,10 +251,24 @@ impl Report {
             messages: plan.messages,
             rate: plan.rate,
             baseline: plan.baseline,
+            settings: Settings {
+                quick: plan.quick,
+                messages: plan.messages,
+                fairness_messages: plan.fairness_messages,
+                explain_messages: plan.explain_messages,
+                concurrency: plan.concurrency.unwrap_or(worker_defaults.0),
+                concurrency_is_default: plan.concurrency.is_none(),
+                batch_size: plan.batch_size.unwrap_or(worker_defaults.1),
+                batch_size_is_default: plan.batch_size.is_none(),
+                hold_seconds: plan.hold.as_secs(),
+                xmin_window_seconds: plan.xmin_window.as_secs_f64(),
+            },
             measurements,
             peak_rss_kib,
             bars: Vec::new(),
             not_done: NOT_DONE.iter().map(|s| (*s).to_owned()).collect(),
+            explain: Vec::new(),
+            indexes: Vec::new(),
         };
         report.bars = report.check_bars();
         report
@@ -211,6 +329,28 @@ impl Report {
                 met: rate >= 20_000.0,
             });
         }
+        if let Some(small) = self.find("fairness.small").and_then(|m| m.latency) {
+            bars.push(BarCheck {
+                bar: "fairness: small tenants' p99 ≤ 2 s".into(),
+                measured: format!("{:.0} ms", small.p99_ms),
+                met: small.p99_ms <= 2000.0,
+            });
+        }
+        if let Some(ratio) = self.find("fairness.big").and_then(|m| m.ratio) {
+            bars.push(BarCheck {
+                bar: "fairness: big tenant ≥ 70% of its solo rate".into(),
+                measured: format!("{:.0}%", ratio * 100.0),
+                met: ratio >= 0.70,
+            });
+        }
+        if let Some(ratio) = self.find("held_xmin.held").and_then(|m| m.ratio) {
+            let loss = (1.0 - ratio) * 100.0;
+            bars.push(BarCheck {
+                bar: "held xmin: throughput loss ≤ 10%".into(),
+                measured: format!("{loss:.0}% loss"),
+                met: loss <= 10.0,
+            });
+        }
         if let Some(kib) = self.peak_rss_kib {
             bars.push(BarCheck {
                 bar: "worker peak RSS ≤ 50 MB (bench process, during drains)".into(),
@@ -242,6 +382,20 @@ impl Report {
             self.rate,
             self.machine.cpus
         );
+        let settings = &self.settings;
+        let source = |is_default: bool| if is_default { " (backend default)" } else { "" };
+        let _ = writeln!(
+            out,
+            "workers: concurrency {}{}, batch size {}{}; fairness backlog {}; held-xmin hold {} s, windows {:.0} s{}",
+            settings.concurrency,
+            source(settings.concurrency_is_default),
+            settings.batch_size,
+            source(settings.batch_size_is_default),
+            thousands(settings.fairness_messages as f64),
+            settings.hold_seconds,
+            settings.xmin_window_seconds,
+            if settings.quick { "; quick" } else { "" },
+        );
         let _ = writeln!(out);
         let _ = writeln!(
             out,
@@ -250,6 +404,7 @@ impl Report {
         );
         for m in &self.measurements {
             let result = match (m.per_second, m.latency) {
+                _ if m.skipped => "skipped".into(),
                 (Some(rate), _) => format!("{} msg/s", thousands(rate)),
                 (None, Some(l)) => format!("p50 {:.2} ms", l.p50_ms),
                 (None, None) => "-".into(),
@@ -273,8 +428,40 @@ impl Report {
                     "", "", l.p99_ms, l.p999_ms, l.max_ms, m.count
                 );
             }
+            if !m.details.is_empty() {
+                let details: Vec<String> = m
+                    .details
+                    .iter()
+                    .map(|(key, value)| format!("{key} {}", number(*value)))
+                    .collect();
+                let _ = writeln!(out, "{:<23} {}", "", details.join(", "));
+            }
             if let Some(note) = &m.note {
                 let _ = writeln!(out, "{:<23} note: {note}", "");
+            }
+        }
+        if !self.indexes.is_empty() || !self.explain.is_empty() {
+            let _ = writeln!(out);
+            let _ = writeln!(
+                out,
+                "EXPLAIN (ANALYZE, BUFFERS) at {} deliveries (each run in a transaction rolled back)",
+                thousands(settings.explain_messages as f64)
+            );
+            let _ = writeln!(out);
+            let _ = writeln!(out, "indexes:");
+            for index in &self.indexes {
+                let _ = writeln!(out, "  {}: {}", index.table, index.definition);
+            }
+            for query in &self.explain {
+                let _ = writeln!(out);
+                let _ = writeln!(
+                    out,
+                    "-- {} (queries/{}.sql as the store renders it): {}",
+                    query.name, query.name, query.parameters
+                );
+                for line in query.plan.lines() {
+                    let _ = writeln!(out, "  {line}");
+                }
             }
         }
         if !self.bars.is_empty() {
@@ -288,6 +475,15 @@ impl Report {
         let _ = writeln!(out);
         let _ = writeln!(out, "not measured yet: {}", self.not_done.join(", "));
         out
+    }
+}
+
+/// A detail figure: whole numbers with separators, others with 2 decimals.
+fn number(value: f64) -> String {
+    if value.fract() == 0.0 && value.abs() < 1e15 {
+        thousands(value)
+    } else {
+        format!("{value:.2}")
     }
 }
 

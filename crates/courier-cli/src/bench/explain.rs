@@ -1,0 +1,296 @@
+//! Explain (PostgreSQL only, not part of `all`): loads a large deliveries
+//! table through Courier's own enqueue path (`Courier::publish`, 1,000
+//! messages per transaction, one subscription so each message fans out to
+//! one delivery), runs `ANALYZE`, lists the indexes of the tables the hot
+//! queries touch, and prints `EXPLAIN (ANALYZE, BUFFERS)` of each hot query
+//! with the text the store runs ([`PgStore::query_sql`]) and parameters
+//! bound as the store binds them:
+//!
+//! - `claim`: a batch of [`CLAIM_BATCH`] for the bench subscription;
+//! - `complete`: the leases of a real claim of that size;
+//! - `enqueue`: a batch of 1,000 new messages (the fan-out trigger included);
+//! - `prune_receipts`, `prune_messages`: everything older than now, in the
+//!   maintenance's default batch, after the claimed batch was really
+//!   completed (so some receipts and messages qualify).
+//!
+//! `ANALYZE` executes the statement, so each runs in a transaction that is
+//! rolled back: the table is the same for every query.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use courier::postgres::PgStore;
+use courier::{
+    Availability, ClaimParams, Courier, LeaseRef, MaintenanceConfig, NewMessage, OutboxStore,
+    RetryPolicy, Route, SubscriptionSpec,
+};
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryScalar;
+use sqlx::{PgPool, Postgres};
+
+use super::drain::{publish_all, LOAD_BATCH};
+use super::fixture::{BenchPayload, Fixture};
+use super::report::{ExplainedQuery, IndexInfo};
+use super::{Measurement, Plan, Throughput};
+
+const TOPIC: &str = "bench.explain";
+const SUBSCRIPTION: &str = "bench";
+/// Deliveries the explained claim asks for.
+pub(crate) const CLAIM_BATCH: usize = 256;
+/// The lease of the explained claims.
+const LEASE: Duration = Duration::from_secs(30);
+
+/// The plans and indexes the explain scenario found.
+pub(crate) struct Explained {
+    pub(crate) queries: Vec<ExplainedQuery>,
+    pub(crate) indexes: Vec<IndexInfo>,
+}
+
+pub(crate) async fn run<F: Fixture>(
+    fixture: &mut F,
+    plan: &Plan,
+    out: &mut Vec<Measurement>,
+) -> anyhow::Result<Option<Explained>> {
+    drop(fixture.fresh().await?);
+    let Some((pool, schema)) = fixture.postgres() else {
+        out.push(Measurement::skipped(
+            "explain",
+            "EXPLAIN (ANALYZE, BUFFERS) of the hot queries",
+            "skipped: PostgreSQL only",
+        ));
+        return Ok(None);
+    };
+    let (pool, schema) = (pool.clone(), schema.to_owned());
+    let courier = Courier::postgres_with_schema(pool.clone(), &schema)?;
+    let store = courier.store();
+    store
+        .register_subscription(&SubscriptionSpec {
+            name: SUBSCRIPTION.to_owned(),
+            topics: vec![TOPIC.to_owned()],
+        })
+        .await?;
+    let count = plan.explain_messages;
+    let started = Instant::now();
+    publish_all(&courier, plan, "loading explain", count, |seq| {
+        Ok(NewMessage::new("bench", TOPIC, &BenchPayload { seq })?)
+    })
+    .await
+    .context("loading the explain table")?;
+    let mut load = Measurement::throughput(
+        "explain.load",
+        "publish 1,000 per tx (explain's table)",
+        Throughput::new(count, started.elapsed()),
+        None,
+    );
+    load.note = Some("loading only; the plans follow the table".to_owned());
+    out.push(load);
+    fixture.analyze().await?;
+    let indexes = indexes(&pool, &schema).await?;
+    let queries = explain_all(store, &pool)
+        .await
+        .context("explaining the hot queries")?;
+    Ok(Some(Explained { queries, indexes }))
+}
+
+async fn indexes(pool: &PgPool, schema: &str) -> anyhow::Result<Vec<IndexInfo>> {
+    let rows: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT tablename::text, indexname::text, indexdef FROM pg_indexes
+         WHERE schemaname = $1 AND tablename IN ('deliveries', 'messages', 'receipts')
+         ORDER BY tablename, indexname",
+    )
+    .bind(schema)
+    .fetch_all(pool)
+    .await
+    .context("listing indexes")?;
+    Ok(rows
+        .into_iter()
+        .map(|(table, name, definition)| IndexInfo {
+            table,
+            name,
+            definition,
+        })
+        .collect())
+}
+
+/// The store's text of `name`, or an error naming it.
+fn sql<'s>(store: &'s PgStore, name: &str) -> anyhow::Result<&'s str> {
+    store
+        .query_sql(name)
+        .with_context(|| format!("the store has no query named {name}"))
+}
+
+/// `EXPLAIN (ANALYZE, BUFFERS)` of `sql`.
+fn explained(sql: &str) -> String {
+    format!("EXPLAIN (ANALYZE, BUFFERS)\n{sql}")
+}
+
+/// Runs an EXPLAIN query in a transaction that is then rolled back, and
+/// returns the plan's lines.
+async fn rolled_back(
+    pool: &PgPool,
+    query: QueryScalar<'_, Postgres, String, PgArguments>,
+) -> anyhow::Result<String> {
+    let mut tx = pool.begin().await?;
+    let lines = query.fetch_all(&mut *tx).await?;
+    tx.rollback().await?;
+    Ok(lines.join("\n"))
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+async fn explain_all(store: &PgStore, pool: &PgPool) -> anyhow::Result<Vec<ExplainedQuery>> {
+    let mut out = Vec::new();
+    let max_attempts = RetryPolicy::default().max_attempts;
+    let worker_id = "bench-explain";
+    let limit = i32::try_from(CLAIM_BATCH).unwrap_or(i32::MAX);
+
+    // claim: bound as PgStore::claim binds it.
+    let text = sql(store, "claim")?;
+    let query = explained(text);
+    let plan = rolled_back(
+        pool,
+        sqlx::query_scalar(&query)
+            .bind(SUBSCRIPTION)
+            .bind("")
+            .bind(limit)
+            .bind(limit)
+            .bind(vec![TOPIC])
+            .bind(vec![1_i32])
+            .bind(vec![max_attempts])
+            .bind(None::<i32>)
+            .bind(millis(LEASE))
+            .bind(worker_id),
+    )
+    .await
+    .context("claim")?;
+    out.push(ExplainedQuery {
+        name: "claim".into(),
+        parameters: format!(
+            "subscription {SUBSCRIPTION}, tenant cursor '', limit {CLAIM_BATCH}, 1 route, no in-flight limit"
+        ),
+        sql: text.to_owned(),
+        plan,
+    });
+
+    // complete: the leases of a real claim.
+    let claimed = store
+        .claim(&ClaimParams {
+            subscription: SUBSCRIPTION.to_owned(),
+            routes: vec![Route {
+                topic: TOPIC.to_owned(),
+                schema_version: 1,
+                max_attempts,
+            }],
+            limit: CLAIM_BATCH,
+            lease: LEASE,
+            worker_id: worker_id.to_owned(),
+            tenant_cursor: String::new(),
+            tenant_in_flight_limit: None,
+        })
+        .await
+        .context("a real claim for complete's leases")?;
+    let completions: Vec<LeaseRef> = claimed
+        .deliveries
+        .iter()
+        .map(|d| LeaseRef {
+            delivery_id: d.delivery_id,
+            lease_token: d.lease_token,
+        })
+        .collect();
+    let ids: Vec<i64> = completions.iter().map(|c| c.delivery_id).collect();
+    let tokens: Vec<uuid::Uuid> = completions.iter().map(|c| c.lease_token).collect();
+    let text = sql(store, "complete")?;
+    let query = explained(text);
+    let plan = rolled_back(pool, sqlx::query_scalar(&query).bind(&ids).bind(&tokens))
+        .await
+        .context("complete")?;
+    out.push(ExplainedQuery {
+        name: "complete".into(),
+        parameters: format!("the {} leases of a real claim", ids.len()),
+        sql: text.to_owned(),
+        plan,
+    });
+    // Complete them for real, so the prunes below find receipts and finished messages.
+    store
+        .complete_many(&completions)
+        .await
+        .context("completing the claimed batch")?;
+
+    // enqueue: a batch of 1,000, bound as PgStore::enqueue_batch binds it.
+    let messages = (0..LOAD_BATCH)
+        .map(|i| NewMessage::new("bench", TOPIC, &BenchPayload { seq: u64::MAX - i }))
+        .collect::<Result<Vec<_>, _>>()?;
+    let ids: Vec<uuid::Uuid> = messages.iter().map(|m| m.id).collect();
+    let tenants: Vec<&str> = messages.iter().map(|m| m.tenant.as_str()).collect();
+    let topics: Vec<&str> = messages.iter().map(|m| m.topic.as_str()).collect();
+    let versions: Vec<i32> = messages.iter().map(|m| m.schema_version).collect();
+    let payloads: Vec<&str> = messages.iter().map(|m| m.payload.as_str()).collect();
+    let headers: Vec<String> = messages.iter().map(NewMessage::headers_json).collect();
+    let ordering_keys: Vec<Option<&str>> =
+        messages.iter().map(|m| m.ordering_key.as_deref()).collect();
+    let idempotency_keys: Vec<Option<&str>> = messages
+        .iter()
+        .map(|m| m.idempotency_key.as_deref())
+        .collect();
+    let occurred: Vec<_> = messages.iter().map(|m| m.occurred_at).collect();
+    let mut available_at = Vec::with_capacity(messages.len());
+    let mut delays = Vec::with_capacity(messages.len());
+    for message in &messages {
+        let (at, delay) = match message.available {
+            Availability::Now => (None, None),
+            Availability::At(at) => (Some(at), None),
+            Availability::After(delay) => (None, Some(millis(delay))),
+        };
+        available_at.push(at);
+        delays.push(delay);
+    }
+    let text = sql(store, "enqueue")?;
+    let query = explained(text);
+    let plan = rolled_back(
+        pool,
+        sqlx::query_scalar(&query)
+            .bind(&ids)
+            .bind(&tenants)
+            .bind(&topics)
+            .bind(&versions)
+            .bind(&payloads)
+            .bind(&headers)
+            .bind(&ordering_keys)
+            .bind(&idempotency_keys)
+            .bind(&occurred)
+            .bind(&available_at)
+            .bind(&delays),
+    )
+    .await
+    .context("enqueue")?;
+    out.push(ExplainedQuery {
+        name: "enqueue".into(),
+        parameters: format!(
+            "{LOAD_BATCH} new messages, one tenant, one subscription (fan-out trigger included)"
+        ),
+        sql: text.to_owned(),
+        plan,
+    });
+
+    // prune: everything finished and older than now, in the default batch.
+    let batch = i64::try_from(MaintenanceConfig::default().batch).unwrap_or(i64::MAX);
+    for name in ["prune_receipts", "prune_messages"] {
+        let text = sql(store, name)?;
+        let query = explained(text);
+        let plan = rolled_back(pool, sqlx::query_scalar(&query).bind(0_i64).bind(batch))
+            .await
+            .context(name)?;
+        out.push(ExplainedQuery {
+            name: name.into(),
+            parameters: format!(
+                "older than 0 ms (all finished), batch {batch}; {} deliveries completed before",
+                completions.len()
+            ),
+            sql: text.to_owned(),
+            plan,
+        });
+    }
+    Ok(out)
+}

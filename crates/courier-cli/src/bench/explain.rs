@@ -146,7 +146,8 @@ async fn explain_all(store: &PgStore, pool: &PgPool) -> anyhow::Result<Vec<Expla
     let worker_id = "bench-explain";
     let limit = i32::try_from(CLAIM_BATCH).unwrap_or(i32::MAX);
 
-    // claim: bound as PgStore::claim binds it.
+    // claim: bound as PgStore::claim binds it (one lease token for the
+    // claim; one route, so its attempt budget is the uniform one).
     let text = sql(store, "claim")?;
     let query = explained(text);
     let plan = rolled_back(
@@ -161,7 +162,9 @@ async fn explain_all(store: &PgStore, pool: &PgPool) -> anyhow::Result<Vec<Expla
             .bind(vec![max_attempts])
             .bind(None::<i32>)
             .bind(millis(LEASE))
-            .bind(worker_id),
+            .bind(worker_id)
+            .bind(uuid::Uuid::new_v4())
+            .bind(Some(max_attempts)),
     )
     .await
     .context("claim")?;

@@ -232,6 +232,22 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
         batch: Vec<(&'c ClaimedDelivery, TxWork<Self::Connection>)>,
     ) -> impl Future<Output = Result<TransactionalBatchOutcome, StoreError>> + Send + 'c;
 
+    /// Tells producers whether a worker of `subscription` is idle, so that
+    /// they wake it when they enqueue (`idle`) or need not (`!idle`). When an
+    /// announcement of idleness returns, every message committed by a producer
+    /// that did not see it is visible to the next claim. Returns `false` if
+    /// this store wakes workers without announcements (then it need not be
+    /// called again).
+    fn announce_idle<'c>(
+        &'c self,
+        subscription: &'c str,
+        worker_id: &'c str,
+        idle: bool,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'c {
+        let _ = (subscription, worker_id, idle);
+        std::future::ready(Ok(false))
+    }
+
     /// Removes up to `batch` finished messages and up to `batch` receipts older
     /// than `older_than`. Dead letters and their messages are kept.
     fn prune(

@@ -699,6 +699,11 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
     // goes idle only after a whole lap found nothing.
     let mut lap_claimed = false;
     let mut idle = false;
+    // Whether this worker has told producers it is idle (so they notify), and
+    // whether the store uses such announcements at all.
+    let mut announced = false;
+    let mut announcing = true;
+    let mut withdrawing: Option<tokio::task::JoinHandle<()>> = None;
     let mut error_backoff = Duration::from_millis(50);
     let mut backoff_until: Option<tokio::time::Instant> = None;
     tracing::info!(
@@ -729,9 +734,10 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
             params.tenant_cursor.clone_from(&cursor);
             let claim_params = params.clone();
             let claim_shared = Arc::clone(&shared);
+            let after_announcing = announced;
             claims.push(async move {
                 let result = claim(&claim_shared, &claim_params).await;
-                (result, reserved)
+                (result, reserved, after_announcing)
             });
         }
         let woken = async {
@@ -752,17 +758,44 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
         };
         tokio::select! {
             () = shared.stopping.cancelled() => break,
-            Some((result, mut reserved)) = claims.next(), if !claims.is_empty() => match result {
+            Some((result, mut reserved, after_announcing)) = claims.next(), if !claims.is_empty() => match result {
                 Ok(ClaimBatch { deliveries, next_tenant_cursor }) => {
                     error_backoff = Duration::from_millis(50);
                     let claimed = deliveries.len();
                     lap_claimed |= claimed > 0;
-                    // Nothing in a whole lap: idle until woken. Work found
-                    // or tenants left in the lap: claim again at once.
+                    // Work found or tenants left in the lap: claim again at
+                    // once. Nothing in a whole lap: announce idleness (so
+                    // producers notify), claim once more, then idle until woken.
                     if claimed > 0 {
                         idle = false;
+                        if announced {
+                            announced = false;
+                            withdrawing = Some(tokio::spawn(withdraw(Arc::clone(&shared))));
+                        }
                     } else if next_tenant_cursor.is_empty() && !lap_claimed {
-                        idle = true;
+                        if after_announcing || !announcing {
+                            idle = true;
+                        } else if !announced {
+                            if let Some(pending) = withdrawing.take() {
+                                let _ = pending.await;
+                            }
+                            match shared
+                                .store
+                                .announce_idle(&shared.subscription, &config.worker_id, true)
+                                .await
+                            {
+                                Ok(true) => announced = true,
+                                Ok(false) => {
+                                    announcing = false;
+                                    idle = true;
+                                }
+                                Err(error) => {
+                                    metrics::counter!(STORE_ERRORS, "operation" => "announce_idle").increment(1);
+                                    tracing::warn!(subscription = shared.subscription, %error, "could not announce idleness; polling until the next try");
+                                    idle = true;
+                                }
+                            }
+                        }
                     }
                     cursor = next_tenant_cursor;
                     for group in shared.groups(deliveries) {
@@ -789,7 +822,7 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
     }
 
     // Claims still in flight finish; what they took is handed back unstarted.
-    while let Some((result, _reserved)) = claims.next().await {
+    while let Some((result, _reserved, _)) = claims.next().await {
         if let Ok(batch) = result {
             for delivery in batch.deliveries {
                 let _ = settle_tx.send(Settlement::Release {
@@ -818,6 +851,12 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
         running.abort_all();
         while running.join_next().await.is_some() {}
     }
+    if let Some(pending) = withdrawing.take() {
+        let _ = pending.await;
+    }
+    if announced {
+        withdraw(Arc::clone(&shared)).await;
+    }
     drop(settle_tx);
     if let Err(error) = settler.await {
         tracing::error!(%error, "settler ended abnormally");
@@ -832,6 +871,18 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
         worker_id = config.worker_id,
         "worker stopped"
     );
+}
+
+/// Tells producers this worker is busy again (they need not wake it).
+async fn withdraw<S: OutboxStore>(shared: Arc<Shared<S>>) {
+    if let Err(error) = shared
+        .store
+        .announce_idle(&shared.subscription, &shared.config.worker_id, false)
+        .await
+    {
+        metrics::counter!(STORE_ERRORS, "operation" => "announce_idle").increment(1);
+        tracing::warn!(subscription = shared.subscription, %error, "could not withdraw the idle announcement; producers keep notifying");
+    }
 }
 
 /// Starts one unit of work on the slots it takes from `reserved`; its

@@ -635,6 +635,26 @@ impl OutboxStore for PgStore {
         Ok(TransactionalBatchOutcome::Committed(applied))
     }
 
+    async fn announce_idle<'c>(
+        &'c self,
+        subscription: &'c str,
+        worker_id: &'c str,
+        idle: bool,
+    ) -> Result<bool, StoreError> {
+        let sql = if idle {
+            &self.q().idle_announce
+        } else {
+            &self.q().idle_withdraw
+        };
+        sqlx::query(sql)
+            .bind(subscription)
+            .bind(worker_id)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        Ok(true)
+    }
+
     async fn prune(&self, older_than: Duration, batch: usize) -> Result<PruneReport, StoreError> {
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
         let receipts = sqlx::query(&self.q().prune_receipts)

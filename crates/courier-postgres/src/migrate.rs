@@ -14,10 +14,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "fast_name_checks",
         include_str!("../migrations/0002_fast_name_checks.sql"),
     ),
+    (
+        3,
+        "idle_workers",
+        include_str!("../migrations/0003_idle_workers.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 pub(crate) async fn run(pool: &PgPool, schema: &str) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.map_err(map)?;

@@ -32,6 +32,8 @@ queries!(
     extend,
     fail,
     find_idempotent,
+    idle_announce,
+    idle_withdraw,
     message_deliveries,
     message_get,
     messages_list,

@@ -381,3 +381,93 @@ async fn zombie_completion_is_refused_after_lease_expiry() -> anyhow::Result<()>
     assert_eq!(backend.scalar("SELECT count(*) FROM deliveries").await?, 0);
     Ok(())
 }
+
+/// Waits up to `limit` for a notification on `listener`.
+async fn notified(listener: &mut sqlx::postgres::PgListener, limit: Duration) -> bool {
+    matches!(
+        tokio::time::timeout(limit, listener.recv()).await,
+        Ok(Ok(_))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producers_notify_only_while_a_worker_is_idle() -> anyhow::Result<()> {
+    // NOTIFY makes committing transactions take turns, so producers send it
+    // only when a worker has announced that it is idle.
+    let pg = PgFixture::new().await?;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pg.pool).await?;
+    listener.listen(&format!("{}.courier", pg.schema)).await?;
+    let idle_rows = || pg.scalar("SELECT count(*) FROM idle_workers");
+
+    // No worker is idle: a producer does not notify.
+    let courier = pg.courier();
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let counter = CallCounter::default();
+    let (handler_gate, handler_counter) = (gate.clone(), counter.clone());
+    let worker = courier
+        .worker("sub")
+        .handle(
+            "topic",
+            1,
+            handler_fn(move |message: Message<Event>| {
+                let (gate, counter) = (handler_gate.clone(), handler_counter.clone());
+                async move {
+                    counter.record(message.id, message.payload.n);
+                    // Each handler waits for one permit: the test decides when it ends.
+                    let permit = gate.acquire().await.map_err(HandlerError::retry)?;
+                    permit.forget();
+                    Ok::<(), HandlerError>(())
+                }
+            }),
+        )
+        .concurrency(1)
+        .batch_size(1)
+        .poll_interval(Duration::from_secs(120))
+        .build()
+        .await?;
+    pg.enqueue_committed(&events("acme", "topic", 1)?).await?;
+    assert_eq!(idle_rows().await?, 0);
+    assert!(
+        !notified(&mut listener, Duration::from_millis(300)).await,
+        "notified with no idle worker"
+    );
+
+    // The worker takes that message, then finds nothing and announces itself idle.
+    let running = worker.start();
+    assert!(eventually(Duration::from_secs(10), || async { counter.total() == 1 }).await);
+    gate.add_permits(1);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            matches!(idle_rows().await, Ok(1))
+        })
+        .await,
+        "the idle worker did not announce itself"
+    );
+
+    // An idle worker is woken by NOTIFY (its poll interval is 2 minutes).
+    pg.enqueue_committed(&events("acme", "topic", 1)?).await?;
+    assert!(notified(&mut listener, Duration::from_secs(5)).await);
+    assert!(eventually(Duration::from_secs(5), || async { counter.total() == 2 }).await);
+
+    // Busy (its one slot taken), it withdraws: the next producer does not notify.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            matches!(idle_rows().await, Ok(0))
+        })
+        .await,
+        "the busy worker stayed announced"
+    );
+    while notified(&mut listener, Duration::from_millis(100)).await {}
+    pg.enqueue_committed(&events("acme", "topic", 1)?).await?;
+    assert!(
+        !notified(&mut listener, Duration::from_millis(300)).await,
+        "notified while the only worker was busy"
+    );
+    // Its slot freed, it claims the waiting message without a wake-up.
+    gate.add_permits(1);
+    assert!(eventually(Duration::from_secs(5), || async { counter.total() == 3 }).await);
+    gate.add_permits(1);
+    running.shutdown().await;
+    assert_eq!(idle_rows().await?, 0, "shutdown withdraws the announcement");
+    Ok(())
+}

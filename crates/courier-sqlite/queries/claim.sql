@@ -9,7 +9,7 @@
 -- a JSON array of [topic, schema_version, max_attempts], ?3 lease in ms, ?4 worker.
 -- The lease token is a random UUIDv4 made per row from SQLite's CSPRNG.
 -- RETURNING may come back in any order; the caller sorts by id.
-WITH routes (topic, schema_version, max_attempts) AS (
+WITH routes (topic, schema_version, max_attempts) AS MATERIALIZED (
   SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(?2)
 )
 UPDATE deliveries

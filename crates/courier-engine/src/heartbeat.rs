@@ -21,11 +21,15 @@ use crate::metrics_names::{LEASES_LOST, STORE_ERRORS};
 /// The leases a worker currently holds, by delivery id.
 pub(crate) type InFlight = Arc<Mutex<HashMap<i64, LeaseRef>>>;
 
+/// The leases held now, by delivery id: every write that locks several
+/// deliveries lists them in that order, so two of them never deadlock.
 pub(crate) fn snapshot(in_flight: &InFlight) -> Vec<LeaseRef> {
-    match in_flight.lock() {
+    let mut leases: Vec<LeaseRef> = match in_flight.lock() {
         Ok(guard) => guard.values().copied().collect(),
         Err(poisoned) => poisoned.into_inner().values().copied().collect(),
-    }
+    };
+    leases.sort_unstable_by_key(|l| l.delivery_id);
+    leases
 }
 
 /// Extends every held lease once; returns how many were lost.

@@ -124,6 +124,10 @@ pub(crate) async fn settle_batch<S: OutboxStore>(
             }
         }
     }
+    // By delivery id, like every multi-row write (see heartbeat::snapshot).
+    completions.sort_unstable_by_key(|l| l.delivery_id);
+    failures.sort_unstable_by_key(|f| f.lease.delivery_id);
+    releases.sort_unstable_by_key(|l| l.delivery_id);
     let topic_of = |id: i64| topics.get(&id).cloned().unwrap_or_default();
 
     if !completions.is_empty() {

@@ -1011,8 +1011,11 @@ async fn execute<S: OutboxStore>(shared: Arc<Shared<S>>, delivery: ClaimedDelive
 /// again in its own transaction, so each outcome is exactly its own.
 async fn execute_group<S: OutboxStore>(
     shared: Arc<Shared<S>>,
-    group: Vec<ClaimedDelivery>,
+    mut group: Vec<ClaimedDelivery>,
 ) -> Vec<Settlement> {
+    // In enqueue order, which is also the order every multi-row write locks
+    // deliveries in (see heartbeat::snapshot), so two never deadlock.
+    group.sort_unstable_by_key(|d| d.delivery_id);
     if group.len() < 2 || shared.stopping.is_cancelled() {
         return execute_each(shared, group).await;
     }
@@ -1075,7 +1078,7 @@ async fn execute_group<S: OutboxStore>(
                 Err(panic) => format!("a handler panicked: {}", panic_message(panic.as_ref())),
                 Ok(Ok(_)) => "rolled back".to_owned(),
             };
-            tracing::debug!(
+            tracing::warn!(
                 subscription = shared.subscription,
                 deliveries = deliveries.len(),
                 reason,

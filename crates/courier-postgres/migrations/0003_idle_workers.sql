@@ -1,4 +1,5 @@
--- Courier's outbox schema, version 3: producers wake workers only when one is idle.
+-- Courier's outbox schema, version 3: producers wake workers only when one is
+-- idle, and the fan-out matches subscriptions once per distinct topic.
 --
 -- NOTIFY takes a database-wide lock from before commit until the commit is
 -- flushed, so transactions that notify commit one at a time: sixteen producers
@@ -35,20 +36,24 @@ BEGIN
         FROM new_messages n
         WHERE n.ordering_key IS NOT NULL
         ORDER BY 1) k;
-  WITH inserted AS (
+  -- The subscriptions each distinct topic fans out to, found once per
+  -- statement; each message then scans that short list in insert order (the
+  -- lateral subquery's OFFSET 0 keeps it a nested loop over new_messages), so
+  -- delivery ids follow the order of the messages.
+  WITH routes AS MATERIALIZED (
+    SELECT DISTINCT tp.topic, t.subscription
+    FROM (SELECT DISTINCT topic FROM new_messages) tp
+    JOIN {schema}.subscription_topics t
+      ON t.pattern = tp.topic OR (t.prefix IS NOT NULL AND starts_with(tp.topic, t.prefix))
+  ),
+  inserted AS (
     INSERT INTO {schema}.deliveries
       (message_id, subscription, tenant, topic, schema_version, ordering_key, available_at)
-    SELECT n.id, s.subscription, n.tenant, n.topic, n.schema_version, n.ordering_key, n.available_at
+    SELECT n.id, r.subscription, n.tenant, n.topic, n.schema_version, n.ordering_key, n.available_at
     FROM new_messages n
-    JOIN LATERAL (
-      SELECT DISTINCT t.subscription
-      FROM {schema}.subscription_topics t
-      WHERE t.pattern = n.topic
-         OR (t.prefix IS NOT NULL AND starts_with(n.topic, t.prefix))
-    ) s ON true
-    RETURNING subscription
+    JOIN LATERAL (SELECT r.subscription FROM routes r WHERE r.topic = n.topic OFFSET 0) r ON true
   )
-  SELECT array_agg(DISTINCT subscription) INTO fanned FROM inserted;
+  SELECT array_agg(DISTINCT subscription) INTO fanned FROM routes;
   IF fanned IS NULL THEN
     RETURN NULL;
   END IF;

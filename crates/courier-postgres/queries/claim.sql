@@ -47,8 +47,15 @@ picked AS MATERIALIZED (
   CROSS JOIN LATERAL (
     SELECT d.id
     FROM {schema}.deliveries d
+    -- The tenant is bounded from both sides instead of `d.tenant = t.tenant`:
+    -- with an equality the planner treats the tenant as a constant, may walk
+    -- the primary key in id order filtering every other tenant's rows (seen:
+    -- 1.2 s per claim for 50 small tenants beside a 200,000-row backlog),
+    -- whereas `ORDER BY d.tenant, d.id` over this range can only come from
+    -- deliveries_ready, which starts at the tenant's first ready row.
     WHERE d.subscription = $1
-      AND d.tenant = t.tenant
+      AND (d.tenant, d.id) > (t.tenant, 0)
+      AND d.tenant <= t.tenant
       AND d.state = 'available'
       AND d.available_at <= statement_timestamp()
       AND EXISTS (SELECT 1 FROM routes r
@@ -60,7 +67,7 @@ picked AS MATERIALIZED (
               AND e.ordering_key = d.ordering_key AND e.ordering_key IS NOT NULL
               AND e.state <> 'dead'
               AND (e.id < d.id OR e.state = 'running')))
-    ORDER BY d.id
+    ORDER BY d.tenant, d.id
     LIMIT CASE
       WHEN $8::int IS NULL THEN s.per_tenant
       ELSE least(s.per_tenant, greatest(0, $8::int - (

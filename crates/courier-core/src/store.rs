@@ -215,12 +215,33 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
     fn rescue_expired(&self, limit: usize) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Runs `work` in a transaction with the delivery's receipt and completion:
-    /// all three commit together or none does.
+    /// all three commit together or none does. (A transactional batch of one.)
     fn run_transactional<'c>(
         &'c self,
         delivery: &'c ClaimedDelivery,
         work: TxWork<Self::Connection>,
-    ) -> impl Future<Output = Result<TransactionalOutcome, StoreError>> + Send + 'c;
+    ) -> impl Future<Output = Result<TransactionalOutcome, StoreError>> + Send + 'c {
+        async move {
+            Ok(
+                match self.run_transactional_batch(vec![(delivery, work)]).await? {
+                    TransactionalBatchOutcome::Committed(applied) => {
+                        if applied.first().copied().unwrap_or(false) {
+                            TransactionalOutcome::Applied
+                        } else {
+                            TransactionalOutcome::AlreadyApplied
+                        }
+                    }
+                    TransactionalBatchOutcome::RolledBack(BatchRollback::HandlerFailed {
+                        error,
+                        ..
+                    }) => TransactionalOutcome::HandlerFailed(error),
+                    TransactionalBatchOutcome::RolledBack(BatchRollback::LeaseLost) => {
+                        TransactionalOutcome::LeaseLost
+                    }
+                },
+            )
+        }
+    }
 
     /// Runs several deliveries' `work` in one transaction, each after its
     /// receipt is written (work whose receipt already exists is skipped), and

@@ -25,8 +25,8 @@ use courier_core::{
     truncate_chars, Availability, BatchRollback, ClaimBatch, ClaimParams, ClaimedDelivery,
     Completion, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliverySummary,
     EnqueueOutcome, ErrorEntry, Failure, FailureApplied, LeaseRef, NewMessage, OutboxStore,
-    PruneReport, StoreError, SubscriptionSpec, TransactionalBatchOutcome, TransactionalOutcome,
-    TxWork, ValidationError, MAX_ERROR_CHARS,
+    PruneReport, StoreError, SubscriptionSpec, TransactionalBatchOutcome, TxWork, ValidationError,
+    MAX_ERROR_CHARS,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Row};
@@ -539,47 +539,6 @@ impl OutboxStore for PgStore {
             .await
             .map_err(map)?;
         Ok(result.rows_affected())
-    }
-
-    async fn run_transactional<'c>(
-        &'c self,
-        delivery: &'c ClaimedDelivery,
-        work: TxWork<PgConnection>,
-    ) -> Result<TransactionalOutcome, StoreError> {
-        let mut tx = self.inner.pool.begin().await.map_err(map)?;
-        let fresh = sqlx::query(&self.q().receipt_insert)
-            .bind(&delivery.tenant)
-            .bind(&delivery.subscription)
-            .bind(delivery.message_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(map)?
-            .rows_affected()
-            == 1;
-        if fresh {
-            if let Err(error) = work(&mut tx).await {
-                tx.rollback().await.map_err(map)?;
-                return Ok(TransactionalOutcome::HandlerFailed(error));
-            }
-        }
-        let completed = sqlx::query(&self.q().complete_one)
-            .bind(delivery.delivery_id)
-            .bind(delivery.lease_token)
-            .execute(&mut *tx)
-            .await
-            .map_err(map)?
-            .rows_affected()
-            == 1;
-        if !completed {
-            tx.rollback().await.map_err(map)?;
-            return Ok(TransactionalOutcome::LeaseLost);
-        }
-        tx.commit().await.map_err(map)?;
-        Ok(if fresh {
-            TransactionalOutcome::Applied
-        } else {
-            TransactionalOutcome::AlreadyApplied
-        })
     }
 
     async fn run_transactional_batch<'c>(

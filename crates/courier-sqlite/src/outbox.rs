@@ -6,8 +6,8 @@ use std::time::Duration;
 use courier_core::{
     truncate_chars, validate_name, Availability, BatchRollback, ClaimBatch, ClaimParams,
     ClaimedDelivery, Completion, EnqueueOutcome, Failure, FailureApplied, LeaseRef, NewMessage,
-    OutboxStore, PruneReport, StoreError, SubscriptionSpec, TransactionalBatchOutcome,
-    TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS,
+    OutboxStore, PruneReport, StoreError, SubscriptionSpec, TransactionalBatchOutcome, TxWork,
+    ValidationError, MAX_ERROR_CHARS,
 };
 use serde_json::{json, Value};
 use sqlx::{Connection, SqliteConnection};
@@ -416,58 +416,6 @@ impl OutboxStore for SqliteStore {
             .await
             .map_err(map)?;
         Ok(result.rows_affected())
-    }
-
-    async fn run_transactional<'c>(
-        &'c self,
-        delivery: &'c ClaimedDelivery,
-        work: TxWork<SqliteConnection>,
-    ) -> Result<TransactionalOutcome, StoreError> {
-        let _turn = self.write_turn().await?;
-        let mut tx = self.begin().await?;
-        let held: i64 = sqlx::query_scalar(queries::LEASE_CHECK)
-            .bind(delivery.delivery_id)
-            .bind(delivery.lease_token.to_string())
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(map)?;
-        if held != 1 {
-            tx.rollback().await.map_err(map)?;
-            return Ok(TransactionalOutcome::LeaseLost);
-        }
-        let fresh = sqlx::query(queries::RECEIPT_INSERT)
-            .bind(&delivery.tenant)
-            .bind(&delivery.subscription)
-            .bind(delivery.message_id.to_string())
-            .execute(&mut *tx)
-            .await
-            .map_err(map)?
-            .rows_affected()
-            == 1;
-        if fresh {
-            if let Err(error) = work(&mut tx).await {
-                tx.rollback().await.map_err(map)?;
-                return Ok(TransactionalOutcome::HandlerFailed(error));
-            }
-        }
-        let completed = sqlx::query(queries::COMPLETE_ONE)
-            .bind(delivery.delivery_id)
-            .bind(delivery.lease_token.to_string())
-            .execute(&mut *tx)
-            .await
-            .map_err(map)?
-            .rows_affected()
-            == 1;
-        if !completed {
-            tx.rollback().await.map_err(map)?;
-            return Ok(TransactionalOutcome::LeaseLost);
-        }
-        tx.commit().await.map_err(map)?;
-        Ok(if fresh {
-            TransactionalOutcome::Applied
-        } else {
-            TransactionalOutcome::AlreadyApplied
-        })
     }
 
     async fn run_transactional_batch<'c>(

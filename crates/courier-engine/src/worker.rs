@@ -48,6 +48,14 @@ pub const CATCH_ALL_TOPIC: &str = "*";
 /// The route version that stands for every schema version.
 pub const CATCH_ALL_VERSION: i32 = 0;
 
+/// How long a worker runs transactional deliveries one per transaction after
+/// a group of them rolled back. Handlers whose writes meet on the same rows
+/// can deadlock when several groups run at once (PostgreSQL then aborts one
+/// group after a second); one transaction per delivery cannot wait on another
+/// while holding a lock it needs, so the worker falls back to that for a
+/// while instead of deadlocking group after group.
+const BATCHING_PAUSE: Duration = Duration::from_secs(10);
+
 /// Claims a worker keeps in flight at once, so one is on its way while
 /// another's deliveries start.
 const CLAIMS_IN_FLIGHT: usize = 2;
@@ -75,8 +83,11 @@ pub struct WorkerConfig {
     /// database transaction, one after another, committing together (1: each
     /// in its own). If one fails, the transaction rolls back and the others
     /// run again each in its own transaction, so a transactional handler may
-    /// be called twice for one attempt; its writes commit once. Lower it for
-    /// slow transactional handlers: a batch holds its locks until it commits.
+    /// be called twice for one attempt; its writes commit once. After any
+    /// rollback the worker runs one delivery per transaction for 10 s, since
+    /// handlers whose writes meet on the same rows deadlock across groups.
+    /// Lower it for slow transactional handlers: a group holds its locks
+    /// until it commits.
     pub transaction_batch_size: usize,
     /// How long a claim lasts without a heartbeat (database clock).
     pub lease: Duration,
@@ -433,6 +444,7 @@ impl<S: OutboxStore> WorkerBuilder<S> {
                 config: self.config,
                 in_flight: Arc::new(Mutex::new(HashMap::new())),
                 stopping: CancellationToken::new(),
+                batching_paused_until: Mutex::new(None),
             }),
             wake: self.wake,
         })
@@ -448,6 +460,9 @@ struct Shared<S: OutboxStore> {
     config: WorkerConfig,
     in_flight: InFlight,
     stopping: CancellationToken,
+    /// Until when transactional deliveries run one per transaction, after a
+    /// group rolled back (see [`BATCHING_PAUSE`]).
+    batching_paused_until: Mutex<Option<Instant>>,
 }
 
 /// A configured worker, registered with the store, not yet running.
@@ -610,7 +625,11 @@ impl<S: OutboxStore> Shared<S> {
     /// Splits a claimed batch into units of work: each plain delivery on its
     /// own, transactional ones in groups of up to `transaction_batch_size`.
     fn groups(&self, deliveries: Vec<ClaimedDelivery>) -> Vec<Vec<ClaimedDelivery>> {
-        let size = self.config.transaction_batch_size;
+        let size = if self.batching_paused() {
+            1
+        } else {
+            self.config.transaction_batch_size
+        };
         let mut groups = Vec::new();
         let mut transactional = Vec::new();
         for delivery in deliveries {
@@ -631,6 +650,24 @@ impl<S: OutboxStore> Shared<S> {
             groups.push(transactional);
         }
         groups
+    }
+
+    /// Whether a recent rollback paused transactional groups.
+    fn batching_paused(&self) -> bool {
+        let guard = self
+            .batching_paused_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        guard.is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Runs transactional deliveries one per transaction for [`BATCHING_PAUSE`].
+    fn pause_batching(&self) {
+        let mut guard = self
+            .batching_paused_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *guard = Some(Instant::now() + BATCHING_PAUSE);
     }
 
     /// A full-batch claim from the first tenant; the fetch loop builds it once
@@ -1065,11 +1102,13 @@ async fn execute_group<S: OutboxStore>(
             index,
             error,
         }))) if index < deliveries.len() => {
+            shared.pause_batching();
             let failed = deliveries.remove(index);
             settlements.push(settlement_for(&shared, &failed, Outcome::Failed(error)));
             settlements.extend(execute_each(shared, deliveries).await);
         }
         other => {
+            shared.pause_batching();
             let reason = match other {
                 Ok(Ok(TransactionalBatchOutcome::RolledBack(BatchRollback::LeaseLost))) => {
                     "a lease was lost".to_owned()

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use courier::postgres::PgStore;
 use courier::{
-    Availability, ClaimParams, Courier, LeaseRef, MaintenanceConfig, NewMessage, OutboxStore,
-    RetryPolicy, Route, SubscriptionSpec,
+    Availability, ClaimParams, ClaimedDelivery, Courier, LeaseRef, MaintenanceConfig, NewMessage,
+    OutboxStore, RetryPolicy, Route, SubscriptionSpec,
 };
 use sqlx::postgres::PgArguments;
 use sqlx::query::QueryScalar;
@@ -197,10 +197,7 @@ async fn explain_all(store: &PgStore, pool: &PgPool) -> anyhow::Result<Vec<Expla
     let completions: Vec<LeaseRef> = claimed
         .deliveries
         .iter()
-        .map(|d| LeaseRef {
-            delivery_id: d.delivery_id,
-            lease_token: d.lease_token,
-        })
+        .map(ClaimedDelivery::lease)
         .collect();
     let ids: Vec<i64> = completions.iter().map(|c| c.delivery_id).collect();
     let tokens: Vec<uuid::Uuid> = completions.iter().map(|c| c.lease_token).collect();

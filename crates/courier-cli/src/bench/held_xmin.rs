@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use courier::postgres::PgStore;
 use courier::{
-    handler_fn, ClaimParams, Courier, HandlerError, LeaseRef, Message, NewMessage, OutboxStore,
-    RetryPolicy, Route,
+    handler_fn, ClaimParams, ClaimedDelivery, Courier, HandlerError, LeaseRef, Message, NewMessage,
+    OutboxStore, RetryPolicy, Route,
 };
 use sqlx::PgPool;
 use tokio::sync::watch;
@@ -175,10 +175,7 @@ async fn held(
                 let done: Vec<LeaseRef> = claimed
                     .deliveries
                     .iter()
-                    .map(|d| LeaseRef {
-                        delivery_id: d.delivery_id,
-                        lease_token: d.lease_token,
-                    })
+                    .map(ClaimedDelivery::lease)
                     .collect();
                 let completed = store.complete_many(&done).await?;
                 handled.add(completed.len() as u64);

@@ -18,16 +18,27 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics_names::{LEASES_LOST, STORE_ERRORS};
 
+/// A lease the worker holds, and whether its outcome is being written.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Held {
+    pub(crate) lease: LeaseRef,
+    /// The settler has the outcome: the delivery may be gone from the
+    /// database before it leaves this map, so a failed extension is no loss.
+    pub(crate) settling: bool,
+}
+
 /// The leases a worker currently holds, by delivery id.
-pub(crate) type InFlight = Arc<Mutex<HashMap<i64, LeaseRef>>>;
+pub(crate) type InFlight = Arc<Mutex<HashMap<i64, Held>>>;
 
 /// The leases held now, by delivery id: every write that locks several
 /// deliveries lists them in that order, so two of them never deadlock.
 pub(crate) fn snapshot(in_flight: &InFlight) -> Vec<LeaseRef> {
-    let mut leases: Vec<LeaseRef> = match in_flight.lock() {
-        Ok(guard) => guard.values().copied().collect(),
-        Err(poisoned) => poisoned.into_inner().values().copied().collect(),
-    };
+    let mut leases: Vec<LeaseRef> = in_flight
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .values()
+        .map(|held| held.lease)
+        .collect();
     leases.sort_unstable_by_key(|l| l.delivery_id);
     leases
 }
@@ -47,8 +58,13 @@ pub(crate) async fn beat_once<S: OutboxStore>(
         Ok(extended) => {
             let extended: std::collections::HashSet<i64> = extended.into_iter().collect();
             // A delivery may have finished between the snapshot and the write.
-            let still_running: std::collections::HashSet<i64> =
-                snapshot(in_flight).iter().map(|l| l.delivery_id).collect();
+            let still_running: std::collections::HashSet<i64> = in_flight
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .filter(|(_, held)| !held.settling)
+                .map(|(id, _)| *id)
+                .collect();
             let lost = leases
                 .iter()
                 .filter(|l| {

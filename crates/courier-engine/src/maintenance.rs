@@ -127,28 +127,65 @@ impl<S: OutboxStore> Maintenance<S> {
         Ok(total)
     }
 
-    /// Runs both on their intervals until `stop` fires.
+    /// Runs both on their intervals until `stop` fires. A pass that took long
+    /// (its scans walk row versions an old snapshot elsewhere keeps alive)
+    /// spaces the next one out to [`COST_RATIO`] times its duration, so
+    /// upkeep never takes more than a small share of the database's time.
     pub async fn run(self, stop: CancellationToken) {
-        let mut rescue = tokio::time::interval(self.config.rescue_interval);
-        let mut prune = tokio::time::interval(self.config.prune_interval);
-        rescue.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Both run once at start, as a restarted worker should.
+        let mut next_rescue = tokio::time::Instant::now();
+        let mut next_prune = next_rescue;
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
-                _ = rescue.tick() => {
+                () = tokio::time::sleep_until(next_rescue) => {
+                    let started = tokio::time::Instant::now();
                     if let Err(error) = self.rescue_once().await {
                         metrics::counter!(STORE_ERRORS, "operation" => "rescue").increment(1);
                         tracing::warn!(%error, "rescue pass failed");
                     }
+                    next_rescue = next_pass(started, started.elapsed(), self.config.rescue_interval);
                 }
-                _ = prune.tick() => {
+                () = tokio::time::sleep_until(next_prune) => {
+                    let started = tokio::time::Instant::now();
                     if let Err(error) = self.prune_once().await {
                         metrics::counter!(STORE_ERRORS, "operation" => "prune").increment(1);
                         tracing::warn!(%error, "prune pass failed");
                     }
+                    next_prune = next_pass(started, started.elapsed(), self.config.prune_interval);
                 }
             }
         }
+    }
+}
+
+/// A maintenance pass waits at least this multiple of the last one's duration.
+pub const COST_RATIO: u32 = 20;
+
+/// When the pass after one that started at `started` and took `took` runs.
+fn next_pass(
+    started: tokio::time::Instant,
+    took: Duration,
+    interval: Duration,
+) -> tokio::time::Instant {
+    started + interval.max(took * COST_RATIO)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_pass_spaces_out_the_next_one() {
+        let start = tokio::time::Instant::now();
+        let every = Duration::from_secs(5);
+        assert_eq!(
+            next_pass(start, Duration::from_millis(3), every),
+            start + every
+        );
+        assert_eq!(
+            next_pass(start, Duration::from_secs(1), every),
+            start + Duration::from_secs(20)
+        );
     }
 }

@@ -77,9 +77,22 @@ pub(crate) async fn run<S: OutboxStore>(
             }
         }
         let ids: Vec<i64> = batch.iter().map(Settlement::delivery_id).collect();
+        mark_settling(&in_flight, &ids);
         settle_batch(&store, &subscription, std::mem::take(&mut batch)).await;
         untrack_all(&in_flight, &ids);
         settled.notify_one();
+    }
+}
+
+/// Notes that these deliveries' outcomes are being written.
+fn mark_settling(in_flight: &InFlight, ids: &[i64]) {
+    let mut guard = in_flight
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for id in ids {
+        if let Some(held) = guard.get_mut(id) {
+            held.settling = true;
+        }
     }
 }
 

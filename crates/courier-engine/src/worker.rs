@@ -59,6 +59,12 @@ const BATCHING_PAUSE: Duration = Duration::from_secs(10);
 /// Claims a worker keeps in flight at once, so one is on its way while
 /// another's deliveries start.
 const CLAIMS_IN_FLIGHT: usize = 2;
+/// Claimed deliveries whose outcome is not yet written, at most, as a multiple
+/// of the concurrency. Handler slots free when a handler returns; when the
+/// database writes outcomes more slowly than handlers produce them, claiming
+/// pauses here instead of piling up deliveries whose leases the heartbeat
+/// must keep extending (and may lose).
+const UNSETTLED_PER_SLOT: usize = 2;
 /// Handlers running at once, by default.
 pub const DEFAULT_CONCURRENCY: usize = 64;
 /// Deliveries per claim, by default.
@@ -558,11 +564,26 @@ impl WorkerHandle {
     }
 }
 
+/// Claimed deliveries not yet settled (running or waiting for their outcome
+/// to be written).
+fn unsettled(in_flight: &InFlight) -> usize {
+    in_flight
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .len()
+}
+
 fn track(in_flight: &InFlight, delivery: &ClaimedDelivery) {
     let mut guard = in_flight
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    guard.insert(delivery.delivery_id, delivery.lease());
+    guard.insert(
+        delivery.delivery_id,
+        heartbeat::Held {
+            lease: delivery.lease(),
+            settling: false,
+        },
+    );
 }
 
 /// Records a failed attempt if a delivery's task ends without an outcome:
@@ -753,7 +774,12 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
         while running.try_join_next().is_some() {}
         // Keep up to CLAIMS_IN_FLIGHT claims going while slots are free, so
         // the next batch is on its way while this one runs.
-        while !idle && backoff_until.is_none() && claims.len() < CLAIMS_IN_FLIGHT {
+        let unsettled_cap = config
+            .concurrency
+            .saturating_mul(UNSETTLED_PER_SLOT)
+            .max(config.batch_size);
+        let backlogged = unsettled(&shared.in_flight) >= unsettled_cap;
+        while !idle && !backlogged && backoff_until.is_none() && claims.len() < CLAIMS_IN_FLIGHT {
             let free = slots.available_permits();
             if free < threshold {
                 break;
@@ -849,7 +875,9 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
             },
             () = backoff, if backoff_until.is_some() => backoff_until = None,
             // Too few free slots for a claim: wait for a handler to finish.
-            () = freed.notified(), if !idle && claims.is_empty() => {}
+            () = freed.notified(), if !idle && !backlogged && claims.is_empty() => {}
+            // Too many outcomes waiting to be written: wait for the settler.
+            () = settled.notified(), if !idle && backlogged && claims.is_empty() => {}
             // Idle: wait for a wake-up, a settled delivery (it may release
             // the next of its ordering key) or the poll interval.
             () = woken, if idle => idle = false,

@@ -25,14 +25,37 @@ WITH RECURSIVE tenants AS (
   FROM tenants t
   WHERE t.tenant IS NOT NULL
 ),
+-- The turn: the tenants this claim serves, each with the id below which its
+-- scan starts. A full pass ($13 empty) discovers tenants after the cursor with
+-- the walk above (the recursive CTE is only read when $13 is empty) and scans
+-- each from its first ready row. A floor pass serves the tenants $13 the store
+-- already knows and finds ready work for above its floor $14 (the id at or below which this
+-- subscription's earlier claims left only deliveries that were claimed,
+-- completed or not claimable then. Under a snapshot held open elsewhere,
+-- completed rows leave index entries that cannot be removed; a floor pass
+-- starts past them instead of visiting each one (see `floors.rs`).
 -- A paused subscription gets an empty turn, so nothing is claimed and its
 -- deliveries wait untouched. The check is uncorrelated: PostgreSQL runs it
 -- once (a one-time filter) and skips the tenant walk entirely when paused.
 turn AS (
-  SELECT tenant FROM tenants
-  WHERE tenant IS NOT NULL
-    AND NOT EXISTS (SELECT 1 FROM {schema}.subscriptions p WHERE p.name = $1 AND p.paused)
-  LIMIT $3
+  SELECT u.tenant, u.floor FROM (
+    (SELECT tenant, 0::bigint AS floor FROM tenants
+      WHERE tenant IS NOT NULL AND cardinality($13::text[]) = 0
+      LIMIT $3)
+    UNION ALL
+    -- (A lateral probe, not EXISTS: as a semi-join the planner would scan
+    -- the whole subscription and filter the floor afterwards.)
+    SELECT g.tenant, g.floor FROM unnest($13::text[], $14::bigint[]) AS g (tenant, floor)
+    CROSS JOIN LATERAL (
+      SELECT 1 FROM {schema}.deliveries d
+      WHERE d.subscription = $1
+        AND (d.tenant, d.id) > (g.tenant, g.floor) AND d.tenant <= g.tenant
+        AND d.state = 'available'
+      ORDER BY d.tenant, d.id
+      LIMIT 1
+    ) ready
+  ) u
+  WHERE NOT EXISTS (SELECT 1 FROM {schema}.subscriptions p WHERE p.name = $1 AND p.paused)
 ),
 share AS (
   SELECT greatest(1, $4::int / greatest(count(*), 1)::int) AS per_tenant FROM turn
@@ -54,7 +77,7 @@ picked AS MATERIALIZED (
     -- whereas `ORDER BY d.tenant, d.id` over this range can only come from
     -- deliveries_ready, which starts at the tenant's first ready row.
     WHERE d.subscription = $1
-      AND (d.tenant, d.id) > (t.tenant, 0)
+      AND (d.tenant, d.id) > (t.tenant, t.floor)
       AND d.tenant <= t.tenant
       AND d.state = 'available'
       AND d.available_at <= statement_timestamp()
@@ -102,8 +125,10 @@ claimed AS (
 SELECT c.id, c.message_id, c.tenant, c.topic, c.schema_version, c.ordering_key,
        c.payload, c.headers, c.attempts, c.max_attempts,
        c.lease_token, c.lease_expires_at, c.occurred_at, c.created_at,
-       meta.last_tenant, meta.tenants_in_turn
-FROM (SELECT max(tenant) AS last_tenant, count(*)::int AS tenants_in_turn FROM turn) meta
+       meta.last_tenant, meta.tenants_in_turn, meta.turn_tenants
+FROM (SELECT max(tenant) AS last_tenant, count(*)::int AS tenants_in_turn,
+             coalesce(array_agg(tenant), '{}') AS turn_tenants
+      FROM turn) meta
 LEFT JOIN (
   SELECT cl.id, cl.message_id, cl.tenant, cl.topic, cl.schema_version, cl.ordering_key,
          m.payload::text AS payload, m.headers::text AS headers, cl.attempts, cl.max_attempts,

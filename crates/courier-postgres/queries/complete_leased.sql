@@ -6,5 +6,8 @@ DELETE FROM {schema}.deliveries d
 USING unnest($1::bigint[], $2::uuid[]) AS c (id, lease_token)
 WHERE d.id = c.id
   AND d.lease_token = c.lease_token
-  AND d.state = 'running'
+  -- The token is the running state: only a claim sets one; fail, release and
+  -- rescue clear it. (Testing `state = 'running'` as well would let the planner
+  -- walk the deliveries_running partial index, whose dead entries a snapshot
+  -- held elsewhere keeps; the primary key finds each row directly.)
   AND d.lease_expires_at > clock_timestamp()

@@ -19,6 +19,9 @@ SET state = CASE WHEN f.delay_ms IS NULL OR d.attempts >= d.max_attempts
 FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[]) AS f (id, lease_token, error, delay_ms)
 WHERE d.id = f.id
   AND d.lease_token = f.lease_token
-  AND d.state = 'running'
+  -- The token is the running state: only a claim sets one; fail, release and
+  -- rescue clear it. (Testing `state = 'running'` as well would let the planner
+  -- walk the deliveries_running partial index, whose dead entries a snapshot
+  -- held elsewhere keeps; the primary key finds each row directly.)
   AND d.lease_expires_at > clock_timestamp()
 RETURNING d.id, d.state = 'dead' AS dead

@@ -1,5 +1,5 @@
 -- Hands claimed-but-unstarted deliveries back at shutdown, giving back the
--- attempt the claim spent. Fenced by the lease token and the running state.
+-- attempt the claim spent. Fenced by the lease token (set only while running).
 UPDATE {schema}.deliveries d
 SET state = 'available',
     attempts = greatest(d.attempts - 1, 0),
@@ -9,5 +9,8 @@ SET state = 'available',
 FROM unnest($1::bigint[], $2::uuid[]) AS l (id, lease_token)
 WHERE d.id = l.id
   AND d.lease_token = l.lease_token
-  AND d.state = 'running'
+  -- The token is the running state: only a claim sets one; fail, release and
+  -- rescue clear it. (Testing `state = 'running'` as well would let the planner
+  -- walk the deliveries_running partial index, whose dead entries a snapshot
+  -- held elsewhere keeps; the primary key finds each row directly.)
 RETURNING d.id

@@ -12,6 +12,7 @@
 
 mod admin;
 mod error;
+mod floors;
 mod migrate;
 mod notifier;
 mod queries;
@@ -37,6 +38,7 @@ pub use migrate::SCHEMA_VERSION;
 pub use notifier::PgNotifier;
 
 use error::map;
+use floors::{Claimed, Floors, LaneKey, Pass, Settled};
 use queries::Queries;
 
 /// The schema Courier's tables live in unless another is chosen.
@@ -52,6 +54,7 @@ struct Inner {
     pool: PgPool,
     schema: String,
     queries: Queries,
+    floors: Floors,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -112,6 +115,7 @@ impl PgStore {
                 pool,
                 schema,
                 queries,
+                floors: Floors::default(),
             }),
         }
     }
@@ -124,6 +128,14 @@ impl PgStore {
     /// The schema holding Courier's tables.
     pub fn schema(&self) -> &str {
         &self.inner.schema
+    }
+
+    /// Where this store's next claims of `subscription` start each tenant's
+    /// scan: deliveries at or below a tenant's floor are only looked at by
+    /// the periodic full pass (see the README's note on long-held snapshots).
+    /// For diagnostics and tests; tenants this store has not seen are absent.
+    pub fn claim_floors(&self, subscription: &str) -> BTreeMap<String, i64> {
+        self.inner.floors.of(subscription)
     }
 
     /// The NOTIFY channel the fan-out trigger signals on.
@@ -390,66 +402,27 @@ impl OutboxStore for PgStore {
                 next_tenant_cursor: params.tenant_cursor.clone(),
             });
         }
-        let limit = i32::try_from(params.limit).unwrap_or(i32::MAX);
-        let topics: Vec<&str> = params.routes.iter().map(|r| r.topic.as_str()).collect();
-        let versions: Vec<i32> = params.routes.iter().map(|r| r.schema_version).collect();
-        let budgets: Vec<i32> = params.routes.iter().map(|r| r.max_attempts).collect();
-        let in_flight_limit = params
-            .tenant_in_flight_limit
-            .map(|l| i32::try_from(l).unwrap_or(i32::MAX));
-        let claim = sqlx::query(&self.q().claim)
-            .bind(&params.subscription)
-            .bind(&params.tenant_cursor)
-            .bind(limit)
-            .bind(limit)
-            .bind(&topics)
-            .bind(&versions)
-            .bind(&budgets)
-            .bind(in_flight_limit)
-            .bind(millis(params.lease))
-            .bind(&params.worker_id)
-            .bind(Uuid::new_v4())
-            .bind(uniform_budget(&budgets));
-        let rows = if in_flight_limit.is_some() {
-            // Counting a tenant's running deliveries is only exact if no other
-            // claim of this subscription is in flight: take turns, so each
-            // claim's snapshot includes the previous claim's rows.
-            let mut tx = self.inner.pool.begin().await.map_err(map)?;
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-                .bind(format!(
-                    "{}:claim:{}",
-                    self.inner.schema, params.subscription
-                ))
-                .execute(&mut *tx)
-                .await
-                .map_err(map)?;
-            let rows = claim.fetch_all(&mut *tx).await.map_err(map)?;
-            tx.commit().await.map_err(map)?;
-            rows
-        } else {
-            claim.fetch_all(&self.inner.pool).await.map_err(map)?
-        };
-        let mut next_tenant_cursor = String::new();
-        if let Some(first) = rows.first() {
-            let tenants_in_turn: i32 = first.try_get("tenants_in_turn").map_err(map)?;
-            // A full turn means more tenants may wait after the last one served.
-            if usize::try_from(tenants_in_turn).unwrap_or(0) >= params.limit {
-                next_tenant_cursor = first
-                    .try_get::<Option<String>, _>("last_tenant")
-                    .map_err(map)?
-                    .unwrap_or_default();
-            }
+        let lane: LaneKey = (
+            params.subscription.clone(),
+            params
+                .routes
+                .iter()
+                .map(|r| (r.topic.clone(), r.schema_version))
+                .collect(),
+        );
+        let pass = self.inner.floors.plan(
+            &lane,
+            &params.tenant_cursor,
+            params.limit,
+            std::time::Instant::now(),
+        );
+        let batch = self.claim_pass(params, &lane, &pass).await?;
+        if pass != Pass::Full && batch.deliveries.is_empty() {
+            // Nothing above the floors: look everywhere before reporting
+            // that there is nothing (the caller may go idle on it).
+            return self.claim_pass(params, &lane, &Pass::Full).await;
         }
-        let deliveries = rows
-            .iter()
-            .filter(|row| matches!(row.try_get::<Option<i64>, _>("id"), Ok(Some(_))))
-            .map(|row| claimed_from_row(row, &params.subscription))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(map)?;
-        Ok(ClaimBatch {
-            deliveries,
-            next_tenant_cursor,
-        })
+        Ok(batch)
     }
 
     async fn complete_many<'c>(
@@ -460,12 +433,14 @@ impl OutboxStore for PgStore {
             return Ok(Vec::new());
         }
         let (ids, tokens) = lease_columns(completions);
-        sqlx::query_scalar(&self.q().complete)
+        let done = sqlx::query_scalar(&self.q().complete)
             .bind(&ids)
             .bind(&tokens)
             .fetch_all(&self.inner.pool)
             .await
-            .map_err(map)
+            .map_err(map)?;
+        self.inner.floors.settled(ids, Settled::Completed);
+        Ok(done)
     }
 
     async fn fail_many<'c>(
@@ -490,6 +465,7 @@ impl OutboxStore for PgStore {
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
+        self.inner.floors.settled(ids, Settled::Returned);
         rows.iter()
             .map(|row| {
                 Ok(FailureApplied {
@@ -524,12 +500,14 @@ impl OutboxStore for PgStore {
             return Ok(Vec::new());
         }
         let (ids, tokens) = lease_columns(leases);
-        sqlx::query_scalar(&self.q().release)
+        let released = sqlx::query_scalar(&self.q().release)
             .bind(&ids)
             .bind(&tokens)
             .fetch_all(&self.inner.pool)
             .await
-            .map_err(map)
+            .map_err(map)?;
+        self.inner.floors.settled(ids, Settled::Returned);
+        Ok(released)
     }
 
     async fn rescue_expired(&self, limit: usize) -> Result<u64, StoreError> {
@@ -591,6 +569,7 @@ impl OutboxStore for PgStore {
             ));
         }
         tx.commit().await.map_err(map)?;
+        self.inner.floors.settled(ids, Settled::Completed);
         Ok(TransactionalBatchOutcome::Committed(applied))
     }
 
@@ -600,6 +579,12 @@ impl OutboxStore for PgStore {
         worker_id: &'c str,
         idle: bool,
     ) -> Result<bool, StoreError> {
+        if idle {
+            // The claim after an announcement must see every ready delivery.
+            self.inner
+                .floors
+                .need_full_pass(subscription, std::time::Instant::now());
+        }
         let sql = if idle {
             &self.q().idle_announce
         } else {
@@ -734,6 +719,111 @@ impl DeadLetterStore for PgStore {
 }
 
 impl PgStore {
+    /// One claim statement, scanning as `pass` says; records what it found
+    /// in the lane's floors.
+    async fn claim_pass(
+        &self,
+        params: &ClaimParams,
+        lane: &LaneKey,
+        pass: &Pass,
+    ) -> Result<ClaimBatch, StoreError> {
+        let limit = i32::try_from(params.limit).unwrap_or(i32::MAX);
+        let topics: Vec<&str> = params.routes.iter().map(|r| r.topic.as_str()).collect();
+        let versions: Vec<i32> = params.routes.iter().map(|r| r.schema_version).collect();
+        let budgets: Vec<i32> = params.routes.iter().map(|r| r.max_attempts).collect();
+        let in_flight_limit = params
+            .tenant_in_flight_limit
+            .map(|l| i32::try_from(l).unwrap_or(i32::MAX));
+        let started = std::time::Instant::now();
+        let (given, floors): (&[String], &[i64]) = match pass {
+            Pass::Full => (&[], &[]),
+            Pass::Floor {
+                tenants, floors, ..
+            } => (tenants, floors),
+        };
+        let claim = sqlx::query(&self.q().claim)
+            .bind(&params.subscription)
+            .bind(&params.tenant_cursor)
+            .bind(limit)
+            .bind(limit)
+            .bind(&topics)
+            .bind(&versions)
+            .bind(&budgets)
+            .bind(in_flight_limit)
+            .bind(millis(params.lease))
+            .bind(&params.worker_id)
+            .bind(Uuid::new_v4())
+            .bind(uniform_budget(&budgets))
+            .bind(given)
+            .bind(floors);
+        let rows = if in_flight_limit.is_some() {
+            // Counting a tenant's running deliveries is only exact if no other
+            // claim of this subscription is in flight: take turns, so each
+            // claim's snapshot includes the previous claim's rows.
+            let mut tx = self.inner.pool.begin().await.map_err(map)?;
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                .bind(format!(
+                    "{}:claim:{}",
+                    self.inner.schema, params.subscription
+                ))
+                .execute(&mut *tx)
+                .await
+                .map_err(map)?;
+            let rows = claim.fetch_all(&mut *tx).await.map_err(map)?;
+            tx.commit().await.map_err(map)?;
+            rows
+        } else {
+            claim.fetch_all(&self.inner.pool).await.map_err(map)?
+        };
+        let took = started.elapsed();
+        let mut turn: Vec<String> = Vec::new();
+        let mut turn_was_full = false;
+        let mut last_tenant = String::new();
+        if let Some(first) = rows.first() {
+            let tenants_in_turn: i32 = first.try_get("tenants_in_turn").map_err(map)?;
+            turn = first.try_get("turn_tenants").map_err(map)?;
+            // A full turn means more tenants may wait after the last one served.
+            turn_was_full = usize::try_from(tenants_in_turn).unwrap_or(0) >= params.limit;
+            last_tenant = first
+                .try_get::<Option<String>, _>("last_tenant")
+                .map_err(map)?
+                .unwrap_or_default();
+        }
+        let next_tenant_cursor = match pass {
+            Pass::Floor { next_cursor, .. } => next_cursor.clone(),
+            Pass::Full if turn_was_full => last_tenant,
+            Pass::Full => String::new(),
+        };
+        let deliveries = rows
+            .iter()
+            .filter(|row| matches!(row.try_get::<Option<i64>, _>("id"), Ok(Some(_))))
+            .map(|row| claimed_from_row(row, &params.subscription))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(map)?;
+        let seen: Vec<Claimed<'_>> = deliveries
+            .iter()
+            .map(|d| Claimed {
+                id: d.delivery_id,
+                tenant: &d.tenant,
+                ordered: d.ordering_key.is_some(),
+            })
+            .collect();
+        self.inner.floors.record(
+            lane,
+            pass,
+            &params.tenant_cursor,
+            &turn,
+            turn_was_full,
+            &seen,
+            started,
+            took,
+        );
+        Ok(ClaimBatch {
+            deliveries,
+            next_tenant_cursor,
+        })
+    }
+
     async fn select_dead_letters(
         &self,
         sql: &str,

@@ -509,6 +509,8 @@ async fn the_claim_walks_each_tenant_s_ready_rows_not_the_whole_table() -> anyho
         .bind("w")
         .bind(uuid::Uuid::new_v4())
         .bind(Some(10_i32))
+        .bind(Vec::<String>::new())
+        .bind(Vec::<i64>::new())
         .fetch_all(&pg.pool)
         .await?;
     let text = plan.join("\n");
@@ -531,5 +533,250 @@ async fn the_claim_walks_each_tenant_s_ready_rows_not_the_whole_table() -> anyho
             );
         }
     }
+    Ok(())
+}
+
+/// The claim parameters a worker of subscription `sub` handling `topic` v1 uses.
+fn claim_params(limit: usize) -> courier::ClaimParams {
+    courier::ClaimParams {
+        subscription: "sub".into(),
+        routes: vec![courier::Route {
+            topic: "topic".into(),
+            schema_version: 1,
+            max_attempts: 10,
+        }],
+        limit,
+        lease: Duration::from_secs(30),
+        worker_id: "w".into(),
+        tenant_cursor: String::new(),
+        tenant_in_flight_limit: None,
+    }
+}
+
+/// Claims and completes through the store until `count` deliveries are done.
+async fn drain_through_store(
+    store: &courier::postgres::PgStore,
+    params: &courier::ClaimParams,
+    count: usize,
+) -> anyhow::Result<()> {
+    use courier::OutboxStore;
+    let mut done = 0;
+    while done < count {
+        let batch = store.claim(params).await?;
+        anyhow::ensure!(
+            !batch.deliveries.is_empty(),
+            "claims stopped finding work after {done} of {count}"
+        );
+        let leases: Vec<_> = batch.deliveries.iter().map(|d| d.lease()).collect();
+        done += store.complete_many(&leases).await?.len();
+    }
+    Ok(())
+}
+
+/// Index entries of `deliveries_ready` the claim statement reads (in a
+/// transaction that rolls back), claiming as a floor pass over `floors` (tenant,
+/// floor) or, when `floors` is empty, as a full pass.
+async fn ready_entries_read(
+    pg: &PgFixture,
+    floors: &[(&str, i64)],
+) -> anyhow::Result<(i64, usize)> {
+    let claim = pg
+        .courier()
+        .store()
+        .query_sql("claim")
+        .ok_or_else(|| anyhow::anyhow!("no claim query"))?
+        .to_owned();
+    let tenants: Vec<&str> = floors.iter().map(|(t, _)| *t).collect();
+    let ids: Vec<i64> = floors.iter().map(|(_, f)| *f).collect();
+    // The backend's counters run on across transactions until flushed
+    // (never inside one): the statement's reads are the difference.
+    let read_so_far = "SELECT pg_stat_get_xact_tuples_returned('deliveries_ready'::regclass)";
+    let mut tx = pg.pool.begin().await?;
+    let before: i64 = sqlx::query_scalar(read_so_far).fetch_one(&mut *tx).await?;
+    let rows = sqlx::query(&claim)
+        .bind("sub")
+        .bind("")
+        .bind(256_i32)
+        .bind(256_i32)
+        .bind(vec!["topic"])
+        .bind(vec![1_i32])
+        .bind(vec![10_i32])
+        .bind(None::<i32>)
+        .bind(30_000_i64)
+        .bind("w")
+        .bind(uuid::Uuid::new_v4())
+        .bind(Some(10_i32))
+        .bind(&tenants)
+        .bind(&ids)
+        .fetch_all(&mut *tx)
+        .await?;
+    let claimed = rows
+        .iter()
+        .filter(|row| {
+            matches!(
+                sqlx::Row::try_get::<Option<i64>, _>(*row, "id"),
+                Ok(Some(_))
+            )
+        })
+        .count();
+    let after: i64 = sqlx::query_scalar(read_so_far).fetch_one(&mut *tx).await?;
+    tx.rollback().await?;
+    Ok((after - before, claimed))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_under_a_held_snapshot_start_past_the_deliveries_already_done() -> anyhow::Result<()>
+{
+    // A snapshot held open elsewhere keeps the index entry of every delivery
+    // claimed or completed after it began; a claim that starts at the tenant's
+    // first entry reads them all. The store's claims start at its floors.
+    let pg = PgFixture::new().await?;
+    let courier = pg.courier();
+    courier
+        .worker("sub")
+        .handle("topic", 1, counting(CallCounter::default()))
+        .maintenance(None)
+        .build()
+        .await?;
+    let mut holder = pg.pool.acquire().await?;
+    sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .execute(&mut *holder)
+        .await?;
+    for chunk in events("t", "topic", 3_000)?.chunks(1000) {
+        pg.enqueue_committed(chunk).await?;
+    }
+    let store = courier.store();
+    drain_through_store(store, &claim_params(250), 3_000).await?;
+    let floor = store.claim_floors("sub").get("t").copied().unwrap_or(0);
+    let first: i64 = pg
+        .scalar("SELECT min(id) FROM deliveries")
+        .await
+        .unwrap_or(0);
+    assert_eq!(first, 0, "every delivery was completed");
+    // Delivery ids are 1..=3000 in this fresh schema; the last claim took
+    // the last 250.
+    assert!(floor >= 2_750, "the floor stayed at {floor}");
+    pg.enqueue_committed(&events("t", "topic", 10)?).await?;
+
+    let (full_read, full_claimed) = ready_entries_read(&pg, &[]).await?;
+    let (floor_read, floor_claimed) = ready_entries_read(&pg, &[("t", floor)]).await?;
+    assert_eq!((full_claimed, floor_claimed), (10, 10));
+    assert!(
+        full_read >= 3_000,
+        "a full pass should read the 3,000 kept entries, read {full_read}"
+    );
+    assert!(
+        floor_read <= 1_000,
+        "a floor pass read {floor_read} entries (a full pass {full_read})"
+    );
+    // And the store itself claims the new ones.
+    let batch = courier::OutboxStore::claim(store, &claim_params(250)).await?;
+    assert_eq!(batch.deliveries.len(), 10);
+    sqlx::raw_sql("ROLLBACK").execute(&mut *holder).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_committed_after_later_ones_were_claimed_is_still_claimed() -> anyhow::Result<()>
+{
+    // Its delivery id is below the floor the later claims left: a floor pass
+    // skips it, a full pass must find it.
+    let pg = PgFixture::new().await?;
+    let courier = pg.courier();
+    courier
+        .worker("sub")
+        .handle("topic", 1, counting(CallCounter::default()))
+        .maintenance(None)
+        .build()
+        .await?;
+    let store = courier.store();
+    let params = claim_params(5);
+    let mut late = pg.pool.begin().await?;
+    let outcomes = courier
+        .enqueue_batch(&mut late, &events("t", "topic", 1)?)
+        .await?;
+    let late_message = outcomes
+        .first()
+        .map(|o| o.id)
+        .ok_or_else(|| anyhow::anyhow!("nothing enqueued"))?;
+    let late_delivery: i64 = sqlx::query_scalar("SELECT id FROM deliveries WHERE message_id = $1")
+        .bind(late_message)
+        .fetch_one(&mut *late)
+        .await?;
+    for _ in 0..3 {
+        pg.enqueue_committed(&events("t", "topic", 5)?).await?;
+    }
+    drain_through_store(store, &params, 15).await?;
+    let floor = store.claim_floors("sub").get("t").copied().unwrap_or(0);
+    assert!(
+        floor >= late_delivery,
+        "the test needs the late delivery ({late_delivery}) below the floor ({floor})"
+    );
+    late.commit().await?;
+    // Work above the floor too, so floor passes keep finding something.
+    pg.enqueue_committed(&events("t", "topic", 20)?).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut found = false;
+    while !found && Instant::now() < deadline {
+        let batch = courier::OutboxStore::claim(store, &params).await?;
+        found = batch
+            .deliveries
+            .iter()
+            .any(|d| d.message_id == late_message);
+        let leases: Vec<_> = batch.deliveries.iter().map(|d| d.lease()).collect();
+        courier::OutboxStore::complete_many(store, &leases).await?;
+        if batch.deliveries.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert!(found, "the late message was never claimed");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claiming_pauses_while_outcomes_wait_to_be_written() -> anyhow::Result<()> {
+    // Handlers finish faster than outcomes are written: the worker must not
+    // keep claiming (and heartbeating) ever more unsettled deliveries.
+    let pg = PgFixture::new().await?;
+    let calls = CallCounter::default();
+    let concurrency = 4;
+    let worker = pg
+        .courier()
+        .worker("sub")
+        .handle("topic", 1, counting(calls.clone()))
+        .concurrency(concurrency)
+        .batch_size(concurrency)
+        .maintenance(None)
+        .build()
+        .await?;
+    pg.enqueue_committed(&events("t", "topic", 200)?).await?;
+    // Completing writes a receipt; claiming does not touch receipts.
+    let mut locker = pg.pool.begin().await?;
+    sqlx::query("LOCK TABLE receipts IN EXCLUSIVE MODE")
+        .execute(&mut *locker)
+        .await?;
+    let handle = worker.start();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let while_blocked = calls.total();
+    locker.rollback().await?;
+    let all = eventually(Duration::from_secs(30), || {
+        let calls = calls.clone();
+        async move { calls.distinct() == 200 }
+    })
+    .await;
+    handle.shutdown().await;
+    assert!(while_blocked >= 1, "the worker never started");
+    // Unsettled deliveries stop new claims at twice the concurrency; a claim
+    // already in flight may add up to one more concurrency's worth.
+    let cap = u64::try_from(3 * concurrency)?;
+    assert!(
+        while_blocked <= cap,
+        "{while_blocked} handler calls while no outcome could be written (at most {cap})"
+    );
+    assert!(
+        all,
+        "only {} of 200 delivered after the lock",
+        calls.distinct()
+    );
     Ok(())
 }

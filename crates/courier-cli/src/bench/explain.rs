@@ -164,7 +164,9 @@ async fn explain_all(store: &PgStore, pool: &PgPool) -> anyhow::Result<Vec<Expla
             .bind(millis(LEASE))
             .bind(worker_id)
             .bind(uuid::Uuid::new_v4())
-            .bind(Some(max_attempts)),
+            .bind(Some(max_attempts))
+            .bind(Vec::<String>::new())
+            .bind(Vec::<i64>::new()),
     )
     .await
     .context("claim")?;

@@ -45,7 +45,7 @@ pub(crate) const FULL_PASS_COST_RATIO: u32 = 20;
 
 /// Claimed deliveries tracked for their settlement before the map is dropped
 /// (an untracked settlement only leaves a floor where it was).
-const MAX_TRACKED: usize = 1 << 20;
+const MAX_TRACKED: usize = 1 << 16;
 
 /// A lane: claims of one subscription with one set of routes share floors
 /// (claims with other routes pass over different rows).

@@ -147,37 +147,61 @@ async fn explain_all(store: &PgStore, pool: &PgPool) -> anyhow::Result<Vec<Expla
     let limit = i32::try_from(CLAIM_BATCH).unwrap_or(i32::MAX);
 
     // claim: bound as PgStore::claim binds it (one lease token for the
-    // claim; one route, so its attempt budget is the uniform one).
+    // claim; one route, so its attempt budget is the uniform one). First a
+    // full pass (tenants discovered, each scanned from its first entry), then
+    // a floor pass starting half-way through the tenant's deliveries.
     let text = sql(store, "claim")?;
-    let query = explained(text);
-    let plan = rolled_back(
-        pool,
-        sqlx::query_scalar(&query)
-            .bind(SUBSCRIPTION)
-            .bind("")
-            .bind(limit)
-            .bind(limit)
-            .bind(vec![TOPIC])
-            .bind(vec![1_i32])
-            .bind(vec![max_attempts])
-            .bind(None::<i32>)
-            .bind(millis(LEASE))
-            .bind(worker_id)
-            .bind(uuid::Uuid::new_v4())
-            .bind(Some(max_attempts))
-            .bind(Vec::<String>::new())
-            .bind(Vec::<i64>::new()),
-    )
+    let half_way: i64 = sqlx::query_scalar(&format!(
+        "SELECT coalesce((min(id) + max(id)) / 2, 0) FROM {}.deliveries",
+        store.schema()
+    ))
+    .fetch_one(pool)
     .await
-    .context("claim")?;
-    out.push(ExplainedQuery {
-        name: "claim".into(),
-        parameters: format!(
-            "subscription {SUBSCRIPTION}, tenant cursor '', limit {CLAIM_BATCH}, 1 route, no in-flight limit"
-        ),
-        sql: text.to_owned(),
-        plan,
-    });
+    .context("the middle delivery id")?;
+    for (floors, what) in [
+        (Vec::new(), "full pass"),
+        (vec![("bench", half_way)], "floor pass from half-way"),
+    ] {
+        let tenants: Vec<&str> = floors.iter().map(|(t, _)| *t).collect();
+        let ids: Vec<i64> = floors.iter().map(|(_, f)| *f).collect();
+        let plan = rolled_back(
+            pool,
+            sqlx::query_scalar(&explained(text))
+                .bind(SUBSCRIPTION)
+                .bind("")
+                .bind(limit)
+                .bind(limit)
+                .bind(vec![TOPIC])
+                .bind(vec![1_i32])
+                .bind(vec![max_attempts])
+                .bind(None::<i32>)
+                .bind(millis(LEASE))
+                .bind(worker_id)
+                .bind(uuid::Uuid::new_v4())
+                .bind(Some(max_attempts))
+                .bind(&tenants)
+                .bind(&ids),
+        )
+        .await
+        .with_context(|| format!("claim ({what})"))?;
+        let floors_shown = if floors.is_empty() {
+            "none".to_owned()
+        } else {
+            floors
+                .iter()
+                .map(|(t, f)| format!("{t} > {f}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        out.push(ExplainedQuery {
+            name: format!("claim ({what})"),
+            parameters: format!(
+                "subscription {SUBSCRIPTION}, tenant cursor '', limit {CLAIM_BATCH}, 1 route, no in-flight limit, floors: {floors_shown}"
+            ),
+            sql: text.to_owned(),
+            plan,
+        });
+    }
 
     // complete: the leases of a real claim.
     let claimed = store

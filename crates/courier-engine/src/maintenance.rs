@@ -8,7 +8,8 @@
 //!
 //! Both are safe to run in every process at once: each write is a short
 //! statement that skips rows others hold. A failed pass is logged and tried
-//! again at the next interval.
+//! again at the next pass: after the interval, or after up to ten intervals
+//! when the last pass was slow (see [`Maintenance::run`]).
 
 use std::time::Duration;
 
@@ -129,8 +130,9 @@ impl<S: OutboxStore> Maintenance<S> {
 
     /// Runs both on their intervals until `stop` fires. A pass that took long
     /// (its scans walk row versions an old snapshot elsewhere keeps alive)
-    /// spaces the next one out to [`COST_RATIO`] times its duration, so
-    /// upkeep never takes more than a small share of the database's time.
+    /// spaces the next one out to [`COST_RATIO`] times its duration, up to
+    /// [`MAX_SPACING`] intervals, so upkeep takes a small share of the
+    /// database's time.
     pub async fn run(self, stop: CancellationToken) {
         // Both run once at start, as a restarted worker should.
         let mut next_rescue = tokio::time::Instant::now();
@@ -162,13 +164,16 @@ impl<S: OutboxStore> Maintenance<S> {
 /// A maintenance pass waits at least this multiple of the last one's duration.
 pub const COST_RATIO: u32 = 20;
 
+/// A slow pass spaces the next one out to at most this multiple of the interval.
+pub const MAX_SPACING: u32 = 10;
+
 /// When the pass after one that started at `started` and took `took` runs.
 fn next_pass(
     started: tokio::time::Instant,
     took: Duration,
     interval: Duration,
 ) -> tokio::time::Instant {
-    started + interval.max(took * COST_RATIO)
+    started + (took * COST_RATIO).clamp(interval, interval * MAX_SPACING)
 }
 
 #[cfg(test)]
@@ -186,6 +191,12 @@ mod tests {
         assert_eq!(
             next_pass(start, Duration::from_secs(1), every),
             start + Duration::from_secs(20)
+        );
+        // Never more than ten intervals apart (a pass that waited for a
+        // database that was down says nothing about the next one's cost).
+        assert_eq!(
+            next_pass(start, Duration::from_secs(30), every),
+            start + Duration::from_secs(50)
         );
     }
 }

@@ -85,7 +85,7 @@ pub(crate) async fn run<S: OutboxStore>(
 }
 
 /// Notes that these deliveries' outcomes are being written.
-fn mark_settling(in_flight: &InFlight, ids: &[i64]) {
+pub(crate) fn mark_settling(in_flight: &InFlight, ids: &[i64]) {
     let mut guard = in_flight
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -982,6 +982,7 @@ fn spawn_group<S: OutboxStore>(
     }
     let task_shared = Arc::clone(shared);
     let task_freed = Arc::clone(freed);
+    let in_flight = Arc::clone(&shared.in_flight);
     let settle = settle_tx.clone();
     running.spawn(async move {
         let settlements = execute_group(task_shared, group).await;
@@ -990,6 +991,10 @@ fn spawn_group<S: OutboxStore>(
         }
         drop(permit);
         task_freed.notify_one();
+        // A committed transactional group's rows are already gone: its
+        // leases must not count as lost before the settler forgets them.
+        let ids: Vec<i64> = settlements.iter().map(Settlement::delivery_id).collect();
+        settle::mark_settling(&in_flight, &ids);
         for settlement in settlements {
             let _ = settle.send(settlement);
         }

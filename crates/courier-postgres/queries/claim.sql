@@ -25,15 +25,16 @@ WITH RECURSIVE tenants AS (
   FROM tenants t
   WHERE t.tenant IS NOT NULL
 ),
--- The turn: the tenants this claim serves, each with the id below which its
--- scan starts. A full pass ($13 empty) discovers tenants after the cursor with
--- the walk above (the recursive CTE is only read when $13 is empty) and scans
--- each from its first ready row. A floor pass serves the tenants $13 the store
--- already knows and finds ready work for above its floor $14 (the id at or below which this
--- subscription's earlier claims left only deliveries that were claimed,
--- completed or not claimable then. Under a snapshot held open elsewhere,
--- completed rows leave index entries that cannot be removed; a floor pass
--- starts past them instead of visiting each one (see `floors.rs`).
+-- The turn: the tenants this claim serves, each with the floor its scan
+-- starts above. A full pass ($13 empty) discovers tenants after the cursor
+-- with the walk above (the recursive CTE is only read when $13 is empty) and
+-- scans each from its first ready row (floor 0). A floor pass serves the
+-- tenants $13 the store already knows that have a ready row above their
+-- floor $14, each from that floor: the store's floors sit just below the
+-- lowest id its last claim of the tenant took (see src/floors.rs). Under a
+-- snapshot held open elsewhere, claimed and completed rows leave index
+-- entries that cannot be removed; a floor pass starts past them instead of
+-- visiting each one.
 -- A paused subscription gets an empty turn, so nothing is claimed and its
 -- deliveries wait untouched. The check is uncorrelated: PostgreSQL runs it
 -- once (a one-time filter) and skips the tenant walk entirely when paused.

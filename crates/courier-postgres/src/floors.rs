@@ -9,38 +9,48 @@
 //! few minutes.
 //!
 //! So the store remembers, per subscription and set of routes (a *lane*) and
-//! per tenant, a **floor**: an id at or below which its last claim left only
-//! deliveries that were claimed, completed or not claimable. Most claims are
-//! **floor passes** that serve the tenants the lane knows, each from its floor.
-//! A **full pass** (the plain claim: tenants discovered in the index, each
-//! scanned from its first entry) finds what floors skip: deliveries that became
-//! claimable below a floor (a retry or rescued lease coming due, a delayed
-//! message, a message whose transaction committed after later ones were
-//! claimed) and tenants seen for the first time. A full pass runs
+//! per tenant, a **floor**: one below the lowest id its last claim of that
+//! tenant took, the id above which the next claim scans. Most claims are
+//! **floor passes** that serve the tenants the lane knows, each above its
+//! floor. **Full passes** (the plain claim: tenants discovered in the index
+//! after the cursor, each scanned from its first entry) find what floors
+//! skip: deliveries that became claimable below a floor (a retry or rescued
+//! lease coming due, a delayed message, a message whose transaction committed
+//! after later ones were claimed) and tenants seen for the first time. A run
+//! of full passes from the first tenant to the last is a **full lap**; once
+//! one is due, every claim of the lane is a full pass until the lap is done.
+//! A full lap is due
 //!
-//! - when the lane has no floors yet, or knows no tenant after the cursor;
-//! - on the first claim after a worker announced it is idle, so nothing is
-//!   left waiting for the poll interval;
-//! - whenever the time since the last full pass started is at least
-//!   [`FULL_PASS_COST_RATIO`] times what that pass took.
+//! - while the lane has finished none, or knows no tenant after the cursor;
+//! - after a worker announced it is idle (it claims once more before it
+//!   sleeps, and that claim must see everything);
+//! - when the time since the last lap started reaches [`FULL_PASS_COST_RATIO`]
+//!   times what it cost beyond the floor passes it stood in for (their
+//!   smoothed duration), so laps run at nearly every claim when scanning from
+//!   the first entries costs little, and rarely when it costs a lot.
 //!
-//! The last rule keeps full passes at a bounded share of the claim time: a few
+//! And a floor pass that claims nothing is followed at once by a full pass.
+//! The ratio keeps full laps at a bounded share of the claim time: a few
 //! milliseconds every few tens of milliseconds normally, and under a held
-//! snapshot, when a full pass walks millions of entries, rarely enough that
-//! throughput holds. What it costs is latency for deliveries below a floor, at
-//! most that interval.
+//! snapshot, when a lap walks millions of entries, rarely enough that
+//! throughput holds. What it costs is latency for deliveries below a floor:
+//! up to that interval plus one lap.
 //!
-//! A settled delivery can make work claimable below the floor at once: the
-//! next delivery of its ordering key, or itself when released or failed. So a
-//! settlement of such a delivery lowers its tenant's floor below its id.
+//! Settling a delivery can make work claimable below the floor at once: the
+//! next delivery of its ordering key, or the delivery itself when released or
+//! failed. Such a settlement lowers its tenant's floor below its id, and a
+//! claim planned before the lowering cannot raise the floor past it again.
+//! A full pass that serves a tenant but claims nothing of it (every ready
+//! delivery delayed, blocked by its ordering key, or the tenant at its
+//! in-flight limit) sets its floor to 0.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-/// A full pass runs when the time since the last one started reaches this
-/// multiple of its duration.
+/// A full lap is due when the time since the last one started reaches this
+/// multiple of its cost beyond floor passes.
 pub(crate) const FULL_PASS_COST_RATIO: u32 = 20;
 
 /// Claimed deliveries tracked for their settlement before the map is dropped
@@ -66,12 +76,35 @@ pub(crate) enum Pass {
     },
 }
 
+/// A planned claim: how it scans, and the lane's lowering count when planned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Planned {
+    pub(crate) pass: Pass,
+    pub(crate) epoch: u64,
+}
+
 /// One claimed delivery, as the floors need it.
 #[derive(Debug, Clone)]
 pub(crate) struct Claimed<'a> {
     pub(crate) id: i64,
     pub(crate) tenant: &'a str,
     pub(crate) ordered: bool,
+}
+
+/// What a claim found, for [`Floors::record`].
+#[derive(Debug, Clone)]
+pub(crate) struct Found<'a> {
+    /// The cursor the claim started after.
+    pub(crate) cursor: &'a str,
+    /// The tenants it served.
+    pub(crate) turn: &'a [String],
+    /// Whether more tenants may follow the last one served.
+    pub(crate) turn_was_full: bool,
+    /// What it claimed.
+    pub(crate) claimed: &'a [Claimed<'a>],
+    /// When it started and how long it took.
+    pub(crate) started: Instant,
+    pub(crate) took: Duration,
 }
 
 /// How a claimed delivery was settled.
@@ -84,14 +117,32 @@ pub(crate) enum Settled {
     Returned,
 }
 
+/// A full lap in progress.
+#[derive(Debug)]
+struct Lap {
+    started: Instant,
+    took: Duration,
+    passes: u32,
+    /// Tenants its passes served.
+    seen: HashSet<String>,
+}
+
 #[derive(Debug, Default)]
 struct Lane {
     /// Tenants seen with ready work, and their floors.
     tenants: BTreeMap<String, i64>,
-    /// Start and duration of the last full pass.
+    /// Start of the last full lap, and what it cost beyond the floor passes
+    /// it stood in for.
     last_full: Option<(Instant, Duration)>,
-    /// A full pass must start after this instant before floors are used again.
+    /// A floor pass's duration, smoothed; `None` until one ran.
+    floor_cost: Option<Duration>,
+    /// The full lap in progress, from its pass at the first tenant.
+    lap: Option<Lap>,
+    /// A full lap must start after this instant before floors are used again.
     full_needed_since: Option<Instant>,
+    /// Lowerings so far, and the count at each tenant's last one.
+    epoch: u64,
+    lowered: HashMap<String, u64>,
 }
 
 #[derive(Debug, Default)]
@@ -121,60 +172,59 @@ impl Floors {
         cursor: &str,
         max_tenants: usize,
         now: Instant,
-    ) -> Pass {
+    ) -> Planned {
         let state = self.state();
         let Some(lane) = state.index.get(lane).map(|&i| &state.lanes[i]) else {
-            return Pass::Full;
+            return Planned {
+                pass: Pass::Full,
+                epoch: 0,
+            };
+        };
+        let full = Planned {
+            pass: Pass::Full,
+            epoch: lane.epoch,
         };
         let Some((started, took)) = lane.last_full else {
-            return Pass::Full;
+            return full;
         };
         if lane.full_needed_since.is_some()
+            || lane.lap.is_some()
             || now.saturating_duration_since(started) >= took * FULL_PASS_COST_RATIO
         {
-            return Pass::Full;
+            return full;
         }
         let after = if cursor.is_empty() {
             Bound::Unbounded
         } else {
             Bound::Excluded(cursor)
         };
+        let max_tenants = max_tenants.max(1);
         let (tenants, floors): (Vec<String>, Vec<i64>) = lane
             .tenants
             .range::<str, _>((after, Bound::Unbounded))
-            .take(max_tenants.max(1))
+            .take(max_tenants)
             .map(|(tenant, floor)| (tenant.clone(), *floor))
             .unzip();
         if tenants.is_empty() {
-            return Pass::Full;
+            return full;
         }
-        let next_cursor = if tenants.len() >= max_tenants.max(1) {
+        let next_cursor = if tenants.len() >= max_tenants {
             tenants.last().cloned().unwrap_or_default()
         } else {
             String::new()
         };
-        Pass::Floor {
-            tenants,
-            floors,
-            next_cursor,
+        Planned {
+            pass: Pass::Floor {
+                tenants,
+                floors,
+                next_cursor,
+            },
+            epoch: lane.epoch,
         }
     }
 
-    /// Records what a claim planned as `pass` found. `turn` is the tenants it
-    /// served; for a full pass, `turn_was_full` says whether more tenants may
-    /// follow the last one (so tenants known after it were not looked at).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn record(
-        &self,
-        key: &LaneKey,
-        pass: &Pass,
-        cursor: &str,
-        turn: &[String],
-        turn_was_full: bool,
-        claimed: &[Claimed<'_>],
-        started: Instant,
-        took: Duration,
-    ) {
+    /// Records what a claim planned as `planned` found.
+    pub(crate) fn record(&self, key: &LaneKey, planned: &Planned, found: &Found<'_>) {
         let mut state = self.state();
         let state = &mut *state;
         let index = match state.index.get(key) {
@@ -187,47 +237,91 @@ impl Floors {
             }
         };
         let lane = &mut state.lanes[index];
+        let full = planned.pass == Pass::Full;
         let mut lowest: BTreeMap<&str, i64> = BTreeMap::new();
-        for c in claimed {
+        for c in found.claimed {
             lowest
                 .entry(c.tenant)
                 .and_modify(|low| *low = (*low).min(c.id))
                 .or_insert(c.id);
         }
-        if *pass == Pass::Full {
-            // A pass over every tenant (from the first, and not cut short)
-            // saw all with ready work: forget the others. (Only then: the
-            // database may order tenants differently from this map.)
-            if cursor.is_empty() && !turn_was_full {
-                lane.tenants.retain(|tenant, _| turn.contains(tenant));
-            }
-            for tenant in turn {
-                // Scanned from its first entry: everything claimable below
-                // the lowest claimed id was claimed.
-                let floor = match lowest.get(tenant.as_str()) {
-                    Some(low) => low - 1,
-                    None => lane.tenants.get(tenant).copied().unwrap_or(0),
-                };
-                lane.tenants.insert(tenant.clone(), floor);
-            }
-            let superseded = lane.full_needed_since.is_some_and(|since| started >= since);
-            if superseded {
-                lane.full_needed_since = None;
-            }
-            if lane.last_full.is_none_or(|(last, _)| started >= last) {
-                lane.last_full = Some((started, took));
-            }
-        } else {
-            for (tenant, low) in &lowest {
-                if let Some(floor) = lane.tenants.get_mut(*tenant) {
-                    *floor = (*floor).max(low - 1);
+        if full {
+            // Served and scanned from its first entry, but nothing claimed:
+            // its ready work is delayed, blocked or over its limit, and may
+            // become claimable anywhere.
+            for tenant in found.turn {
+                if !lowest.contains_key(tenant.as_str()) {
+                    lane.tenants.insert(tenant.clone(), 0);
                 }
             }
         }
-        if state.claimed.len() + claimed.len() > MAX_TRACKED {
+        for (tenant, low) in &lowest {
+            let proposed = low - 1;
+            let lowered_since = lane
+                .lowered
+                .get(*tenant)
+                .is_some_and(|&at| at > planned.epoch);
+            let floor = lane.tenants.entry((*tenant).to_owned()).or_insert(0);
+            *floor = if lowered_since {
+                (*floor).min(proposed)
+            } else if full {
+                // Everything claimable below the lowest claimed id was taken.
+                proposed
+            } else {
+                (*floor).max(proposed)
+            };
+        }
+        if !full {
+            lane.floor_cost = Some(match lane.floor_cost {
+                Some(cost) => (cost * 4 + found.took) / 5,
+                None => found.took,
+            });
+        }
+        if full {
+            if found.cursor.is_empty() {
+                // A lap starts at the first tenant (a new one replaces any
+                // lap that did not finish).
+                lane.lap = Some(Lap {
+                    started: found.started,
+                    took: Duration::ZERO,
+                    passes: 0,
+                    seen: HashSet::new(),
+                });
+            }
+            if let Some(lap) = lane.lap.as_mut() {
+                lap.took += found.took;
+                lap.passes += 1;
+                lap.seen.extend(found.turn.iter().cloned());
+            }
+            if !found.turn_was_full {
+                if let Some(lap) = lane.lap.take() {
+                    // Tenants the lap did not serve had no ready work.
+                    lane.tenants.retain(|tenant, _| lap.seen.contains(tenant));
+                    lane.lowered.retain(|tenant, _| lap.seen.contains(tenant));
+                    if lane
+                        .full_needed_since
+                        .is_some_and(|since| lap.started >= since)
+                    {
+                        lane.full_needed_since = None;
+                    }
+                    if lane.last_full.is_none_or(|(last, _)| lap.started >= last) {
+                        // What scanning from the first entries added: about
+                        // nothing normally (laps then run nearly every
+                        // claim), the walk past kept entries under a held
+                        // snapshot. Until a floor pass ran, all of it.
+                        let overhead = match lane.floor_cost {
+                            Some(floor) => lap.took.saturating_sub(floor * lap.passes),
+                            None => lap.took,
+                        };
+                        lane.last_full = Some((lap.started, overhead));
+                    }
+                }
+            }
+        }
+        if state.claimed.len() + found.claimed.len() > MAX_TRACKED {
             state.claimed.clear();
         }
-        for c in claimed {
+        for c in found.claimed {
             state
                 .claimed
                 .insert(c.id, (index, c.tenant.to_owned(), c.ordered));
@@ -246,7 +340,10 @@ impl Floors {
             if how == Settled::Completed && !ordered {
                 continue;
             }
-            let floor = state.lanes[lane].tenants.entry(tenant).or_insert(id - 1);
+            let lane = &mut state.lanes[lane];
+            lane.epoch += 1;
+            lane.lowered.insert(tenant.clone(), lane.epoch);
+            let floor = lane.tenants.entry(tenant).or_insert(id - 1);
             *floor = (*floor).min(id - 1);
         }
     }
@@ -269,7 +366,7 @@ impl Floors {
         floors
     }
 
-    /// The next claim of every lane of `subscription` must be a full pass:
+    /// Every lane of `subscription` needs a full lap that starts after `now`:
     /// a worker announced it is idle and claims once more before it sleeps.
     pub(crate) fn need_full_pass(&self, subscription: &str, now: Instant) {
         let mut state = self.state();
@@ -300,63 +397,103 @@ mod tests {
             .collect()
     }
 
-    fn turn(tenants: &[&str]) -> Vec<String> {
+    fn names(tenants: &[&str]) -> Vec<String> {
         tenants.iter().map(|t| (*t).to_owned()).collect()
     }
+
+    /// Records a claim planned now.
+    #[allow(clippy::too_many_arguments)]
+    fn claim(
+        floors: &Floors,
+        planned: &Planned,
+        cursor: &str,
+        turn: &[&str],
+        turn_was_full: bool,
+        rows: &[Claimed<'_>],
+        started: Instant,
+        took: Duration,
+    ) {
+        let turn = names(turn);
+        floors.record(
+            &lane(),
+            planned,
+            &Found {
+                cursor,
+                turn: &turn,
+                turn_was_full,
+                claimed: rows,
+                started,
+                took,
+            },
+        );
+    }
+
+    fn floors_of(floors: &Floors, now: Instant) -> (Vec<String>, Vec<i64>) {
+        match floors.plan(&lane(), "", 100, now).pass {
+            Pass::Floor {
+                tenants, floors, ..
+            } => (tenants, floors),
+            Pass::Full => panic!("expected a floor pass"),
+        }
+    }
+
+    const SECOND: Duration = Duration::from_secs(1);
 
     #[test]
     fn a_lane_starts_with_a_full_pass_and_then_claims_from_floors() {
         let floors = Floors::default();
         let t0 = Instant::now();
-        assert_eq!(floors.plan(&lane(), "", 10, t0), Pass::Full);
-        floors.record(
-            &lane(),
-            &Pass::Full,
+        let first = floors.plan(&lane(), "", 10, t0);
+        assert_eq!(first.pass, Pass::Full);
+        let rows = [claimed("a", &[5, 6, 7]), claimed("b", &[9])].concat();
+        claim(
+            &floors,
+            &first,
             "",
-            &turn(&["a", "b"]),
+            &["a", "b"],
             false,
-            &[claimed("a", &[5, 6, 7]), claimed("b", &[9])].concat(),
+            &rows,
             t0,
             Duration::from_millis(5),
         );
-        let plan = floors.plan(&lane(), "", 10, t0 + Duration::from_millis(10));
+        let next = floors.plan(&lane(), "", 10, t0 + Duration::from_millis(10));
         assert_eq!(
-            plan,
+            next.pass,
             Pass::Floor {
-                tenants: turn(&["a", "b"]),
+                tenants: names(&["a", "b"]),
                 floors: vec![4, 8],
                 next_cursor: String::new(),
             }
         );
         // A floor pass only raises floors.
-        floors.record(
-            &lane(),
-            &plan,
+        let rows = [claimed("a", &[3, 20]), claimed("b", &[30])].concat();
+        claim(
+            &floors,
+            &next,
             "",
-            &turn(&["a"]),
+            &["a"],
             false,
-            &[claimed("a", &[3, 20]), claimed("b", &[30])].concat(),
+            &rows,
             t0,
             Duration::from_millis(1),
         );
-        let Pass::Floor { floors: f, .. } =
-            floors.plan(&lane(), "", 10, t0 + Duration::from_millis(20))
-        else {
-            panic!("expected a floor pass");
-        };
-        assert_eq!(f, vec![4, 29]);
+        assert_eq!(
+            floors_of(&floors, t0 + Duration::from_millis(20)).1,
+            vec![4, 29]
+        );
     }
 
     #[test]
-    fn full_passes_recur_at_a_bounded_share_of_the_time() {
+    fn full_laps_recur_at_a_bounded_share_of_the_time() {
         let floors = Floors::default();
         let t0 = Instant::now();
         let took = Duration::from_millis(100);
-        floors.record(
-            &lane(),
-            &Pass::Full,
+        let first = floors.plan(&lane(), "", 10, t0);
+        claim(
+            &floors,
+            &first,
             "",
-            &turn(&["a"]),
+            &["a"],
             false,
             &claimed("a", &[1]),
             t0,
@@ -364,154 +501,253 @@ mod tests {
         );
         let just_before = t0 + took * FULL_PASS_COST_RATIO - Duration::from_millis(1);
         assert!(matches!(
-            floors.plan(&lane(), "", 10, just_before),
+            floors.plan(&lane(), "", 10, just_before).pass,
             Pass::Floor { .. }
         ));
         assert_eq!(
-            floors.plan(&lane(), "", 10, t0 + took * FULL_PASS_COST_RATIO),
+            floors
+                .plan(&lane(), "", 10, t0 + took * FULL_PASS_COST_RATIO)
+                .pass,
             Pass::Full
         );
     }
 
     #[test]
-    fn an_idle_announcement_asks_for_a_full_pass_started_after_it() {
+    fn a_full_lap_runs_from_the_first_tenant_to_the_last() {
         let floors = Floors::default();
         let t0 = Instant::now();
-        let took = Duration::from_secs(1);
-        floors.record(
-            &lane(),
-            &Pass::Full,
+        let full = floors.plan(&lane(), "", 2, t0);
+        // A full pass from a cursor does not start the lap; one from the
+        // first tenant does, and every claim is a full pass until one ends it.
+        claim(&floors, &full, "m", &["n", "o"], true, &[], t0, SECOND);
+        assert_eq!(floors.plan(&lane(), "o", 2, t0).pass, Pass::Full);
+        claim(
+            &floors,
+            &full,
             "",
-            &turn(&["a"]),
-            false,
-            &[],
+            &["a", "b"],
+            true,
+            &claimed("a", &[1]),
             t0,
-            took,
+            SECOND,
+        );
+        assert_eq!(floors.plan(&lane(), "b", 2, t0).pass, Pass::Full);
+        claim(
+            &floors,
+            &full,
+            "b",
+            &["c"],
+            false,
+            &claimed("c", &[3]),
+            t0,
+            SECOND,
+        );
+        // Done: tenants it did not serve are forgotten, and the next lap is
+        // due 20 × its 2 s after it started.
+        let (tenants, _) = floors_of(&floors, t0 + SECOND);
+        assert_eq!(tenants, names(&["a", "b", "c"]));
+        let due = t0 + 2 * SECOND * FULL_PASS_COST_RATIO;
+        assert!(matches!(
+            floors.plan(&lane(), "", 2, due - SECOND).pass,
+            Pass::Floor { .. }
+        ));
+        assert_eq!(floors.plan(&lane(), "", 2, due).pass, Pass::Full);
+    }
+
+    #[test]
+    fn a_lap_that_costs_little_more_than_floor_passes_recurs_soon() {
+        let floors = Floors::default();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis(1);
+        let first = floors.plan(&lane(), "", 10, t0);
+        claim(
+            &floors,
+            &first,
+            "",
+            &["a"],
+            false,
+            &claimed("a", &[1]),
+            t0,
+            10 * ms,
+        );
+        let floor_pass = floors.plan(&lane(), "", 10, t0 + ms);
+        assert!(matches!(floor_pass.pass, Pass::Floor { .. }));
+        claim(
+            &floors,
+            &floor_pass,
+            "",
+            &["a"],
+            false,
+            &claimed("a", &[2]),
+            t0,
+            9 * ms,
+        );
+        // The first lap's 10 ms counted whole: due at 200 ms.
+        assert_eq!(floors.plan(&lane(), "", 10, t0 + 200 * ms).pass, Pass::Full);
+        // A lap of one pass taking 10 ms where a floor pass takes 9 ms
+        // costs 1 ms: due 20 ms after it started.
+        let started = t0 + 200 * ms;
+        let full = floors.plan(&lane(), "", 10, started);
+        claim(
+            &floors,
+            &full,
+            "",
+            &["a"],
+            false,
+            &claimed("a", &[3]),
+            started,
+            10 * ms,
+        );
+        assert!(matches!(
+            floors.plan(&lane(), "", 10, started + 19 * ms).pass,
+            Pass::Floor { .. }
+        ));
+        assert_eq!(
+            floors.plan(&lane(), "", 10, started + 20 * ms).pass,
+            Pass::Full
+        );
+    }
+
+    #[test]
+    fn an_idle_announcement_asks_for_a_full_lap_started_after_it() {
+        let floors = Floors::default();
+        let t0 = Instant::now();
+        let full = floors.plan(&lane(), "", 10, t0);
+        claim(
+            &floors,
+            &full,
+            "",
+            &["a"],
+            false,
+            &claimed("a", &[1]),
+            t0,
+            SECOND,
         );
         let announced = t0 + Duration::from_millis(50);
         floors.need_full_pass("billing", announced);
-        assert_eq!(floors.plan(&lane(), "", 10, announced), Pass::Full);
-        // A full pass that started before the announcement does not count.
-        floors.record(
-            &lane(),
-            &Pass::Full,
+        assert_eq!(floors.plan(&lane(), "", 10, announced).pass, Pass::Full);
+        // A lap that started before the announcement does not count.
+        claim(
+            &floors,
+            &full,
             "",
-            &turn(&["a"]),
+            &["a"],
             false,
-            &[],
+            &claimed("a", &[2]),
             t0,
-            took,
+            SECOND,
         );
-        assert_eq!(floors.plan(&lane(), "", 10, announced), Pass::Full);
-        floors.record(
-            &lane(),
-            &Pass::Full,
+        assert_eq!(floors.plan(&lane(), "", 10, announced).pass, Pass::Full);
+        claim(
+            &floors,
+            &full,
             "",
-            &turn(&["a"]),
+            &["a"],
             false,
-            &[],
+            &claimed("a", &[3]),
             announced,
-            took,
+            SECOND,
         );
         assert!(matches!(
-            floors.plan(&lane(), "", 10, announced),
+            floors.plan(&lane(), "", 10, announced).pass,
             Pass::Floor { .. }
         ));
         // Another subscription's announcement changes nothing here.
         floors.need_full_pass("shipping", announced);
         assert!(matches!(
-            floors.plan(&lane(), "", 10, announced),
+            floors.plan(&lane(), "", 10, announced).pass,
             Pass::Floor { .. }
         ));
     }
 
     #[test]
-    fn a_full_pass_over_every_tenant_forgets_those_without_ready_work() {
+    fn a_tenant_served_by_a_full_pass_without_a_claim_is_scanned_from_its_start() {
+        // Its ready work is delayed, blocked or over its in-flight limit; it
+        // may become claimable below any floor.
         let floors = Floors::default();
         let t0 = Instant::now();
-        let took = Duration::from_secs(1);
-        let known = |floors: &Floors| match floors.plan(&lane(), "", 10, t0) {
-            Pass::Floor { tenants, .. } => tenants,
-            Pass::Full => panic!("expected a floor pass"),
+        let full = floors.plan(&lane(), "", 10, t0);
+        claim(
+            &floors,
+            &full,
+            "",
+            &["a", "b"],
+            false,
+            &claimed("a", &[50]),
+            t0,
+            SECOND,
+        );
+        let floor_pass = floors.plan(&lane(), "", 10, t0);
+        let quick = Duration::from_millis(1);
+        claim(
+            &floors,
+            &floor_pass,
+            "",
+            &["b"],
+            false,
+            &claimed("b", &[70]),
+            t0,
+            quick,
+        );
+        assert_eq!(floors_of(&floors, t0).1, vec![49, 69]);
+        let full = Planned {
+            pass: Pass::Full,
+            epoch: 0,
         };
-        floors.record(
-            &lane(),
-            &Pass::Full,
+        claim(
+            &floors,
+            &full,
             "",
-            &turn(&["a", "b", "c", "d"]),
+            &["a", "b"],
             false,
-            &[],
+            &claimed("a", &[60]),
             t0,
-            took,
+            SECOND,
         );
-        // A pass cut short, or one after a cursor, did not look at every tenant.
-        floors.record(&lane(), &Pass::Full, "", &turn(&["c"]), true, &[], t0, took);
-        floors.record(
-            &lane(),
-            &Pass::Full,
-            "a",
-            &turn(&["c"]),
-            false,
-            &[],
-            t0,
-            took,
-        );
-        assert_eq!(known(&floors), turn(&["a", "b", "c", "d"]));
-        floors.record(
-            &lane(),
-            &Pass::Full,
-            "",
-            &turn(&["c", "a"]),
-            false,
-            &[],
-            t0,
-            took,
-        );
-        assert_eq!(known(&floors), turn(&["a", "c"]));
+        assert_eq!(floors_of(&floors, t0).1, vec![59, 0]);
     }
 
     #[test]
     fn a_floor_turn_follows_the_cursor_and_ends_the_lap_when_short() {
         let floors = Floors::default();
         let t0 = Instant::now();
-        let took = Duration::from_secs(1);
-        floors.record(
-            &lane(),
-            &Pass::Full,
+        let full = floors.plan(&lane(), "", 10, t0);
+        claim(
+            &floors,
+            &full,
             "",
-            &turn(&["a", "b", "c"]),
+            &["a", "b", "c"],
             false,
-            &[],
+            &claimed("a", &[1]),
             t0,
-            took,
+            SECOND,
         );
         let Pass::Floor {
             tenants,
             next_cursor,
             ..
-        } = floors.plan(&lane(), "", 2, t0)
+        } = floors.plan(&lane(), "", 2, t0).pass
         else {
             panic!("expected a floor pass");
         };
-        assert_eq!((tenants, next_cursor.as_str()), (turn(&["a", "b"]), "b"));
+        assert_eq!((tenants, next_cursor.as_str()), (names(&["a", "b"]), "b"));
         let Pass::Floor {
             tenants,
             next_cursor,
             ..
-        } = floors.plan(&lane(), "b", 2, t0)
+        } = floors.plan(&lane(), "b", 2, t0).pass
         else {
             panic!("expected a floor pass");
         };
-        assert_eq!((tenants, next_cursor.as_str()), (turn(&["c"]), ""));
+        assert_eq!((tenants, next_cursor.as_str()), (names(&["c"]), ""));
         // Past the last known tenant: discover.
-        assert_eq!(floors.plan(&lane(), "c", 2, t0), Pass::Full);
+        assert_eq!(floors.plan(&lane(), "c", 2, t0).pass, Pass::Full);
     }
 
     #[test]
     fn settlements_that_free_work_below_the_floor_lower_it() {
         let floors = Floors::default();
         let t0 = Instant::now();
-        let took = Duration::from_secs(1);
         let rows = vec![
             Claimed {
                 id: 10,
@@ -529,34 +765,20 @@ mod tests {
                 ordered: false,
             },
         ];
-        floors.record(
-            &lane(),
-            &Pass::Full,
-            "",
-            &turn(&["a"]),
-            false,
-            &rows,
-            t0,
-            took,
-        );
-        let floor_of = || match floors.plan(&lane(), "", 10, t0) {
-            Pass::Floor { floors, .. } => floors[0],
-            Pass::Full => panic!("expected a floor pass"),
-        };
+        let full = floors.plan(&lane(), "", 10, t0);
+        claim(&floors, &full, "", &["a"], false, &rows, t0, SECOND);
+        let floor_of = || floors_of(&floors, t0).1[0];
         // Later claims moved the floor up.
-        floors.record(
-            &lane(),
-            &Pass::Floor {
-                tenants: vec![],
-                floors: vec![],
-                next_cursor: String::new(),
-            },
+        let planned = floors.plan(&lane(), "", 10, t0);
+        claim(
+            &floors,
+            &planned,
             "",
             &[],
             false,
             &claimed("a", &[40]),
             t0,
-            took,
+            SECOND,
         );
         assert_eq!(floor_of(), 39);
         // An unordered completion frees nothing.
@@ -566,22 +788,33 @@ mod tests {
         floors.settled([12], Settled::Returned);
         assert_eq!(floor_of(), 11);
         // The next message of an ordering key lies above its completed head.
+        // A claim planned before that lowering cannot raise the floor again.
+        let in_flight = floors.plan(&lane(), "", 10, t0);
         floors.settled([10], Settled::Completed);
         assert_eq!(floor_of(), 9);
-        // Settled once: a second report is ignored.
-        floors.record(
-            &lane(),
-            &Pass::Floor {
-                tenants: vec![],
-                floors: vec![],
-                next_cursor: String::new(),
-            },
+        claim(
+            &floors,
+            &in_flight,
+            "",
+            &[],
+            false,
+            &claimed("a", &[60]),
+            t0,
+            SECOND,
+        );
+        assert_eq!(floor_of(), 9);
+        // A claim planned after it can; a second report of the same
+        // settlement is ignored.
+        let later = floors.plan(&lane(), "", 10, t0);
+        claim(
+            &floors,
+            &later,
             "",
             &[],
             false,
             &claimed("a", &[50]),
             t0,
-            took,
+            SECOND,
         );
         floors.settled([10], Settled::Completed);
         assert_eq!(floor_of(), 49);

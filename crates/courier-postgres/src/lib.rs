@@ -38,7 +38,7 @@ pub use migrate::SCHEMA_VERSION;
 pub use notifier::PgNotifier;
 
 use error::map;
-use floors::{Claimed, Floors, LaneKey, Pass, Settled};
+use floors::{Claimed, Floors, Found, LaneKey, Pass, Planned, Settled};
 use queries::Queries;
 
 /// The schema Courier's tables live in unless another is chosen.
@@ -410,17 +410,21 @@ impl OutboxStore for PgStore {
                 .map(|r| (r.topic.clone(), r.schema_version))
                 .collect(),
         );
-        let pass = self.inner.floors.plan(
+        let planned = self.inner.floors.plan(
             &lane,
             &params.tenant_cursor,
             params.limit,
             std::time::Instant::now(),
         );
-        let batch = self.claim_pass(params, &lane, &pass).await?;
-        if pass != Pass::Full && batch.deliveries.is_empty() {
-            // Nothing above the floors: look everywhere before reporting
-            // that there is nothing (the caller may go idle on it).
-            return self.claim_pass(params, &lane, &Pass::Full).await;
+        let batch = self.claim_pass(params, &lane, &planned).await?;
+        if planned.pass != Pass::Full && batch.deliveries.is_empty() {
+            // Nothing above the floors: scan from the first entries before
+            // reporting that there is nothing (the caller may go idle on it).
+            let full = Planned {
+                pass: Pass::Full,
+                ..planned
+            };
+            return self.claim_pass(params, &lane, &full).await;
         }
         Ok(batch)
     }
@@ -725,8 +729,9 @@ impl PgStore {
         &self,
         params: &ClaimParams,
         lane: &LaneKey,
-        pass: &Pass,
+        planned: &Planned,
     ) -> Result<ClaimBatch, StoreError> {
+        let pass = &planned.pass;
         let limit = i32::try_from(params.limit).unwrap_or(i32::MAX);
         let topics: Vec<&str> = params.routes.iter().map(|r| r.topic.as_str()).collect();
         let versions: Vec<i32> = params.routes.iter().map(|r| r.schema_version).collect();
@@ -810,13 +815,15 @@ impl PgStore {
             .collect();
         self.inner.floors.record(
             lane,
-            pass,
-            &params.tenant_cursor,
-            &turn,
-            turn_was_full,
-            &seen,
-            started,
-            took,
+            planned,
+            &Found {
+                cursor: &params.tenant_cursor,
+                turn: &turn,
+                turn_was_full,
+                claimed: &seen,
+                started,
+                took,
+            },
         );
         Ok(ClaimBatch {
             deliveries,

@@ -194,9 +194,9 @@ async fn explain_all(store: &PgStore, pool: &PgPool) -> anyhow::Result<Vec<Expla
                 .join(", ")
         };
         out.push(ExplainedQuery {
-            name: format!("claim ({what})"),
+            name: "claim".into(),
             parameters: format!(
-                "subscription {SUBSCRIPTION}, tenant cursor '', limit {CLAIM_BATCH}, 1 route, no in-flight limit, floors: {floors_shown}"
+                "{what}; subscription {SUBSCRIPTION}, tenant cursor '', limit {CLAIM_BATCH}, 1 route, no in-flight limit, floors: {floors_shown}"
             ),
             sql: text.to_owned(),
             plan,

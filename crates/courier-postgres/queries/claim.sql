@@ -123,12 +123,21 @@ claimed AS (
 -- One row per claimed delivery; when nothing was claimed, one row of NULLs
 -- that still carries the turn (so the cursor advances past tenants whose
 -- work was not claimable this time).
+-- With it, for the store's floors: the highest delivery id now, and (floor
+-- passes, $15 > 0) the tenants with ready deliveries above id $15, the
+-- highest id the previous claim saw: new tenants, found by walking only
+-- what was enqueued since rather than every tenant's first entries.
 SELECT c.id, c.message_id, c.tenant, c.topic, c.schema_version, c.ordering_key,
        c.payload, c.headers, c.attempts, c.max_attempts,
        c.lease_token, c.lease_expires_at, c.occurred_at, c.created_at,
-       meta.last_tenant, meta.tenants_in_turn, meta.turn_tenants
+       meta.last_tenant, meta.tenants_in_turn, meta.turn_tenants,
+       meta.max_id, meta.discovered
 FROM (SELECT max(tenant) AS last_tenant, count(*)::int AS tenants_in_turn,
-             coalesce(array_agg(tenant), '{}') AS turn_tenants
+             coalesce(array_agg(tenant), '{}') AS turn_tenants,
+             (SELECT coalesce(max(x.id), 0) FROM {schema}.deliveries x) AS max_id,
+             coalesce((SELECT array_agg(DISTINCT n.tenant) FROM {schema}.deliveries n
+                       WHERE $15::bigint > 0 AND n.id > $15::bigint
+                         AND n.subscription = $1 AND n.state = 'available'), '{}') AS discovered
       FROM turn) meta
 LEFT JOIN (
   SELECT cl.id, cl.message_id, cl.tenant, cl.topic, cl.schema_version, cl.ordering_key,

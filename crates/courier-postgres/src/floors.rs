@@ -25,11 +25,22 @@
 //! - after a worker announced it is idle (it claims once more before it
 //!   sleeps, and that claim must see everything);
 //! - when the time since the last lap started reaches [`FULL_PASS_COST_RATIO`]
-//!   times what it cost beyond the floor passes it stood in for (their
-//!   smoothed duration), so laps run at nearly every claim when scanning from
-//!   the first entries costs little, and rarely when it costs a lot.
+//!   times what laps cost beyond the floor passes they stood in for (the
+//!   median of the last five; a lap within twice its floor passes' time
+//!   counts as free, that being how much claims vary anyway). So laps run at
+//!   nearly every claim when scanning from the first entries costs little,
+//!   and rarely when it costs a lot.
 //!
+//! One full pass runs at a time per lane: while one is in flight, another
+//! claim of the lane uses floors.
 //! And a floor pass that claims nothing is followed at once by a full pass.
+//! Each floor pass also lists the tenants with ready deliveries above the
+//! highest id the previous claim saw (a walk over what was enqueued since),
+//! so a new tenant is served from the next claim on, not the next lap.
+//! A lap forgets tenants that have had no ready work for [`FORGET_AFTER`];
+//! until then each floor pass probes them, so a known tenant's next message
+//! is claimed at once and only a tenant never seen (or forgotten) waits for
+//! a lap.
 //! The ratio keeps full laps at a bounded share of the claim time: a few
 //! milliseconds every few tens of milliseconds normally, and under a held
 //! snapshot, when a lap walks millions of entries, rarely enough that
@@ -52,6 +63,14 @@ use std::time::{Duration, Instant};
 /// A full lap is due when the time since the last one started reaches this
 /// multiple of its cost beyond floor passes.
 pub(crate) const FULL_PASS_COST_RATIO: u32 = 20;
+
+/// A known tenant no full lap or claim has found ready work for in this long
+/// is forgotten (found again by the next lap that sees it with work).
+pub(crate) const FORGET_AFTER: Duration = Duration::from_secs(60);
+
+/// A full pass planned this long ago and never recorded (its claim failed)
+/// no longer keeps others from being planned.
+const STALE_FULL_PASS: Duration = Duration::from_secs(30);
 
 /// Claimed deliveries tracked for their settlement before the map is dropped
 /// (an untracked settlement only leaves a floor where it was).
@@ -81,6 +100,9 @@ pub(crate) enum Pass {
 pub(crate) struct Planned {
     pub(crate) pass: Pass,
     pub(crate) epoch: u64,
+    /// Floor passes look for tenants with ready deliveries above this id
+    /// (0: not at all).
+    pub(crate) discover_above: i64,
 }
 
 /// One claimed delivery, as the floors need it.
@@ -105,6 +127,10 @@ pub(crate) struct Found<'a> {
     /// When it started and how long it took.
     pub(crate) started: Instant,
     pub(crate) took: Duration,
+    /// The highest delivery id when it ran.
+    pub(crate) max_id: i64,
+    /// Tenants with ready deliveries above `discover_above` (floor passes).
+    pub(crate) discovered: &'a [String],
 }
 
 /// How a claimed delivery was settled.
@@ -127,15 +153,30 @@ struct Lap {
     seen: HashSet<String>,
 }
 
+/// A tenant a lane knows.
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    floor: i64,
+    /// When a claim last found it with ready work.
+    seen: Instant,
+}
+
 #[derive(Debug, Default)]
 struct Lane {
-    /// Tenants seen with ready work, and their floors.
-    tenants: BTreeMap<String, i64>,
-    /// Start of the last full lap, and what it cost beyond the floor passes
-    /// it stood in for.
+    /// Tenants seen with ready work lately, and their floors.
+    tenants: BTreeMap<String, Known>,
+    /// Start of the last full lap, and what laps cost beyond the floor passes
+    /// they stood in for (smoothed).
     last_full: Option<(Instant, Duration)>,
     /// A floor pass's duration, smoothed; `None` until one ran.
     floor_cost: Option<Duration>,
+    /// What the last few laps cost beyond their floor passes.
+    overheads: std::collections::VecDeque<Duration>,
+    /// The highest delivery id the last claim saw.
+    max_id: i64,
+    /// When the full pass now in flight was planned: one at a time, so two
+    /// claims in flight do not both walk from the first entries.
+    full_in_flight: Option<Instant>,
     /// The full lap in progress, from its pass at the first tenant.
     lap: Option<Lap>,
     /// A full lap must start after this instant before floors are used again.
@@ -173,24 +214,31 @@ impl Floors {
         max_tenants: usize,
         now: Instant,
     ) -> Planned {
-        let state = self.state();
-        let Some(lane) = state.index.get(lane).map(|&i| &state.lanes[i]) else {
+        let mut state = self.state();
+        let state = &mut *state;
+        let Some(lane) = state.index.get(lane).map(|&i| &mut state.lanes[i]) else {
             return Planned {
                 pass: Pass::Full,
                 epoch: 0,
+                discover_above: 0,
             };
         };
         let full = Planned {
             pass: Pass::Full,
             epoch: lane.epoch,
+            discover_above: 0,
         };
         let Some((started, took)) = lane.last_full else {
             return full;
         };
-        if lane.full_needed_since.is_some()
+        let due = lane.full_needed_since.is_some()
             || lane.lap.is_some()
-            || now.saturating_duration_since(started) >= took * FULL_PASS_COST_RATIO
-        {
+            || now.saturating_duration_since(started) >= took * FULL_PASS_COST_RATIO;
+        let another_in_flight = lane
+            .full_in_flight
+            .is_some_and(|at| now.saturating_duration_since(at) < STALE_FULL_PASS);
+        if due && !another_in_flight {
+            lane.full_in_flight = Some(now);
             return full;
         }
         let after = if cursor.is_empty() {
@@ -203,9 +251,10 @@ impl Floors {
             .tenants
             .range::<str, _>((after, Bound::Unbounded))
             .take(max_tenants)
-            .map(|(tenant, floor)| (tenant.clone(), *floor))
+            .map(|(tenant, known)| (tenant.clone(), known.floor))
             .unzip();
         if tenants.is_empty() {
+            lane.full_in_flight = Some(now);
             return full;
         }
         let next_cursor = if tenants.len() >= max_tenants {
@@ -220,6 +269,7 @@ impl Floors {
                 next_cursor,
             },
             epoch: lane.epoch,
+            discover_above: lane.max_id,
         }
     }
 
@@ -245,14 +295,27 @@ impl Floors {
                 .and_modify(|low| *low = (*low).min(c.id))
                 .or_insert(c.id);
         }
-        if full {
-            // Served and scanned from its first entry, but nothing claimed:
-            // its ready work is delayed, blocked or over its limit, and may
-            // become claimable anywhere.
-            for tenant in found.turn {
-                if !lowest.contains_key(tenant.as_str()) {
-                    lane.tenants.insert(tenant.clone(), 0);
-                }
+        // Tenants enqueued for since the last claim: everything of theirs
+        // above that claim's highest id is still to scan.
+        for tenant in found.discovered {
+            lane.tenants.entry(tenant.clone()).or_insert(Known {
+                floor: planned.discover_above,
+                seen: found.started,
+            });
+        }
+        lane.max_id = lane.max_id.max(found.max_id);
+        // Every tenant a claim served had ready work.
+        for tenant in found.turn {
+            let known = lane.tenants.entry(tenant.clone()).or_insert(Known {
+                floor: 0,
+                seen: found.started,
+            });
+            known.seen = known.seen.max(found.started);
+            if full && !lowest.contains_key(tenant.as_str()) {
+                // Served and scanned from its first entry, but nothing
+                // claimed: its ready work is delayed, blocked or over its
+                // limit, and may become claimable anywhere.
+                known.floor = 0;
             }
         }
         for (tenant, low) in &lowest {
@@ -261,14 +324,17 @@ impl Floors {
                 .lowered
                 .get(*tenant)
                 .is_some_and(|&at| at > planned.epoch);
-            let floor = lane.tenants.entry((*tenant).to_owned()).or_insert(0);
-            *floor = if lowered_since {
-                (*floor).min(proposed)
+            let known = lane.tenants.entry((*tenant).to_owned()).or_insert(Known {
+                floor: 0,
+                seen: found.started,
+            });
+            known.floor = if lowered_since {
+                known.floor.min(proposed)
             } else if full {
                 // Everything claimable below the lowest claimed id was taken.
                 proposed
             } else {
-                (*floor).max(proposed)
+                known.floor.max(proposed)
             };
         }
         if !full {
@@ -278,6 +344,7 @@ impl Floors {
             });
         }
         if full {
+            lane.full_in_flight = None;
             if found.cursor.is_empty() {
                 // A lap starts at the first tenant (a new one replaces any
                 // lap that did not finish).
@@ -295,9 +362,18 @@ impl Floors {
             }
             if !found.turn_was_full {
                 if let Some(lap) = lane.lap.take() {
-                    // Tenants the lap did not serve had no ready work.
-                    lane.tenants.retain(|tenant, _| lap.seen.contains(tenant));
-                    lane.lowered.retain(|tenant, _| lap.seen.contains(tenant));
+                    // Tenants the lap did not serve had no ready work; those
+                    // that had none for a while are forgotten. (Kept ones
+                    // cost a cheap probe per floor pass and find their next
+                    // delivery at once.)
+                    let now = found.started + found.took;
+                    lane.tenants.retain(|tenant, known| {
+                        lap.seen.contains(tenant)
+                            || now.saturating_duration_since(known.seen) < FORGET_AFTER
+                    });
+                    let tenants = &lane.tenants;
+                    lane.lowered
+                        .retain(|tenant, _| tenants.contains_key(tenant));
                     if lane
                         .full_needed_since
                         .is_some_and(|since| lap.started >= since)
@@ -309,11 +385,34 @@ impl Floors {
                         // nothing normally (laps then run nearly every
                         // claim), the walk past kept entries under a held
                         // snapshot. Until a floor pass ran, all of it.
-                        let overhead = match lane.floor_cost {
-                            Some(floor) => lap.took.saturating_sub(floor * lap.passes),
+                        let floor_passes = lane.floor_cost.map(|floor| floor * lap.passes);
+                        let overhead = match floor_passes {
+                            // Within twice what floor passes would have
+                            // taken is noise (claim times vary that much):
+                            // laps cost nothing worth spacing out.
+                            Some(floor) if lap.took <= floor * 2 => Duration::ZERO,
+                            Some(floor) => lap.took - floor,
                             None => lap.took,
                         };
-                        lane.last_full = Some((lap.started, overhead));
+                        // The median of the last five, so one slow lap (a
+                        // stalled flush, a busy core) does not hold the
+                        // next ones back.
+                        if lane.overheads.len() == 5 {
+                            lane.overheads.pop_front();
+                        }
+                        lane.overheads.push_back(overhead);
+                        let mut recent: Vec<Duration> = lane.overheads.iter().copied().collect();
+                        recent.sort_unstable();
+                        let smoothed = recent[(recent.len() - 1) / 2];
+                        tracing::debug!(
+                            subscription = key.0,
+                            passes = lap.passes,
+                            took_us = lap.took.as_micros(),
+                            floor_pass_us = lane.floor_cost.map(|c| c.as_micros()),
+                            overhead_us = overhead.as_micros(),
+                            "full lap done"
+                        );
+                        lane.last_full = Some((lap.started, smoothed));
                     }
                 }
             }
@@ -325,6 +424,18 @@ impl Floors {
             state
                 .claimed
                 .insert(c.id, (index, c.tenant.to_owned(), c.ordered));
+        }
+    }
+
+    /// A claim planned as a full pass failed before it could be recorded.
+    pub(crate) fn abandon(&self, key: &LaneKey, planned: &Planned) {
+        if planned.pass != Pass::Full {
+            return;
+        }
+        let mut state = self.state();
+        let state = &mut *state;
+        if let Some(&i) = state.index.get(key) {
+            state.lanes[i].full_in_flight = None;
         }
     }
 
@@ -343,8 +454,11 @@ impl Floors {
             let lane = &mut state.lanes[lane];
             lane.epoch += 1;
             lane.lowered.insert(tenant.clone(), lane.epoch);
-            let floor = lane.tenants.entry(tenant).or_insert(id - 1);
-            *floor = (*floor).min(id - 1);
+            let known = lane.tenants.entry(tenant).or_insert(Known {
+                floor: id - 1,
+                seen: Instant::now(),
+            });
+            known.floor = known.floor.min(id - 1);
         }
     }
 
@@ -356,11 +470,11 @@ impl Floors {
             if key.0 != subscription {
                 continue;
             }
-            for (tenant, &floor) in &state.lanes[i].tenants {
+            for (tenant, known) in &state.lanes[i].tenants {
                 floors
                     .entry(tenant.clone())
-                    .and_modify(|f: &mut i64| *f = (*f).min(floor))
-                    .or_insert(floor);
+                    .and_modify(|f: &mut i64| *f = (*f).min(known.floor))
+                    .or_insert(known.floor);
             }
         }
         floors
@@ -424,6 +538,8 @@ mod tests {
                 claimed: rows,
                 started,
                 took,
+                max_id: 0,
+                discovered: &[],
             },
         );
     }
@@ -520,42 +636,102 @@ mod tests {
         // A full pass from a cursor does not start the lap; one from the
         // first tenant does, and every claim is a full pass until one ends it.
         claim(&floors, &full, "m", &["n", "o"], true, &[], t0, SECOND);
-        assert_eq!(floors.plan(&lane(), "o", 2, t0).pass, Pass::Full);
+        claim(&floors, &full, "", &["p"], true, &[], t0, SECOND);
+        let t1 = t0 + FORGET_AFTER;
+        assert_eq!(floors.plan(&lane(), "o", 2, t1).pass, Pass::Full);
+        let rows = claimed("a", &[1]);
+        claim(&floors, &full, "", &["a", "b"], true, &rows, t1, SECOND);
+        assert_eq!(floors.plan(&lane(), "b", 2, t1).pass, Pass::Full);
+        let rows = claimed("c", &[3]);
+        claim(&floors, &full, "b", &["c", "o"], false, &rows, t1, SECOND);
+        // Done: tenants it did not serve and no claim found with work for a
+        // minute are forgotten (n, p; o was just served), and the next lap
+        // is due 20 × its 2 s after it started.
+        let (tenants, _) = floors_of(&floors, t1 + SECOND);
+        assert_eq!(tenants, names(&["a", "b", "c", "o"]));
+        let due = t1 + 2 * SECOND * FULL_PASS_COST_RATIO;
+        let before = floors.plan(&lane(), "", 2, due - SECOND).pass;
+        assert!(matches!(before, Pass::Floor { .. }));
+        assert_eq!(floors.plan(&lane(), "", 2, due).pass, Pass::Full);
+    }
+
+    #[test]
+    fn a_floor_pass_learns_of_tenants_enqueued_for_since_the_last_claim() {
+        let floors = Floors::default();
+        let t0 = Instant::now();
+        let first = floors.plan(&lane(), "", 10, t0);
+        assert_eq!(first.discover_above, 0, "a full pass discovers by itself");
+        let rows = claimed("a", &[1]);
+        let found = Found {
+            cursor: "",
+            turn: &names(&["a"]),
+            turn_was_full: false,
+            claimed: &rows,
+            started: t0,
+            took: SECOND,
+            max_id: 100,
+            discovered: &[],
+        };
+        floors.record(&lane(), &first, &found);
+        let floor_pass = floors.plan(&lane(), "", 10, t0);
+        assert_eq!(floor_pass.discover_above, 100);
+        let found = Found {
+            max_id: 180,
+            discovered: &names(&["a", "new"]),
+            claimed: &[],
+            ..found
+        };
+        floors.record(&lane(), &floor_pass, &found);
+        // "new" is served from the next claim, above the id the previous one saw.
+        assert_eq!(floors_of(&floors, t0), (names(&["a", "new"]), vec![0, 100]));
+        assert_eq!(floors.plan(&lane(), "", 10, t0).discover_above, 180);
+    }
+
+    #[test]
+    fn a_tenant_without_ready_work_is_kept_for_a_while() {
+        let floors = Floors::default();
+        let t0 = Instant::now();
+        let full = floors.plan(&lane(), "", 10, t0);
         claim(
             &floors,
             &full,
             "",
             &["a", "b"],
-            true,
+            false,
             &claimed("a", &[1]),
             t0,
             SECOND,
         );
-        assert_eq!(floors.plan(&lane(), "b", 2, t0).pass, Pass::Full);
+        // A lap later finds only "a" with work: "b" stays known (its next
+        // message is found by the next floor pass) until a minute passes.
+        let soon = t0 + 10 * SECOND;
         claim(
             &floors,
             &full,
-            "b",
-            &["c"],
+            "",
+            &["a"],
             false,
-            &claimed("c", &[3]),
-            t0,
+            &claimed("a", &[5]),
+            soon,
             SECOND,
         );
-        // Done: tenants it did not serve are forgotten, and the next lap is
-        // due 20 × its 2 s after it started.
-        let (tenants, _) = floors_of(&floors, t0 + SECOND);
-        assert_eq!(tenants, names(&["a", "b", "c"]));
-        let due = t0 + 2 * SECOND * FULL_PASS_COST_RATIO;
-        assert!(matches!(
-            floors.plan(&lane(), "", 2, due - SECOND).pass,
-            Pass::Floor { .. }
-        ));
-        assert_eq!(floors.plan(&lane(), "", 2, due).pass, Pass::Full);
+        assert_eq!(floors_of(&floors, soon + SECOND).0, names(&["a", "b"]));
+        let late = t0 + FORGET_AFTER + SECOND;
+        claim(
+            &floors,
+            &full,
+            "",
+            &["a"],
+            false,
+            &claimed("a", &[9]),
+            late,
+            SECOND,
+        );
+        assert_eq!(floors_of(&floors, late + SECOND).0, names(&["a"]));
     }
 
     #[test]
-    fn a_lap_that_costs_little_more_than_floor_passes_recurs_soon() {
+    fn laps_are_spaced_by_what_they_cost_beyond_floor_passes() {
         let floors = Floors::default();
         let t0 = Instant::now();
         let ms = Duration::from_millis(1);
@@ -582,30 +758,53 @@ mod tests {
             t0,
             9 * ms,
         );
-        // The first lap's 10 ms counted whole: due at 200 ms.
-        assert_eq!(floors.plan(&lane(), "", 10, t0 + 200 * ms).pass, Pass::Full);
-        // A lap of one pass taking 10 ms where a floor pass takes 9 ms
-        // costs 1 ms: due 20 ms after it started.
-        let started = t0 + 200 * ms;
-        let full = floors.plan(&lane(), "", 10, started);
+        // The first lap's 10 ms counted whole (no floor pass to compare
+        // with yet): due 200 ms after it started.
+        assert!(matches!(
+            floors.plan(&lane(), "", 10, t0 + 199 * ms).pass,
+            Pass::Floor { .. }
+        ));
+        let t1 = t0 + 200 * ms;
+        let lap = floors.plan(&lane(), "", 10, t1);
+        assert_eq!(lap.pass, Pass::Full);
+        // One full pass at a time: a second claim meanwhile uses floors.
+        assert!(matches!(
+            floors.plan(&lane(), "", 10, t1).pass,
+            Pass::Floor { .. }
+        ));
+        // 10 ms where a floor pass takes 9 is noise: laps cost nothing now,
+        // and the next is due at once.
         claim(
             &floors,
-            &full,
+            &lap,
             "",
             &["a"],
             false,
             &claimed("a", &[3]),
-            started,
+            t1,
             10 * ms,
         );
+        let t2 = t1 + 10 * ms;
+        let lap = floors.plan(&lane(), "", 10, t2);
+        assert_eq!(lap.pass, Pass::Full);
+        // One slow lap (91 ms over) does not hold the next back: the median
+        // of the recent ones (0, 10, 91 ms) is 10 ms.
+        claim(
+            &floors,
+            &lap,
+            "",
+            &["a"],
+            false,
+            &claimed("a", &[4]),
+            t2,
+            100 * ms,
+        );
+        let due = t2 + 200 * ms;
         assert!(matches!(
-            floors.plan(&lane(), "", 10, started + 19 * ms).pass,
+            floors.plan(&lane(), "", 10, due - ms).pass,
             Pass::Floor { .. }
         ));
-        assert_eq!(
-            floors.plan(&lane(), "", 10, started + 20 * ms).pass,
-            Pass::Full
-        );
+        assert_eq!(floors.plan(&lane(), "", 10, due).pass, Pass::Full);
     }
 
     #[test]
@@ -693,6 +892,7 @@ mod tests {
         let full = Planned {
             pass: Pass::Full,
             epoch: 0,
+            discover_above: 0,
         };
         claim(
             &floors,

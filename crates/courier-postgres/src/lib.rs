@@ -416,12 +416,19 @@ impl OutboxStore for PgStore {
             params.limit,
             std::time::Instant::now(),
         );
-        let batch = self.claim_pass(params, &lane, &planned).await?;
+        let batch = match self.claim_pass(params, &lane, &planned).await {
+            Ok(batch) => batch,
+            Err(error) => {
+                self.inner.floors.abandon(&lane, &planned);
+                return Err(error);
+            }
+        };
         if planned.pass != Pass::Full && batch.deliveries.is_empty() {
             // Nothing above the floors: scan from the first entries before
             // reporting that there is nothing (the caller may go idle on it).
             let full = Planned {
                 pass: Pass::Full,
+                discover_above: 0,
                 ..planned
             };
             return self.claim_pass(params, &lane, &full).await;
@@ -760,7 +767,11 @@ impl PgStore {
             .bind(Uuid::new_v4())
             .bind(uniform_budget(&budgets))
             .bind(given)
-            .bind(floors);
+            .bind(floors)
+            .bind(match pass {
+                Pass::Full => 0,
+                Pass::Floor { .. } => planned.discover_above,
+            });
         let rows = if in_flight_limit.is_some() {
             // Counting a tenant's running deliveries is only exact if no other
             // claim of this subscription is in flight: take turns, so each
@@ -784,7 +795,11 @@ impl PgStore {
         let mut turn: Vec<String> = Vec::new();
         let mut turn_was_full = false;
         let mut last_tenant = String::new();
+        let mut max_id = 0;
+        let mut discovered: Vec<String> = Vec::new();
         if let Some(first) = rows.first() {
+            max_id = first.try_get("max_id").map_err(map)?;
+            discovered = first.try_get("discovered").map_err(map)?;
             let tenants_in_turn: i32 = first.try_get("tenants_in_turn").map_err(map)?;
             turn = first.try_get("turn_tenants").map_err(map)?;
             // A full turn means more tenants may wait after the last one served.
@@ -823,6 +838,8 @@ impl PgStore {
                 claimed: &seen,
                 started,
                 took,
+                max_id,
+                discovered: &discovered,
             },
         );
         Ok(ClaimBatch {

@@ -180,7 +180,8 @@ async fn explain_all(store: &PgStore, pool: &PgPool) -> anyhow::Result<Vec<Expla
                 .bind(uuid::Uuid::new_v4())
                 .bind(Some(max_attempts))
                 .bind(&tenants)
-                .bind(&ids),
+                .bind(&ids)
+                .bind(0_i64),
         )
         .await
         .with_context(|| format!("claim ({what})"))?;

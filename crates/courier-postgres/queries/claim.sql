@@ -119,14 +119,24 @@ claimed AS (
   WHERE d.id = ANY (ARRAY(SELECT id FROM picked))
   RETURNING d.id, d.message_id, d.tenant, d.topic, d.schema_version, d.ordering_key,
             d.attempts, d.max_attempts, d.lease_token, d.lease_expires_at
+),
+-- Floor passes: what was enqueued since the previous claim (see below).
+since AS (
+  SELECT n.id, n.tenant, n.subscription = $1 AND n.state = 'available' AS ready
+  FROM {schema}.deliveries n
+  WHERE $15::bigint > 0 AND n.id > $15::bigint
+  ORDER BY n.id
+  LIMIT 4096
 )
 -- One row per claimed delivery; when nothing was claimed, one row of NULLs
 -- that still carries the turn (so the cursor advances past tenants whose
 -- work was not claimable this time).
--- With it, for the store's floors: the highest delivery id now, and (floor
--- passes, $15 > 0) the tenants with ready deliveries above id $15, the
--- highest id the previous claim saw: new tenants, found by walking only
--- what was enqueued since rather than every tenant's first entries.
+-- With it, for the store's floors: on floor passes ($15 > 0), the tenants
+-- with ready deliveries among the (at most 4,096) deliveries enqueued above
+-- id $15, the highest the previous claim saw: new tenants, found by walking
+-- the primary key over what was enqueued since rather than every tenant's
+-- first entries; and the highest id walked (else $15). On full passes the
+-- highest delivery id there is.
 SELECT c.id, c.message_id, c.tenant, c.topic, c.schema_version, c.ordering_key,
        c.payload, c.headers, c.attempts, c.max_attempts,
        c.lease_token, c.lease_expires_at, c.occurred_at, c.created_at,
@@ -134,10 +144,12 @@ SELECT c.id, c.message_id, c.tenant, c.topic, c.schema_version, c.ordering_key,
        meta.max_id, meta.discovered
 FROM (SELECT max(tenant) AS last_tenant, count(*)::int AS tenants_in_turn,
              coalesce(array_agg(tenant), '{}') AS turn_tenants,
-             (SELECT coalesce(max(x.id), 0) FROM {schema}.deliveries x) AS max_id,
-             coalesce((SELECT array_agg(DISTINCT n.tenant) FROM {schema}.deliveries n
-                       WHERE $15::bigint > 0 AND n.id > $15::bigint
-                         AND n.subscription = $1 AND n.state = 'available'), '{}') AS discovered
+             CASE WHEN $15::bigint > 0
+                  THEN greatest($15::bigint, (SELECT max(w.id) FROM since w))
+                  ELSE (SELECT coalesce(max(x.id), 0) FROM {schema}.deliveries x)
+             END AS max_id,
+             coalesce((SELECT array_agg(DISTINCT w.tenant) FROM since w WHERE w.ready),
+                      '{}') AS discovered
       FROM turn) meta
 LEFT JOIN (
   SELECT cl.id, cl.message_id, cl.tenant, cl.topic, cl.schema_version, cl.ordering_key,

@@ -17,11 +17,14 @@ SET state = CASE WHEN f.delay_ms IS NULL OR d.attempts >= d.max_attempts
              || jsonb_build_array(jsonb_build_object(
                   'attempt', d.attempts, 'at', clock_timestamp(), 'message', f.error))
 FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[]) AS f (id, lease_token, error, delay_ms)
-WHERE d.id = f.id
+WHERE d.id = ANY ($1::bigint[])
+  AND d.id = f.id
   AND d.lease_token = f.lease_token
   -- The token is the running state: only a claim sets one; fail, release and
   -- rescue clear it. (Testing `state = 'running'` as well would let the planner
   -- walk the deliveries_running partial index, whose dead entries a snapshot
-  -- held elsewhere keeps; the primary key finds each row directly.)
+  -- held elsewhere keeps; the primary key finds each row directly, through
+  -- `d.id = ANY ($1)`: joined only to the unnest, a large batch was planned
+  -- as a sequential scan of the table.)
   AND d.lease_expires_at > clock_timestamp()
 RETURNING d.id, d.state = 'dead' AS dead

@@ -16,36 +16,36 @@
 //! after the cursor, each scanned from its first entry) find what floors
 //! skip: deliveries that became claimable below a floor (a retry or rescued
 //! lease coming due, a delayed message, a message whose transaction committed
-//! after later ones were claimed) and tenants seen for the first time. A run
-//! of full passes from the first tenant to the last is a **full lap**; once
-//! one is due, every claim of the lane is a full pass until the lap is done.
-//! A full lap is due
+//! after later ones were claimed) and tenants the lane does not know. A run
+//! of full passes from the first tenant to the last, each starting where the
+//! previous one ended, is a **full lap**. While one is due, the lane runs its
+//! full passes one at a time, each continuing the lap (whatever cursor the
+//! caller passed), and its other claims use floors. A full lap is due
 //!
-//! - while the lane has finished none, or knows no tenant after the cursor;
+//! - while the lane has finished none, or one is in progress;
 //! - after a worker announced it is idle (it claims once more before it
-//!   sleeps, and that claim must see everything);
+//!   sleeps, and nothing may be left for the poll): a lap that starts after
+//!   the announcement;
 //! - when the time since the last lap started reaches [`FULL_PASS_COST_RATIO`]
 //!   times what laps cost beyond the floor passes they stood in for (the
 //!   median of the last five; a lap within twice its floor passes' time
 //!   counts as free, that being how much claims vary anyway). So laps run at
 //!   nearly every claim when scanning from the first entries costs little,
-//!   and rarely when it costs a lot.
+//!   and rarely when it costs a lot (under a held snapshot, when a lap walks
+//!   millions of entries). What that costs is latency for deliveries below a
+//!   floor: up to that interval plus one lap.
 //!
-//! One full pass runs at a time per lane: while one is in flight, another
-//! claim of the lane uses floors.
-//! And a floor pass that claims nothing is followed at once by a full pass.
-//! Each floor pass also lists the tenants with ready deliveries above the
-//! highest id the previous claim saw (a walk over what was enqueued since),
-//! so a new tenant is served from the next claim on, not the next lap.
-//! A lap forgets tenants that have had no ready work for [`FORGET_AFTER`];
-//! until then each floor pass probes them, so a known tenant's next message
-//! is claimed at once and only a tenant never seen (or forgotten) waits for
-//! a lap.
-//! The ratio keeps full laps at a bounded share of the claim time: a few
-//! milliseconds every few tens of milliseconds normally, and under a held
-//! snapshot, when a lap walks millions of entries, rarely enough that
-//! throughput holds. What it costs is latency for deliveries below a floor:
-//! up to that interval plus one lap.
+//! Two more full passes, outside laps: a floor pass that claims nothing is
+//! followed at once by one after the caller's cursor (before the caller is
+//! told there is nothing), and so is a claim whose cursor is past every
+//! tenant the lane knows.
+//!
+//! New tenants: each floor pass also lists the tenants with ready deliveries
+//! among what was enqueued since the previous floor pass (a primary-key walk
+//! above the highest id it saw), so a new tenant is served from the next
+//! claim on. A finished lap forgets tenants that have had no ready work for
+//! [`FORGET_AFTER`]; until then each floor pass probes them, so a known
+//! tenant's next message is claimed at once.
 //!
 //! Settling a delivery can make work claimable below the floor at once: the
 //! next delivery of its ordering key, or the delivery itself when released or
@@ -103,6 +103,29 @@ pub(crate) struct Planned {
     /// Floor passes look for tenants with ready deliveries above this id
     /// (0: not at all).
     pub(crate) discover_above: i64,
+    /// A full pass of a lap starts after this tenant, not the caller's cursor.
+    pub(crate) full_from: Option<String>,
+    /// A full pass run because a floor pass found nothing: it scans after
+    /// the caller's cursor and is no part of a lap.
+    pub(crate) fallback: bool,
+}
+
+impl Planned {
+    /// The full pass to run after this floor pass found nothing.
+    pub(crate) fn fallback(&self) -> Self {
+        Self {
+            pass: Pass::Full,
+            epoch: self.epoch,
+            discover_above: 0,
+            full_from: None,
+            fallback: true,
+        }
+    }
+
+    /// The cursor the claim scans after, given the caller's.
+    pub(crate) fn cursor<'a>(&'a self, callers: &'a str) -> &'a str {
+        self.full_from.as_deref().unwrap_or(callers)
+    }
 }
 
 /// One claimed delivery, as the floors need it.
@@ -118,6 +141,8 @@ pub(crate) struct Claimed<'a> {
 pub(crate) struct Found<'a> {
     /// The cursor the claim started after.
     pub(crate) cursor: &'a str,
+    /// The last tenant it served (in the database's order).
+    pub(crate) last_tenant: &'a str,
     /// The tenants it served.
     pub(crate) turn: &'a [String],
     /// Whether more tenants may follow the last one served.
@@ -149,6 +174,8 @@ struct Lap {
     started: Instant,
     took: Duration,
     passes: u32,
+    /// The last tenant its passes reached: the next pass starts after it.
+    reached: String,
     /// Tenants its passes served.
     seen: HashSet<String>,
 }
@@ -166,7 +193,7 @@ struct Lane {
     /// Tenants seen with ready work lately, and their floors.
     tenants: BTreeMap<String, Known>,
     /// Start of the last full lap, and what laps cost beyond the floor passes
-    /// they stood in for (smoothed).
+    /// they stood in for (the median of the last five).
     last_full: Option<(Instant, Duration)>,
     /// A floor pass's duration, smoothed; `None` until one ran.
     floor_cost: Option<Duration>,
@@ -179,7 +206,7 @@ struct Lane {
     full_in_flight: Option<Instant>,
     /// The full lap in progress, from its pass at the first tenant.
     lap: Option<Lap>,
-    /// A full lap must start after this instant before floors are used again.
+    /// Laps are due until one that started after this instant finishes.
     full_needed_since: Option<Instant>,
     /// Lowerings so far, and the count at each tenant's last one.
     epoch: u64,
@@ -221,23 +248,40 @@ impl Floors {
                 pass: Pass::Full,
                 epoch: 0,
                 discover_above: 0,
+                full_from: Some(String::new()),
+                fallback: false,
             };
         };
+        // A full pass of a lap continues the lap in progress, unless an idle
+        // announcement asks for one started after it; else it starts one.
+        let continuing = lane.lap.as_ref().filter(|lap| {
+            lane.full_needed_since
+                .is_none_or(|since| lap.started >= since)
+        });
         let full = Planned {
             pass: Pass::Full,
             epoch: lane.epoch,
             discover_above: 0,
+            full_from: Some(
+                continuing
+                    .map(|lap| lap.reached.clone())
+                    .unwrap_or_default(),
+            ),
+            fallback: false,
         };
-        let Some((started, took)) = lane.last_full else {
-            return full;
-        };
-        let due = lane.full_needed_since.is_some()
-            || lane.lap.is_some()
-            || now.saturating_duration_since(started) >= took * FULL_PASS_COST_RATIO;
         let another_in_flight = lane
             .full_in_flight
             .is_some_and(|at| now.saturating_duration_since(at) < STALE_FULL_PASS);
-        if due && !another_in_flight {
+        let due = match lane.last_full {
+            None => true,
+            Some((started, took)) => {
+                lane.full_needed_since.is_some()
+                    || lane.lap.is_some()
+                    || now.saturating_duration_since(started)
+                        >= took.saturating_mul(FULL_PASS_COST_RATIO)
+            }
+        };
+        if due && (!another_in_flight || lane.tenants.is_empty()) {
             lane.full_in_flight = Some(now);
             return full;
         }
@@ -254,8 +298,14 @@ impl Floors {
             .map(|(tenant, known)| (tenant.clone(), known.floor))
             .unzip();
         if tenants.is_empty() {
-            lane.full_in_flight = Some(now);
-            return full;
+            // No known tenant after the caller's cursor: look there.
+            return Planned {
+                pass: Pass::Full,
+                epoch: lane.epoch,
+                discover_above: 0,
+                full_from: None,
+                fallback: true,
+            };
         }
         let next_cursor = if tenants.len() >= max_tenants {
             tenants.last().cloned().unwrap_or_default()
@@ -270,6 +320,8 @@ impl Floors {
             },
             epoch: lane.epoch,
             discover_above: lane.max_id,
+            full_from: None,
+            fallback: false,
         }
     }
 
@@ -303,7 +355,11 @@ impl Floors {
                 seen: found.started,
             });
         }
-        lane.max_id = lane.max_id.max(found.max_id);
+        // Only floor passes move the discovery mark (a full pass after some
+        // cursor has not looked at the tenants before it); a full pass seeds it.
+        if !full || lane.max_id == 0 {
+            lane.max_id = lane.max_id.max(found.max_id);
+        }
         // Every tenant a claim served had ready work.
         for tenant in found.turn {
             let known = lane.tenants.entry(tenant.clone()).or_insert(Known {
@@ -319,7 +375,7 @@ impl Floors {
             }
         }
         for (tenant, low) in &lowest {
-            let proposed = low - 1;
+            let proposed = low.saturating_sub(1);
             let lowered_since = lane
                 .lowered
                 .get(*tenant)
@@ -339,11 +395,11 @@ impl Floors {
         }
         if !full {
             lane.floor_cost = Some(match lane.floor_cost {
-                Some(cost) => (cost * 4 + found.took) / 5,
+                Some(cost) => cost.saturating_mul(4).saturating_add(found.took) / 5,
                 None => found.took,
             });
         }
-        if full {
+        if full && !planned.fallback {
             lane.full_in_flight = None;
             if found.cursor.is_empty() {
                 // A lap starts at the first tenant (a new one replaces any
@@ -352,15 +408,27 @@ impl Floors {
                     started: found.started,
                     took: Duration::ZERO,
                     passes: 0,
+                    reached: String::new(),
                     seen: HashSet::new(),
                 });
             }
-            if let Some(lap) = lane.lap.as_mut() {
-                lap.took += found.took;
-                lap.passes += 1;
-                lap.seen.extend(found.turn.iter().cloned());
-            }
-            if !found.turn_was_full {
+            // A pass counts for the lap only if it starts where the lap's
+            // last pass ended, so a finished lap has seen every tenant.
+            let finished = match lane.lap.as_mut() {
+                Some(lap) if lap.reached == found.cursor => {
+                    lap.took = lap.took.saturating_add(found.took);
+                    lap.passes = lap.passes.saturating_add(1);
+                    lap.seen.extend(found.turn.iter().cloned());
+                    if found.turn_was_full {
+                        found.last_tenant.clone_into(&mut lap.reached);
+                        false
+                    } else {
+                        true
+                    }
+                }
+                _ => false,
+            };
+            if finished {
                 if let Some(lap) = lane.lap.take() {
                     // Tenants the lap did not serve had no ready work; those
                     // that had none for a while are forgotten. (Kept ones
@@ -385,13 +453,15 @@ impl Floors {
                         // nothing normally (laps then run nearly every
                         // claim), the walk past kept entries under a held
                         // snapshot. Until a floor pass ran, all of it.
-                        let floor_passes = lane.floor_cost.map(|floor| floor * lap.passes);
+                        let floor_passes = lane
+                            .floor_cost
+                            .map(|floor| floor.saturating_mul(lap.passes));
                         let overhead = match floor_passes {
                             // Within twice what floor passes would have
                             // taken is noise (claim times vary that much):
                             // laps cost nothing worth spacing out.
-                            Some(floor) if lap.took <= floor * 2 => Duration::ZERO,
-                            Some(floor) => lap.took - floor,
+                            Some(floor) if lap.took <= floor.saturating_mul(2) => Duration::ZERO,
+                            Some(floor) => lap.took.saturating_sub(floor),
                             None => lap.took,
                         };
                         // The median of the last five, so one slow lap (a
@@ -403,7 +473,10 @@ impl Floors {
                         lane.overheads.push_back(overhead);
                         let mut recent: Vec<Duration> = lane.overheads.iter().copied().collect();
                         recent.sort_unstable();
-                        let smoothed = recent[(recent.len() - 1) / 2];
+                        let median = recent
+                            .get(recent.len().saturating_sub(1) / 2)
+                            .copied()
+                            .unwrap_or(overhead);
                         tracing::debug!(
                             subscription = key.0,
                             passes = lap.passes,
@@ -412,7 +485,7 @@ impl Floors {
                             overhead_us = overhead.as_micros(),
                             "full lap done"
                         );
-                        lane.last_full = Some((lap.started, smoothed));
+                        lane.last_full = Some((lap.started, median));
                     }
                 }
             }
@@ -454,11 +527,12 @@ impl Floors {
             let lane = &mut state.lanes[lane];
             lane.epoch += 1;
             lane.lowered.insert(tenant.clone(), lane.epoch);
+            let below = id.saturating_sub(1);
             let known = lane.tenants.entry(tenant).or_insert(Known {
-                floor: id - 1,
+                floor: below,
                 seen: Instant::now(),
             });
-            known.floor = known.floor.min(id - 1);
+            known.floor = known.floor.min(below);
         }
     }
 
@@ -528,11 +602,13 @@ mod tests {
         took: Duration,
     ) {
         let turn = names(turn);
+        let last_tenant = turn.last().cloned().unwrap_or_default();
         floors.record(
             &lane(),
             planned,
             &Found {
                 cursor,
+                last_tenant: &last_tenant,
                 turn: &turn,
                 turn_was_full,
                 claimed: rows,
@@ -664,6 +740,7 @@ mod tests {
         let rows = claimed("a", &[1]);
         let found = Found {
             cursor: "",
+            last_tenant: "a",
             turn: &names(&["a"]),
             turn_was_full: false,
             claimed: &rows,
@@ -685,6 +762,67 @@ mod tests {
         // "new" is served from the next claim, above the id the previous one saw.
         assert_eq!(floors_of(&floors, t0), (names(&["a", "new"]), vec![0, 100]));
         assert_eq!(floors.plan(&lane(), "", 10, t0).discover_above, 180);
+    }
+
+    #[test]
+    fn a_lap_counts_only_passes_that_follow_on_from_each_other() {
+        let floors = Floors::default();
+        let t0 = Instant::now();
+        let full = floors.plan(&lane(), "", 2, t0);
+        claim(
+            &floors,
+            &full,
+            "",
+            &["a", "b"],
+            true,
+            &claimed("a", &[1]),
+            t0,
+            SECOND,
+        );
+        // The lap's next pass starts after "b", whatever the caller's cursor.
+        let next = floors.plan(&lane(), "x", 2, t0);
+        assert_eq!((next.pass.clone(), next.cursor("x")), (Pass::Full, "b"));
+        // Full passes from elsewhere neither end nor extend it: a fallback
+        // after an empty floor pass, or one not starting where the lap got to.
+        let fallback = next.fallback();
+        assert_eq!(fallback.cursor("x"), "x");
+        claim(
+            &floors,
+            &fallback,
+            "x",
+            &["y"],
+            false,
+            &claimed("y", &[9]),
+            t0,
+            SECOND,
+        );
+        claim(
+            &floors,
+            &next,
+            "q",
+            &["r"],
+            false,
+            &claimed("r", &[7]),
+            t0,
+            SECOND,
+        );
+        let next = floors.plan(&lane(), "x", 2, t0);
+        assert_eq!((next.pass.clone(), next.cursor("x")), (Pass::Full, "b"));
+        claim(
+            &floors,
+            &next,
+            "b",
+            &["c"],
+            false,
+            &claimed("c", &[3]),
+            t0,
+            SECOND,
+        );
+        // Done: floors again.
+        assert!(matches!(
+            floors.plan(&lane(), "", 2, t0).pass,
+            Pass::Floor { .. }
+        ));
     }
 
     #[test]
@@ -893,6 +1031,8 @@ mod tests {
             pass: Pass::Full,
             epoch: 0,
             discover_above: 0,
+            full_from: Some(String::new()),
+            fallback: false,
         };
         claim(
             &floors,

@@ -426,12 +426,7 @@ impl OutboxStore for PgStore {
         if planned.pass != Pass::Full && batch.deliveries.is_empty() {
             // Nothing above the floors: scan from the first entries before
             // reporting that there is nothing (the caller may go idle on it).
-            let full = Planned {
-                pass: Pass::Full,
-                discover_above: 0,
-                ..planned
-            };
-            return self.claim_pass(params, &lane, &full).await;
+            return self.claim_pass(params, &lane, &planned.fallback()).await;
         }
         Ok(batch)
     }
@@ -755,7 +750,7 @@ impl PgStore {
         };
         let claim = sqlx::query(&self.q().claim)
             .bind(&params.subscription)
-            .bind(&params.tenant_cursor)
+            .bind(planned.cursor(&params.tenant_cursor))
             .bind(limit)
             .bind(limit)
             .bind(&topics)
@@ -811,7 +806,7 @@ impl PgStore {
         }
         let next_tenant_cursor = match pass {
             Pass::Floor { next_cursor, .. } => next_cursor.clone(),
-            Pass::Full if turn_was_full => last_tenant,
+            Pass::Full if turn_was_full => last_tenant.clone(),
             Pass::Full => String::new(),
         };
         let deliveries = rows
@@ -832,7 +827,8 @@ impl PgStore {
             lane,
             planned,
             &Found {
-                cursor: &params.tenant_cursor,
+                cursor: planned.cursor(&params.tenant_cursor),
+                last_tenant: &last_tenant,
                 turn: &turn,
                 turn_was_full,
                 claimed: &seen,

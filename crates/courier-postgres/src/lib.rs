@@ -132,8 +132,8 @@ impl PgStore {
 
     /// Where this store's next claims of `subscription` start each tenant's
     /// scan: deliveries at or below a tenant's floor are only looked at by
-    /// the periodic full pass (see the README's note on long-held snapshots).
-    /// For diagnostics and tests; tenants this store has not seen are absent.
+    /// full laps (see the README's note on long transactions). For
+    /// diagnostics and tests; tenants this store does not know are absent.
     pub fn claim_floors(&self, subscription: &str) -> BTreeMap<String, i64> {
         self.inner.floors.of(subscription)
     }

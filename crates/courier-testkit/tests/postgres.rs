@@ -539,6 +539,17 @@ async fn the_claim_walks_each_tenant_s_ready_rows_not_the_whole_table() -> anyho
     Ok(())
 }
 
+/// Registers subscription `sub` for `topic` v1, as its workers would.
+async fn register_sub(pg: &PgFixture) -> anyhow::Result<()> {
+    pg.courier()
+        .worker("sub")
+        .handle("topic", 1, counting(CallCounter::default()))
+        .maintenance(None)
+        .build()
+        .await?;
+    Ok(())
+}
+
 /// The claim parameters a worker of subscription `sub` handling `topic` v1 uses.
 fn claim_params(limit: usize) -> courier::ClaimParams {
     courier::ClaimParams {
@@ -636,12 +647,7 @@ async fn claims_under_a_held_snapshot_start_past_the_deliveries_already_done() -
     // first entry reads them all. The store's claims start at its floors.
     let pg = PgFixture::new().await?;
     let courier = pg.courier();
-    courier
-        .worker("sub")
-        .handle("topic", 1, counting(CallCounter::default()))
-        .maintenance(None)
-        .build()
-        .await?;
+    register_sub(&pg).await?;
     let mut holder = pg.pool.acquire().await?;
     sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
         .execute(&mut *holder)
@@ -687,12 +693,7 @@ async fn a_message_committed_after_later_ones_were_claimed_is_still_claimed() ->
     // skips it, a full pass must find it.
     let pg = PgFixture::new().await?;
     let courier = pg.courier();
-    courier
-        .worker("sub")
-        .handle("topic", 1, counting(CallCounter::default()))
-        .maintenance(None)
-        .build()
-        .await?;
+    register_sub(&pg).await?;
     let store = courier.store();
     let params = claim_params(5);
     let mut late = pg.pool.begin().await?;

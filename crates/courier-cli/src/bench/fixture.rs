@@ -430,8 +430,7 @@ impl Fixture for SqliteBench {
     }
 
     fn worker_defaults(&self) -> (usize, usize) {
-        let defaults = courier::WorkerConfig::default();
-        (defaults.concurrency, defaults.batch_size)
+        (courier::SQLITE_CONCURRENCY, courier::SQLITE_BATCH_SIZE)
     }
 
     fn postgres(&self) -> Option<(&PgPool, &str)> {

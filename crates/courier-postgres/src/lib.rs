@@ -308,6 +308,37 @@ impl OutboxStore for PgStore {
                 }
             }
         }
+        if idempotency_keys.iter().all(Option::is_none) {
+            // No row can be a duplicate: the insert without ON CONFLICT.
+            let written = sqlx::query(&self.q().enqueue_plain)
+                .bind(&ids)
+                .bind(&tenants)
+                .bind(&topics)
+                .bind(&versions)
+                .bind(&payloads)
+                .bind(&headers)
+                .bind(&ordering_keys)
+                .bind(&idempotency_keys)
+                .bind(&occurred)
+                .bind(&available_at)
+                .bind(&delays)
+                .execute(&mut *conn)
+                .await
+                .map_err(map)?
+                .rows_affected();
+            if usize::try_from(written).ok() != Some(n) {
+                return Err(StoreError::Corrupt(format!(
+                    "enqueue wrote {written} of {n} messages"
+                )));
+            }
+            return Ok(ids
+                .into_iter()
+                .map(|id| EnqueueOutcome {
+                    id,
+                    duplicate: false,
+                })
+                .collect());
+        }
         let inserted: Vec<Uuid> = sqlx::query_scalar(&self.q().enqueue)
             .bind(&ids)
             .bind(&tenants)

@@ -28,6 +28,7 @@ queries!(
     dead_letters_retry,
     delivery_stats,
     enqueue,
+    enqueue_plain,
     extend,
     fail,
     find_idempotent,
@@ -49,7 +50,8 @@ queries!(
 
 impl crate::PgStore {
     /// The SQL of one of the store's hot queries (`queries/<name>.sql`:
-    /// `claim`, `complete`, `enqueue`, `prune_messages`, `prune_receipts`)
+    /// `claim`, `complete`, `enqueue`, `enqueue_plain`, `prune_messages`,
+    /// `prune_receipts`)
     /// exactly as this store runs it, `{schema}` replaced by its schema;
     /// `None` for any other name. Read-only, for tools that explain what the
     /// store runs (`courier bench --scenario explain`).
@@ -59,6 +61,7 @@ impl crate::PgStore {
             "claim" => &queries.claim,
             "complete" => &queries.complete,
             "enqueue" => &queries.enqueue,
+            "enqueue_plain" => &queries.enqueue_plain,
             "prune_messages" => &queries.prune_messages,
             "prune_receipts" => &queries.prune_receipts,
             _ => return None,

@@ -8,7 +8,8 @@
 //!
 //! - `claim`: a batch of [`CLAIM_BATCH`] for the bench subscription;
 //! - `complete`: the leases of a real claim of that size;
-//! - `enqueue`: a batch of 1,000 new messages (the fan-out trigger included);
+//! - `enqueue_plain` / `enqueue`: a batch of 1,000 new messages without / with
+//!   idempotency keys (the fan-out trigger included);
 //! - `prune_receipts`, `prune_messages`: everything older than now, in the
 //!   maintenance's default batch, after the claimed batch was really
 //!   completed (so some receipts and messages qualify).
@@ -136,6 +137,56 @@ async fn rolled_back(
     Ok(lines.join("\n"))
 }
 
+/// `EXPLAIN (ANALYZE, BUFFERS)` of an enqueue query over `messages`, bound as
+/// `PgStore::enqueue_batch` binds them, rolled back.
+async fn explain_enqueue(
+    pool: &PgPool,
+    sql: &str,
+    messages: &[NewMessage],
+) -> anyhow::Result<String> {
+    let ids: Vec<uuid::Uuid> = messages.iter().map(|m| m.id).collect();
+    let tenants: Vec<&str> = messages.iter().map(|m| m.tenant.as_str()).collect();
+    let topics: Vec<&str> = messages.iter().map(|m| m.topic.as_str()).collect();
+    let versions: Vec<i32> = messages.iter().map(|m| m.schema_version).collect();
+    let payloads: Vec<&str> = messages.iter().map(|m| m.payload.as_str()).collect();
+    let headers: Vec<String> = messages.iter().map(NewMessage::headers_json).collect();
+    let ordering_keys: Vec<Option<&str>> =
+        messages.iter().map(|m| m.ordering_key.as_deref()).collect();
+    let idempotency_keys: Vec<Option<&str>> = messages
+        .iter()
+        .map(|m| m.idempotency_key.as_deref())
+        .collect();
+    let occurred: Vec<_> = messages.iter().map(|m| m.occurred_at).collect();
+    let mut available_at = Vec::with_capacity(messages.len());
+    let mut delays = Vec::with_capacity(messages.len());
+    for message in messages {
+        let (at, delay) = match message.available {
+            Availability::Now => (None, None),
+            Availability::At(at) => (Some(at), None),
+            Availability::After(delay) => (None, Some(millis(delay))),
+        };
+        available_at.push(at);
+        delays.push(delay);
+    }
+    let query = explained(sql);
+    rolled_back(
+        pool,
+        sqlx::query_scalar(&query)
+            .bind(&ids)
+            .bind(&tenants)
+            .bind(&topics)
+            .bind(&versions)
+            .bind(&payloads)
+            .bind(&headers)
+            .bind(&ordering_keys)
+            .bind(&idempotency_keys)
+            .bind(&occurred)
+            .bind(&available_at)
+            .bind(&delays),
+    )
+    .await
+}
+
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
@@ -245,61 +296,38 @@ async fn explain_all(store: &PgStore, pool: &PgPool) -> anyhow::Result<Vec<Expla
         .await
         .context("completing the claimed batch")?;
 
-    // enqueue: a batch of 1,000, bound as PgStore::enqueue_batch binds it.
-    let messages = (0..LOAD_BATCH)
-        .map(|i| NewMessage::new("bench", TOPIC, &BenchPayload { seq: u64::MAX - i }))
-        .collect::<Result<Vec<_>, _>>()?;
-    let ids: Vec<uuid::Uuid> = messages.iter().map(|m| m.id).collect();
-    let tenants: Vec<&str> = messages.iter().map(|m| m.tenant.as_str()).collect();
-    let topics: Vec<&str> = messages.iter().map(|m| m.topic.as_str()).collect();
-    let versions: Vec<i32> = messages.iter().map(|m| m.schema_version).collect();
-    let payloads: Vec<&str> = messages.iter().map(|m| m.payload.as_str()).collect();
-    let headers: Vec<String> = messages.iter().map(NewMessage::headers_json).collect();
-    let ordering_keys: Vec<Option<&str>> =
-        messages.iter().map(|m| m.ordering_key.as_deref()).collect();
-    let idempotency_keys: Vec<Option<&str>> = messages
-        .iter()
-        .map(|m| m.idempotency_key.as_deref())
-        .collect();
-    let occurred: Vec<_> = messages.iter().map(|m| m.occurred_at).collect();
-    let mut available_at = Vec::with_capacity(messages.len());
-    let mut delays = Vec::with_capacity(messages.len());
-    for message in &messages {
-        let (at, delay) = match message.available {
-            Availability::Now => (None, None),
-            Availability::At(at) => (Some(at), None),
-            Availability::After(delay) => (None, Some(millis(delay))),
+    // enqueue: a batch of 1,000, bound as PgStore::enqueue_batch binds it:
+    // without idempotency keys (enqueue_plain.sql), then with one each
+    // (enqueue.sql, ON CONFLICT on the idempotency index).
+    for (name, keyed) in [("enqueue_plain", false), ("enqueue", true)] {
+        let messages = (0..LOAD_BATCH)
+            .map(|i| {
+                let message = NewMessage::new("bench", TOPIC, &BenchPayload { seq: u64::MAX - i })?;
+                Ok(if keyed {
+                    message.with_idempotency_key(format!("explain-{i}"))
+                } else {
+                    message
+                })
+            })
+            .collect::<Result<Vec<_>, courier::ValidationError>>()?;
+        let text = sql(store, name)?;
+        let plan = explain_enqueue(pool, text, &messages)
+            .await
+            .with_context(|| name.to_owned())?;
+        let keys = if keyed {
+            "an idempotency key each"
+        } else {
+            "no idempotency keys"
         };
-        available_at.push(at);
-        delays.push(delay);
+        out.push(ExplainedQuery {
+            name: name.into(),
+            parameters: format!(
+                "{LOAD_BATCH} new messages with {keys}, one tenant, one subscription (fan-out trigger included)"
+            ),
+            sql: text.to_owned(),
+            plan,
+        });
     }
-    let text = sql(store, "enqueue")?;
-    let query = explained(text);
-    let plan = rolled_back(
-        pool,
-        sqlx::query_scalar(&query)
-            .bind(&ids)
-            .bind(&tenants)
-            .bind(&topics)
-            .bind(&versions)
-            .bind(&payloads)
-            .bind(&headers)
-            .bind(&ordering_keys)
-            .bind(&idempotency_keys)
-            .bind(&occurred)
-            .bind(&available_at)
-            .bind(&delays),
-    )
-    .await
-    .context("enqueue")?;
-    out.push(ExplainedQuery {
-        name: "enqueue".into(),
-        parameters: format!(
-            "{LOAD_BATCH} new messages, one tenant, one subscription (fan-out trigger included)"
-        ),
-        sql: text.to_owned(),
-        plan,
-    });
 
     // prune: everything finished and older than now, in the default batch.
     let batch = i64::try_from(MaintenanceConfig::default().batch).unwrap_or(i64::MAX);

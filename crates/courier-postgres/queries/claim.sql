@@ -117,14 +117,6 @@ claimed AS (
       lease_expires_at = statement_timestamp() + $9::bigint * interval '1 millisecond',
       claimed_by = $10
   WHERE d.id = ANY (ARRAY(SELECT id FROM picked))
-    -- The claim commits without waiting for its WAL to reach disk
-    -- (synchronous_commit off for this transaction only). Nothing is lost:
-    -- every outcome of the claim (complete, fail, a transactional handler's
-    -- commit) commits synchronously later and so flushes the WAL that holds
-    -- the claim first. A database crash before that returns the deliveries
-    -- to the queue with their attempt unspent, as a worker crash would (a
-    -- plain handler may run again; a transactional one had committed nothing).
-    AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
   RETURNING d.id, d.message_id, d.tenant, d.topic, d.schema_version, d.ordering_key,
             d.attempts, d.max_attempts, d.lease_token, d.lease_expires_at
 ),

@@ -78,14 +78,23 @@ pub mod sqlite {
 pub const POSTGRES_CONCURRENCY: usize = 384;
 /// Deliveries claimed per round trip by default on PostgreSQL.
 pub const POSTGRES_BATCH_SIZE: usize = 256;
+/// Pool size of [`Courier::connect_postgres`]: a worker at the default
+/// settings uses up to 11 at once (two claims, the settler, the heartbeat,
+/// the LISTEN connection, and one per running group of transactional
+/// handlers: 384 / 64 = 6), leaving room for producers.
+pub const POSTGRES_CONNECTIONS: u32 = 16;
 /// Handlers running at once per worker by default on SQLite: twice the batch
 /// size, so a second full claim can be on its way while the first one's
 /// handlers run. Against the engine's 64 / 100 (one claim in flight, of 64)
-/// the no-op drain on the bench machine went 18,600 -> 31,300 msg/s, 50
-/// tenants 8,900 -> 21,800 msg/s and 1,000 ordering keys 9,500 -> 12,000.
-pub const SQLITE_CONCURRENCY: usize = 512;
+/// the no-op drain on the bench machine went 18,600 -> 23,400 msg/s and
+/// exactly-once 5,700 -> 9,200. Larger defaults drained no-op messages
+/// faster still (512 / 256: 31,300 msg/s) but not transactional ones, which
+/// hold SQLite's single write lock while their handlers run: every
+/// transactional group in flight queues for it, and claims, outcomes and
+/// heartbeats wait behind the queue, so it is kept short.
+pub const SQLITE_CONCURRENCY: usize = 128;
 /// Deliveries claimed per round trip by default on SQLite.
-pub const SQLITE_BATCH_SIZE: usize = 256;
+pub const SQLITE_BATCH_SIZE: usize = 64;
 
 /// Starts the wake-up source of a store (a LISTEN connection, or an
 /// in-process signal) and returns a receiver workers wait on.
@@ -136,9 +145,11 @@ impl Courier<courier_postgres::PgStore> {
         ))
     }
 
-    /// Opens a pool to `url` (JIT off, 10 connections) and wraps it.
+    /// Opens a pool to `url` (JIT off, [`POSTGRES_CONNECTIONS`] connections) and wraps it.
     pub async fn connect_postgres(url: &str) -> Result<Self, StoreError> {
-        Ok(Self::postgres(courier_postgres::connect(url, 10).await?))
+        Ok(Self::postgres(
+            courier_postgres::connect(url, POSTGRES_CONNECTIONS).await?,
+        ))
     }
 
     /// Courier over an existing PostgreSQL store.

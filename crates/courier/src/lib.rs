@@ -67,14 +67,15 @@ pub mod sqlite {
 
 /// Handlers running at once per worker by default on PostgreSQL: one and a
 /// half times the batch size, so that while one full claim's handlers run a
-/// second claim can be on its way (each claim reserves the slots it may fill).
-/// Claims of 256 rows halve the round trips per message against 64 (no-op
-/// drain on the 2-core bench machine: 16,500 -> 34,400 msg/s); the second
-/// claim in flight added ~20 % to the no-op and exactly-once drains (25,400
-/// -> 30,600 and 17,600 -> 21,000 msg/s). Twice the batch size measured the
-/// same there but halved the drain of 1,000 ordering keys (14,400 -> 7,700
-/// msg/s): with more deliveries in flight, fewer keys have a claimable
-/// message, claims come back short and each walks the whole backlog.
+/// second claim can be on its way (each claim reserves the slots it may fill;
+/// at 256 / 256 the first claim reserved them all). Claims of 256 rows halve
+/// the round trips per message against 64. On the 2-core bench machine
+/// (`courier bench`, medians of 3 full runs before and after) the no-op drain
+/// went 24,381 -> 27,663 msg/s and exactly-once 15,157 -> 18,481. Twice the
+/// batch size drained no-op messages at most ~5 % faster in single runs but
+/// usually halved the drain of 1,000 ordering keys (mostly 6,500-8,900 msg/s against
+/// 14,400-15,300 at 384): with more deliveries in flight fewer keys have a
+/// claimable message, claims come back short and each walks the backlog.
 pub const POSTGRES_CONCURRENCY: usize = 384;
 /// Deliveries claimed per round trip by default on PostgreSQL.
 pub const POSTGRES_BATCH_SIZE: usize = 256;
@@ -86,12 +87,12 @@ pub const POSTGRES_CONNECTIONS: u32 = 16;
 /// Handlers running at once per worker by default on SQLite: twice the batch
 /// size, so a second full claim can be on its way while the first one's
 /// handlers run. Against the engine's 64 / 100 (one claim in flight, of 64)
-/// the no-op drain on the bench machine went 18,600 -> 23,400 msg/s and
-/// exactly-once 5,700 -> 9,200. Larger defaults drained no-op messages
-/// faster still (512 / 256: 31,300 msg/s) but not transactional ones, which
-/// hold SQLite's single write lock while their handlers run: every
-/// transactional group in flight queues for it, and claims, outcomes and
-/// heartbeats wait behind the queue, so it is kept short.
+/// the no-op drain on the bench machine went 16,743 -> 22,423 msg/s (medians
+/// of 3 full runs). Larger defaults drained no-op messages faster still
+/// (512 / 256: 31,300 msg/s in a single run) but transactional handlers hold
+/// SQLite's single write lock while they run: every transactional group in
+/// flight queues for it, and claims, outcomes and heartbeats wait behind the
+/// queue, so it is kept short.
 pub const SQLITE_CONCURRENCY: usize = 128;
 /// Deliveries claimed per round trip by default on SQLite.
 pub const SQLITE_BATCH_SIZE: usize = 64;

@@ -308,20 +308,27 @@ impl OutboxStore for PgStore {
                 }
             }
         }
-        if idempotency_keys.iter().all(Option::is_none) {
-            // No row can be a duplicate: the insert without ON CONFLICT.
-            let written = sqlx::query(&self.q().enqueue_plain)
-                .bind(&ids)
-                .bind(&tenants)
-                .bind(&topics)
-                .bind(&versions)
-                .bind(&payloads)
-                .bind(&headers)
-                .bind(&ordering_keys)
-                .bind(&idempotency_keys)
-                .bind(&occurred)
-                .bind(&available_at)
-                .bind(&delays)
+        // Without idempotency keys no row can be a duplicate: the insert
+        // without ON CONFLICT, whose rows are not speculative insertions.
+        let plain = idempotency_keys.iter().all(Option::is_none);
+        let query = sqlx::query(if plain {
+            &self.q().enqueue_plain
+        } else {
+            &self.q().enqueue
+        })
+        .bind(&ids)
+        .bind(&tenants)
+        .bind(&topics)
+        .bind(&versions)
+        .bind(&payloads)
+        .bind(&headers)
+        .bind(&ordering_keys)
+        .bind(&idempotency_keys)
+        .bind(&occurred)
+        .bind(&available_at)
+        .bind(&delays);
+        let inserted: Vec<Uuid> = if plain {
+            let written = query
                 .execute(&mut *conn)
                 .await
                 .map_err(map)?
@@ -331,30 +338,18 @@ impl OutboxStore for PgStore {
                     "enqueue wrote {written} of {n} messages"
                 )));
             }
-            return Ok(ids
-                .into_iter()
-                .map(|id| EnqueueOutcome {
-                    id,
-                    duplicate: false,
-                })
-                .collect());
-        }
-        let inserted: Vec<Uuid> = sqlx::query_scalar(&self.q().enqueue)
-            .bind(&ids)
-            .bind(&tenants)
-            .bind(&topics)
-            .bind(&versions)
-            .bind(&payloads)
-            .bind(&headers)
-            .bind(&ordering_keys)
-            .bind(&idempotency_keys)
-            .bind(&occurred)
-            .bind(&available_at)
-            .bind(&delays)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(map)?;
-        if inserted.len() == n {
+            Vec::new()
+        } else {
+            query
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(map)?
+                .iter()
+                .map(|row| row.try_get(0))
+                .collect::<Result<_, _>>()
+                .map_err(map)?
+        };
+        if plain || inserted.len() == n {
             return Ok(ids
                 .into_iter()
                 .map(|id| EnqueueOutcome {

@@ -196,6 +196,7 @@ async fn explain_prints_the_hot_queries_plans_and_indexes() {
         "-- claim (queries/claim.sql",
         "-- complete (queries/complete.sql",
         "the 256 leases of a real claim",
+        "-- enqueue_plain (queries/enqueue_plain.sql",
         "-- enqueue (queries/enqueue.sql",
         "-- prune_receipts (queries/prune_receipts.sql",
         "-- prune_messages (queries/prune_messages.sql",

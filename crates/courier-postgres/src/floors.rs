@@ -589,6 +589,21 @@ mod tests {
         tenants.iter().map(|t| (*t).to_owned()).collect()
     }
 
+    /// Records a claim from the start of the tenants whose turn was tenant
+    /// "a" alone and which took one row, `id`: the common case of these tests.
+    fn claim_a(floors: &Floors, planned: &Planned, id: i64, started: Instant, took: Duration) {
+        claim(
+            floors,
+            planned,
+            "",
+            &["a"],
+            false,
+            &claimed("a", &[id]),
+            started,
+            took,
+        );
+    }
+
     /// Records a claim planned now.
     #[allow(clippy::too_many_arguments)]
     fn claim(
@@ -681,16 +696,7 @@ mod tests {
         let t0 = Instant::now();
         let took = Duration::from_millis(100);
         let first = floors.plan(&lane(), "", 10, t0);
-        claim(
-            &floors,
-            &first,
-            "",
-            &["a"],
-            false,
-            &claimed("a", &[1]),
-            t0,
-            took,
-        );
+        claim_a(&floors, &first, 1, t0, took);
         let just_before = t0 + took * FULL_PASS_COST_RATIO - Duration::from_millis(1);
         assert!(matches!(
             floors.plan(&lane(), "", 10, just_before).pass,
@@ -843,28 +849,10 @@ mod tests {
         // A lap later finds only "a" with work: "b" stays known (its next
         // message is found by the next floor pass) until a minute passes.
         let soon = t0 + 10 * SECOND;
-        claim(
-            &floors,
-            &full,
-            "",
-            &["a"],
-            false,
-            &claimed("a", &[5]),
-            soon,
-            SECOND,
-        );
+        claim_a(&floors, &full, 5, soon, SECOND);
         assert_eq!(floors_of(&floors, soon + SECOND).0, names(&["a", "b"]));
         let late = t0 + FORGET_AFTER + SECOND;
-        claim(
-            &floors,
-            &full,
-            "",
-            &["a"],
-            false,
-            &claimed("a", &[9]),
-            late,
-            SECOND,
-        );
+        claim_a(&floors, &full, 9, late, SECOND);
         assert_eq!(floors_of(&floors, late + SECOND).0, names(&["a"]));
     }
 
@@ -874,28 +862,10 @@ mod tests {
         let t0 = Instant::now();
         let ms = Duration::from_millis(1);
         let first = floors.plan(&lane(), "", 10, t0);
-        claim(
-            &floors,
-            &first,
-            "",
-            &["a"],
-            false,
-            &claimed("a", &[1]),
-            t0,
-            10 * ms,
-        );
+        claim_a(&floors, &first, 1, t0, 10 * ms);
         let floor_pass = floors.plan(&lane(), "", 10, t0 + ms);
         assert!(matches!(floor_pass.pass, Pass::Floor { .. }));
-        claim(
-            &floors,
-            &floor_pass,
-            "",
-            &["a"],
-            false,
-            &claimed("a", &[2]),
-            t0,
-            9 * ms,
-        );
+        claim_a(&floors, &floor_pass, 2, t0, 9 * ms);
         // The first lap's 10 ms counted whole (no floor pass to compare
         // with yet): due 200 ms after it started.
         assert!(matches!(
@@ -912,31 +882,13 @@ mod tests {
         ));
         // 10 ms where a floor pass takes 9 is noise: laps cost nothing now,
         // and the next is due at once.
-        claim(
-            &floors,
-            &lap,
-            "",
-            &["a"],
-            false,
-            &claimed("a", &[3]),
-            t1,
-            10 * ms,
-        );
+        claim_a(&floors, &lap, 3, t1, 10 * ms);
         let t2 = t1 + 10 * ms;
         let lap = floors.plan(&lane(), "", 10, t2);
         assert_eq!(lap.pass, Pass::Full);
         // One slow lap (91 ms over) does not hold the next back: the median
         // of the recent ones (0, 10, 91 ms) is 10 ms.
-        claim(
-            &floors,
-            &lap,
-            "",
-            &["a"],
-            false,
-            &claimed("a", &[4]),
-            t2,
-            100 * ms,
-        );
+        claim_a(&floors, &lap, 4, t2, 100 * ms);
         let due = t2 + 200 * ms;
         assert!(matches!(
             floors.plan(&lane(), "", 10, due - ms).pass,
@@ -950,41 +902,14 @@ mod tests {
         let floors = Floors::default();
         let t0 = Instant::now();
         let full = floors.plan(&lane(), "", 10, t0);
-        claim(
-            &floors,
-            &full,
-            "",
-            &["a"],
-            false,
-            &claimed("a", &[1]),
-            t0,
-            SECOND,
-        );
+        claim_a(&floors, &full, 1, t0, SECOND);
         let announced = t0 + Duration::from_millis(50);
         floors.need_full_pass("billing", announced);
         assert_eq!(floors.plan(&lane(), "", 10, announced).pass, Pass::Full);
         // A lap that started before the announcement does not count.
-        claim(
-            &floors,
-            &full,
-            "",
-            &["a"],
-            false,
-            &claimed("a", &[2]),
-            t0,
-            SECOND,
-        );
+        claim_a(&floors, &full, 2, t0, SECOND);
         assert_eq!(floors.plan(&lane(), "", 10, announced).pass, Pass::Full);
-        claim(
-            &floors,
-            &full,
-            "",
-            &["a"],
-            false,
-            &claimed("a", &[3]),
-            announced,
-            SECOND,
-        );
+        claim_a(&floors, &full, 3, announced, SECOND);
         assert!(matches!(
             floors.plan(&lane(), "", 10, announced).pass,
             Pass::Floor { .. }

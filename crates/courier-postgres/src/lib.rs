@@ -29,7 +29,8 @@ use courier_core::{
     PruneReport, StoreError, SubscriptionSpec, TransactionalBatchOutcome, TxWork, ValidationError,
     MAX_ERROR_CHARS,
 };
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::Arguments;
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
@@ -255,6 +256,60 @@ fn uniform_budget(budgets: &[i32]) -> Option<i32> {
     budgets.iter().all(|b| *b == first).then_some(first)
 }
 
+/// The bound arguments of the store's enqueue queries (`enqueue` and
+/// `enqueue_plain`, see [`PgStore::query_sql`]) for `messages`, each checked
+/// first: one array per column, in the order the queries take them. For
+/// tools that run those queries exactly as the store does.
+pub fn enqueue_arguments(messages: &[NewMessage]) -> Result<PgArguments, StoreError> {
+    let n = messages.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut tenants = Vec::with_capacity(n);
+    let mut topics = Vec::with_capacity(n);
+    let mut versions = Vec::with_capacity(n);
+    let mut payloads = Vec::with_capacity(n);
+    let mut headers = Vec::with_capacity(n);
+    let mut ordering_keys = Vec::with_capacity(n);
+    let mut idempotency_keys = Vec::with_capacity(n);
+    let mut occurred = Vec::with_capacity(n);
+    let mut available_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
+    let mut delays: Vec<Option<i64>> = Vec::with_capacity(n);
+    for message in messages {
+        message.validate()?;
+        ids.push(message.id);
+        tenants.push(message.tenant.as_str());
+        topics.push(message.topic.as_str());
+        versions.push(message.schema_version);
+        payloads.push(message.payload.as_str());
+        headers.push(message.headers_json());
+        ordering_keys.push(message.ordering_key.as_deref());
+        idempotency_keys.push(message.idempotency_key.as_deref());
+        occurred.push(message.occurred_at);
+        let (at, delay) = match message.available {
+            Availability::Now => (None, None),
+            Availability::At(at) => (Some(at), None),
+            Availability::After(delay) => (None, Some(millis(delay))),
+        };
+        available_at.push(at);
+        delays.push(delay);
+    }
+    let mut arguments = PgArguments::default();
+    let encoded = (|| {
+        arguments.add(&ids)?;
+        arguments.add(&tenants)?;
+        arguments.add(&topics)?;
+        arguments.add(&versions)?;
+        arguments.add(&payloads)?;
+        arguments.add(&headers)?;
+        arguments.add(&ordering_keys)?;
+        arguments.add(&idempotency_keys)?;
+        arguments.add(&occurred)?;
+        arguments.add(&available_at)?;
+        arguments.add(&delays)
+    })();
+    encoded.map_err(|error| map(sqlx::Error::Encode(error)))?;
+    Ok(arguments)
+}
+
 impl OutboxStore for PgStore {
     type Connection = PgConnection;
 
@@ -271,62 +326,18 @@ impl OutboxStore for PgStore {
             return Ok(Vec::new());
         }
         let n = messages.len();
-        let mut ids = Vec::with_capacity(n);
-        let mut tenants = Vec::with_capacity(n);
-        let mut topics = Vec::with_capacity(n);
-        let mut versions = Vec::with_capacity(n);
-        let mut payloads = Vec::with_capacity(n);
-        let mut headers = Vec::with_capacity(n);
-        let mut ordering_keys = Vec::with_capacity(n);
-        let mut idempotency_keys = Vec::with_capacity(n);
-        let mut occurred = Vec::with_capacity(n);
-        let mut available_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
-        let mut delays: Vec<Option<i64>> = Vec::with_capacity(n);
-        for message in messages {
-            message.validate()?;
-            ids.push(message.id);
-            tenants.push(message.tenant.as_str());
-            topics.push(message.topic.as_str());
-            versions.push(message.schema_version);
-            payloads.push(message.payload.as_str());
-            headers.push(message.headers_json());
-            ordering_keys.push(message.ordering_key.as_deref());
-            idempotency_keys.push(message.idempotency_key.as_deref());
-            occurred.push(message.occurred_at);
-            match message.available {
-                Availability::Now => {
-                    available_at.push(None);
-                    delays.push(None);
-                }
-                Availability::At(at) => {
-                    available_at.push(Some(at));
-                    delays.push(None);
-                }
-                Availability::After(delay) => {
-                    available_at.push(None);
-                    delays.push(Some(millis(delay)));
-                }
-            }
-        }
+        let arguments = enqueue_arguments(messages)?;
         // Without idempotency keys no row can be a duplicate: the insert
         // without ON CONFLICT, whose rows are not speculative insertions.
-        let plain = idempotency_keys.iter().all(Option::is_none);
-        let query = sqlx::query(if plain {
-            &self.q().enqueue_plain
-        } else {
-            &self.q().enqueue
-        })
-        .bind(&ids)
-        .bind(&tenants)
-        .bind(&topics)
-        .bind(&versions)
-        .bind(&payloads)
-        .bind(&headers)
-        .bind(&ordering_keys)
-        .bind(&idempotency_keys)
-        .bind(&occurred)
-        .bind(&available_at)
-        .bind(&delays);
+        let plain = messages.iter().all(|m| m.idempotency_key.is_none());
+        let query = sqlx::query_with(
+            if plain {
+                &self.q().enqueue_plain
+            } else {
+                &self.q().enqueue
+            },
+            arguments,
+        );
         let inserted: Vec<Uuid> = if plain {
             let written = query
                 .execute(&mut *conn)
@@ -350,10 +361,10 @@ impl OutboxStore for PgStore {
                 .map_err(map)?
         };
         if plain || inserted.len() == n {
-            return Ok(ids
-                .into_iter()
-                .map(|id| EnqueueOutcome {
-                    id,
+            return Ok(messages
+                .iter()
+                .map(|m| EnqueueOutcome {
+                    id: m.id,
                     duplicate: false,
                 })
                 .collect());

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use courier::postgres::PgStore;
 use courier::{
-    Availability, ClaimParams, ClaimedDelivery, Courier, LeaseRef, MaintenanceConfig, NewMessage,
-    OutboxStore, RetryPolicy, Route, SubscriptionSpec,
+    ClaimParams, ClaimedDelivery, Courier, LeaseRef, MaintenanceConfig, NewMessage, OutboxStore,
+    RetryPolicy, Route, SubscriptionSpec,
 };
 use sqlx::postgres::PgArguments;
 use sqlx::query::QueryScalar;
@@ -144,47 +144,9 @@ async fn explain_enqueue(
     sql: &str,
     messages: &[NewMessage],
 ) -> anyhow::Result<String> {
-    let ids: Vec<uuid::Uuid> = messages.iter().map(|m| m.id).collect();
-    let tenants: Vec<&str> = messages.iter().map(|m| m.tenant.as_str()).collect();
-    let topics: Vec<&str> = messages.iter().map(|m| m.topic.as_str()).collect();
-    let versions: Vec<i32> = messages.iter().map(|m| m.schema_version).collect();
-    let payloads: Vec<&str> = messages.iter().map(|m| m.payload.as_str()).collect();
-    let headers: Vec<String> = messages.iter().map(NewMessage::headers_json).collect();
-    let ordering_keys: Vec<Option<&str>> =
-        messages.iter().map(|m| m.ordering_key.as_deref()).collect();
-    let idempotency_keys: Vec<Option<&str>> = messages
-        .iter()
-        .map(|m| m.idempotency_key.as_deref())
-        .collect();
-    let occurred: Vec<_> = messages.iter().map(|m| m.occurred_at).collect();
-    let mut available_at = Vec::with_capacity(messages.len());
-    let mut delays = Vec::with_capacity(messages.len());
-    for message in messages {
-        let (at, delay) = match message.available {
-            Availability::Now => (None, None),
-            Availability::At(at) => (Some(at), None),
-            Availability::After(delay) => (None, Some(millis(delay))),
-        };
-        available_at.push(at);
-        delays.push(delay);
-    }
     let query = explained(sql);
-    rolled_back(
-        pool,
-        sqlx::query_scalar(&query)
-            .bind(&ids)
-            .bind(&tenants)
-            .bind(&topics)
-            .bind(&versions)
-            .bind(&payloads)
-            .bind(&headers)
-            .bind(&ordering_keys)
-            .bind(&idempotency_keys)
-            .bind(&occurred)
-            .bind(&available_at)
-            .bind(&delays),
-    )
-    .await
+    let arguments = courier::postgres::enqueue_arguments(messages)?;
+    rolled_back(pool, sqlx::query_scalar_with(&query, arguments)).await
 }
 
 fn millis(duration: Duration) -> i64 {

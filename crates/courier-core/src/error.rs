@@ -92,6 +92,15 @@ pub enum HandlerError {
     },
     /// Never try again: dead-letter the message now.
     Permanent(String),
+    /// Not now: offer the message again after `delay` without spending an
+    /// attempt (a tenant over its quota, a dependency not ready yet). Snoozes
+    /// are counted apart from attempts and bounded (see `MAX_SNOOZES`).
+    Snooze {
+        /// How long to wait before offering the message again.
+        delay: Duration,
+        /// Why, for the error history once snoozes are exhausted.
+        reason: String,
+    },
 }
 
 impl HandlerError {
@@ -103,6 +112,14 @@ impl HandlerError {
     /// A failure to retry after `delay` rather than the policy's backoff.
     pub fn retry_after(delay: Duration, reason: impl fmt::Display) -> Self {
         HandlerError::RetryAfter {
+            delay,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Offer the message again after `delay` without spending an attempt.
+    pub fn snooze(delay: Duration, reason: impl fmt::Display) -> Self {
+        HandlerError::Snooze {
             delay,
             reason: reason.to_string(),
         }
@@ -144,6 +161,9 @@ impl fmt::Display for HandlerError {
                 write!(f, "{reason} (retry after {} ms)", delay.as_millis())
             }
             HandlerError::Permanent(reason) => write!(f, "permanent failure: {reason}"),
+            HandlerError::Snooze { delay, reason } => {
+                write!(f, "snoozed for {} ms: {reason}", delay.as_millis())
+            }
         }
     }
 }

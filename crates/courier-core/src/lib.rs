@@ -28,6 +28,6 @@ pub use retry::RetryPolicy;
 pub use store::{
     BatchRollback, ClaimBatch, ClaimParams, Completion, DeadLetter, DeadLetterFilter,
     DeadLetterPage, DeadLetterStore, DeliverySummary, Failure, FailureApplied, LeaseRef,
-    OutboxStore, PruneReport, Route, SubscriptionSpec, TransactionalBatchOutcome,
-    TransactionalOutcome, TxWork,
+    OutboxStore, PruneReport, RescueParams, Route, Snooze, SubscriptionSpec,
+    TransactionalBatchOutcome, TransactionalOutcome, TxWork, MAX_SNOOZES,
 };

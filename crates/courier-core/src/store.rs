@@ -88,6 +88,48 @@ pub struct Failure {
     pub retry_in: Option<Duration>,
 }
 
+/// A snoozed delivery to put back: it comes back after `delay` without
+/// spending an attempt (a tenant over its quota, a dependency not ready).
+/// Snoozes are counted apart from attempts; past [`MAX_SNOOZES`] of them a
+/// snooze spends its attempt like a failure, so a delivery cannot snooze
+/// forever.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snooze {
+    /// The claim that snoozed.
+    pub lease: LeaseRef,
+    /// When to offer the delivery again.
+    pub delay: Duration,
+    /// Why, kept in the error history only once a snooze spends an attempt.
+    pub reason: String,
+}
+
+/// Snoozes a delivery may take before each further one spends an attempt.
+pub const MAX_SNOOZES: i32 = 1000;
+
+/// What a rescue pass returns and how it spaces out the deliveries' next attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RescueParams {
+    /// The most deliveries to move in one statement.
+    pub limit: usize,
+    /// The delay after a first expired attempt; doubled per attempt spent,
+    /// jittered to between half and all of it.
+    pub backoff_base: Duration,
+    /// The longest delay.
+    pub backoff_cap: Duration,
+}
+
+impl RescueParams {
+    /// A rescue of up to `limit` deliveries that makes them available again
+    /// at once, with no backoff (for tools and tests).
+    pub const fn at_once(limit: usize) -> Self {
+        Self {
+            limit,
+            backoff_base: Duration::ZERO,
+            backoff_cap: Duration::ZERO,
+        }
+    }
+}
+
 /// The result of one failure write that was applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FailureApplied {
@@ -155,6 +197,12 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
     /// transactional handlers write through.
     type Connection: Send;
 
+    /// Whether a transactional run, once its transaction is open, excludes
+    /// every other writer until it ends (SQLite's single writer): then no
+    /// lease it holds can be taken over meanwhile, and the engine does not
+    /// stop such a run for a lease its heartbeat could not extend.
+    const EXCLUSIVE_TRANSACTIONS: bool;
+
     /// Creates or upgrades Courier's tables.
     fn migrate(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
@@ -197,6 +245,15 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
         failures: &'c [Failure],
     ) -> impl Future<Output = Result<Vec<FailureApplied>, StoreError>> + Send + 'c;
 
+    /// Puts snoozed deliveries whose leases are still held back after their
+    /// delay, refunding the attempt their claim spent (see [`Snooze`]).
+    /// `dead` in the answer is true when a snooze past [`MAX_SNOOZES`] spent
+    /// the last attempt.
+    fn snooze_many<'c>(
+        &'c self,
+        snoozes: &'c [Snooze],
+    ) -> impl Future<Output = Result<Vec<FailureApplied>, StoreError>> + Send + 'c;
+
     /// Extends leases still held by `lease`; returns the ids extended.
     fn extend_many<'c>(
         &'c self,
@@ -204,15 +261,20 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<Vec<i64>, StoreError>> + Send + 'c;
 
-    /// Hands claimed-but-unstarted deliveries back without spending an attempt.
+    /// Hands claimed-but-unstarted deliveries whose leases are still held
+    /// back without spending an attempt.
     fn release_many<'c>(
         &'c self,
         leases: &'c [LeaseRef],
     ) -> impl Future<Output = Result<Vec<i64>, StoreError>> + Send + 'c;
 
-    /// Returns deliveries whose leases expired to the queue (or dead-letters
-    /// them when that was their last attempt); returns how many.
-    fn rescue_expired(&self, limit: usize) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    /// Returns deliveries whose leases expired (database clock) to the queue
+    /// after a backoff, or dead-letters them when that was their last
+    /// attempt; returns how many.
+    fn rescue_expired<'c>(
+        &'c self,
+        params: &'c RescueParams,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
 
     /// Runs `work` in a transaction with the delivery's receipt and completion:
     /// all three commit together or none does. (A transactional batch of one.)

@@ -1,89 +1,72 @@
 //! Keeps the leases of running handlers alive.
 //!
 //! Every `interval` (a third of the lease by default) the heartbeat extends
-//! the leases of all deliveries this worker is running, in one fenced write.
-//! A lease that can no longer be extended has expired or been taken over: the
-//! handler keeps running, but its completion will be refused and (for a
-//! transactional handler) its writes rolled back.
+//! the leases of all deliveries this worker holds, in one fenced write (plus
+//! one per delivery close to its handler's timeout, which is extended only to
+//! that timeout and the time to write its outcome; past it, not at all). A
+//! lease that can no longer be extended has expired or been taken over: the
+//! ledger tells its handler to stop, and its completion would be refused.
 //!
-//! Failure: if the store is unreachable the extension is skipped; the next
-//! tick tries again, and leases that expire meanwhile are rescued elsewhere.
+//! Failure: if the store is unreachable or slow, the extension is skipped or
+//! late; handlers stop on their own when their lease is no longer surely held
+//! (see [`crate::in_flight`]), and leases that expire meanwhile are rescued
+//! elsewhere.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::collections::HashSet;
 use std::time::Duration;
 
-use courier_core::{LeaseRef, OutboxStore};
+use courier_core::OutboxStore;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::in_flight::{Extension, InFlight};
 use crate::metrics_names::{LEASES_LOST, STORE_ERRORS};
 
-/// A lease the worker holds, and whether its outcome is being written.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Held {
-    pub(crate) lease: LeaseRef,
-    /// The settler has the outcome: the delivery may be gone from the
-    /// database before it leaves this map, so a failed extension is no loss.
-    pub(crate) settling: bool,
-}
-
-/// The leases a worker currently holds, by delivery id.
-pub(crate) type InFlight = Arc<Mutex<HashMap<i64, Held>>>;
-
-/// The leases held now, by delivery id: every write that locks several
-/// deliveries lists them in that order, so two of them never deadlock.
-pub(crate) fn snapshot(in_flight: &InFlight) -> Vec<LeaseRef> {
-    let mut leases: Vec<LeaseRef> = in_flight
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .values()
-        .map(|held| held.lease)
-        .collect();
-    leases.sort_unstable_by_key(|l| l.delivery_id);
-    leases
-}
-
-/// Extends every held lease once; returns how many were lost.
+/// Extends every held lease once; returns how many were lost under running handlers.
 pub(crate) async fn beat_once<S: OutboxStore>(
     store: &S,
     subscription: &str,
     in_flight: &InFlight,
     lease: Duration,
+    grace: Duration,
 ) -> usize {
-    let leases = snapshot(in_flight);
-    if leases.is_empty() {
+    let sent = Instant::now();
+    let extensions = in_flight.to_extend(sent, lease, grace);
+    if extensions.is_empty() {
         return 0;
     }
-    match store.extend_many(&leases, lease).await {
-        Ok(extended) => {
-            let extended: std::collections::HashSet<i64> = extended.into_iter().collect();
-            // A delivery may have finished between the snapshot and the write.
-            let still_running: std::collections::HashSet<i64> = in_flight
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .iter()
-                .filter(|(_, held)| !held.settling)
-                .map(|(id, _)| *id)
-                .collect();
-            let lost = leases
-                .iter()
-                .filter(|l| {
-                    !extended.contains(&l.delivery_id) && still_running.contains(&l.delivery_id)
-                })
-                .count();
-            if lost > 0 {
-                tracing::warn!(subscription, lost, "leases expired under running handlers");
-                metrics::counter!(LEASES_LOST, "subscription" => subscription.to_owned())
-                    .increment(u64::try_from(lost).unwrap_or(u64::MAX));
+    let (full, short): (Vec<Extension>, Vec<Extension>) =
+        extensions.into_iter().partition(|e| e.by == lease);
+    let mut lost = 0;
+    let mut batches: Vec<Vec<Extension>> = Vec::with_capacity(1 + short.len());
+    if !full.is_empty() {
+        batches.push(full);
+    }
+    batches.extend(short.into_iter().map(|e| vec![e]));
+    for batch in batches {
+        let leases: Vec<_> = batch.iter().map(|e| e.lease).collect();
+        let by = batch.first().map_or(lease, |e| e.by);
+        match store.extend_many(&leases, by).await {
+            Ok(extended) => {
+                let applied: HashSet<i64> = extended.into_iter().collect();
+                lost += in_flight.extended(sent, &batch, &applied);
             }
-            lost
-        }
-        Err(error) => {
-            metrics::counter!(STORE_ERRORS, "operation" => "extend").increment(1);
-            tracing::warn!(subscription, %error, "heartbeat failed");
-            0
+            Err(error) => {
+                metrics::counter!(STORE_ERRORS, "operation" => "extend").increment(1);
+                tracing::warn!(subscription, %error, "heartbeat failed");
+            }
         }
     }
+    if lost > 0 {
+        tracing::warn!(
+            subscription,
+            lost,
+            "leases expired under running handlers; they are told to stop"
+        );
+        metrics::counter!(LEASES_LOST, "subscription" => subscription.to_owned())
+            .increment(u64::try_from(lost).unwrap_or(u64::MAX));
+    }
+    lost
 }
 
 pub(crate) async fn run<S: OutboxStore>(
@@ -99,6 +82,10 @@ pub(crate) async fn run<S: OutboxStore>(
             () = stop.cancelled() => return,
             () = tokio::time::sleep(interval) => {}
         }
-        beat_once(&store, &subscription, &in_flight, lease).await;
+        // A stuck extension (a hung connection) must not hold up shutdown.
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = beat_once(&store, &subscription, &in_flight, lease, interval) => {}
+        }
     }
 }

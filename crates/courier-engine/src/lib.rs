@@ -9,10 +9,12 @@
 //!
 //! Modules, one service each: [`handler`] (typed handlers and decoding),
 //! `worker` (the fetch loop and executor), `settle` (batched completion),
-//! `heartbeat` (lease extension), [`maintenance`] (rescuer and pruner).
+//! `heartbeat` (lease extension), `in_flight` (the lease ledger they share),
+//! [`maintenance`] (rescuer and pruner).
 
 pub mod handler;
 mod heartbeat;
+mod in_flight;
 pub mod maintenance;
 mod metrics_names;
 mod settle;
@@ -22,8 +24,8 @@ pub use handler::{handler_fn, Handler, TransactionalHandler};
 pub use maintenance::{Maintenance, MaintenanceConfig};
 pub use worker::{
     Worker, WorkerBuilder, WorkerConfig, WorkerHandle, CATCH_ALL_TOPIC, CATCH_ALL_VERSION,
-    DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_LEASE, DEFAULT_POLL_INTERVAL,
-    DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TRANSACTION_BATCH_SIZE,
+    DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_HANDLER_TIMEOUT, DEFAULT_LEASE,
+    DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TRANSACTION_BATCH_SIZE,
 };
 
 /// Why a worker could not be built or started.

@@ -1,8 +1,8 @@
 //! Background upkeep: the rescuer and the pruner.
 //!
 //! The **rescuer** returns deliveries whose lease expired on the database
-//! clock (a crashed or partitioned worker) to the queue, or dead-letters them
-//! when that was their last attempt. The **pruner** deletes, in small batches,
+//! clock (a crashed or partitioned worker) to the queue after a backoff, or
+//! dead-letters them when that was their last attempt. The **pruner** deletes, in small batches,
 //! receipts and fully delivered messages older than the retention; dead
 //! letters and their messages are kept until an operator acts.
 //!
@@ -13,7 +13,9 @@
 
 use std::time::Duration;
 
-use courier_core::{OutboxStore, PruneReport, StoreError, ValidationError};
+use courier_core::{
+    OutboxStore, PruneReport, RescueParams, RetryPolicy, StoreError, ValidationError,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics_names::{PRUNED_MESSAGES, PRUNED_RECEIPTS, RESCUED, STORE_ERRORS};
@@ -38,6 +40,9 @@ pub struct MaintenanceConfig {
     pub prune_interval: Duration,
     /// Rows per statement.
     pub batch: usize,
+    /// How rescued deliveries are spaced out before their next attempt (its
+    /// `base` and `cap`; the crash may have been the message's fault).
+    pub rescue_backoff: RetryPolicy,
 }
 
 impl Default for MaintenanceConfig {
@@ -47,6 +52,7 @@ impl Default for MaintenanceConfig {
             retention: Some(DEFAULT_RETENTION),
             prune_interval: DEFAULT_PRUNE_INTERVAL,
             batch: DEFAULT_BATCH,
+            rescue_backoff: RetryPolicy::default(),
         }
     }
 }
@@ -72,7 +78,9 @@ impl MaintenanceConfig {
                 format!("must be between 1 and 100000, got {}", self.batch),
             ));
         }
-        Ok(())
+        self.rescue_backoff
+            .validate()
+            .map_err(|error| ValidationError::new("maintenance.rescue_backoff", error.to_string()))
     }
 }
 
@@ -93,8 +101,13 @@ impl<S: OutboxStore> Maintenance<S> {
     /// Rescues every expired lease now; returns how many deliveries moved.
     pub async fn rescue_once(&self) -> Result<u64, StoreError> {
         let mut total = 0;
+        let params = RescueParams {
+            limit: self.config.batch,
+            backoff_base: self.config.rescue_backoff.base,
+            backoff_cap: self.config.rescue_backoff.cap,
+        };
         loop {
-            let moved = self.store.rescue_expired(self.config.batch).await?;
+            let moved = self.store.rescue_expired(&params).await?;
             total += moved;
             if moved < u64::try_from(self.config.batch).unwrap_or(u64::MAX) {
                 break;

@@ -12,3 +12,6 @@ pub(crate) const STORE_ERRORS: &str = "courier_store_errors_total";
 pub(crate) const RESCUED: &str = "courier_deliveries_rescued_total";
 pub(crate) const PRUNED_MESSAGES: &str = "courier_messages_pruned_total";
 pub(crate) const PRUNED_RECEIPTS: &str = "courier_receipts_pruned_total";
+pub(crate) const SNOOZED: &str = "courier_deliveries_snoozed_total";
+pub(crate) const TIMED_OUT: &str = "courier_handler_timeouts_total";
+pub(crate) const HANDLERS_STOPPED: &str = "courier_handlers_stopped_lease_lost_total";

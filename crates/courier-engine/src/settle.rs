@@ -14,12 +14,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use courier_core::{Failure, LeaseRef, OutboxStore, StoreError};
+use courier_core::{Failure, LeaseRef, OutboxStore, Snooze, StoreError};
 use tokio::sync::{mpsc, Notify};
 
-use crate::heartbeat::InFlight;
+use crate::in_flight::InFlight;
 
-use crate::metrics_names::{COMPLETED, DEAD_LETTERED, FAILED, LEASES_LOST, STORE_ERRORS};
+use crate::metrics_names::{COMPLETED, DEAD_LETTERED, FAILED, LEASES_LOST, SNOOZED, STORE_ERRORS};
 
 /// The most outcomes written in one batch.
 pub(crate) const MAX_SETTLE_BATCH: usize = 1000;
@@ -35,6 +35,9 @@ pub(crate) enum Settlement {
     Complete { lease: LeaseRef, topic: String },
     /// The handler failed: retry later or dead-letter.
     Fail { failure: Failure, topic: String },
+    /// The handler asked to be offered the message later: put it back
+    /// without spending the attempt.
+    Snooze { snooze: Snooze, topic: String },
     /// The handler never started: hand back without spending the attempt.
     Release { lease: LeaseRef },
     /// Already settled inside the handler's transaction.
@@ -49,6 +52,7 @@ impl Settlement {
         match self {
             Settlement::Complete { lease, .. } | Settlement::Release { lease } => lease.delivery_id,
             Settlement::Fail { failure, .. } => failure.lease.delivery_id,
+            Settlement::Snooze { snooze, .. } => snooze.lease.delivery_id,
             Settlement::Committed { delivery_id, .. } | Settlement::Lost { delivery_id } => {
                 *delivery_id
             }
@@ -77,32 +81,10 @@ pub(crate) async fn run<S: OutboxStore>(
             }
         }
         let ids: Vec<i64> = batch.iter().map(Settlement::delivery_id).collect();
-        mark_settling(&in_flight, &ids);
+        in_flight.mark_settling(&ids);
         settle_batch(&store, &subscription, std::mem::take(&mut batch)).await;
-        untrack_all(&in_flight, &ids);
+        in_flight.untrack(&ids);
         settled.notify_one();
-    }
-}
-
-/// Notes that these deliveries' outcomes are being written.
-pub(crate) fn mark_settling(in_flight: &InFlight, ids: &[i64]) {
-    let mut guard = in_flight
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    for id in ids {
-        if let Some(held) = guard.get_mut(id) {
-            held.settling = true;
-        }
-    }
-}
-
-/// Forgets the leases of settled deliveries.
-pub(crate) fn untrack_all(in_flight: &InFlight, ids: &[i64]) {
-    let mut guard = in_flight
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    for id in ids {
-        guard.remove(id);
     }
 }
 
@@ -115,6 +97,7 @@ pub(crate) async fn settle_batch<S: OutboxStore>(
     let mut completions = Vec::new();
     let mut failures = Vec::new();
     let mut releases = Vec::new();
+    let mut snoozes = Vec::new();
     let mut topics: HashMap<i64, String> = HashMap::new();
     for settlement in batch {
         match settlement {
@@ -125,6 +108,10 @@ pub(crate) async fn settle_batch<S: OutboxStore>(
             Settlement::Fail { failure, topic } => {
                 topics.insert(failure.lease.delivery_id, topic);
                 failures.push(failure);
+            }
+            Settlement::Snooze { snooze, topic } => {
+                topics.insert(snooze.lease.delivery_id, topic);
+                snoozes.push(snooze);
             }
             Settlement::Release { lease } => releases.push(lease),
             Settlement::Committed { topic, .. } => {
@@ -141,6 +128,7 @@ pub(crate) async fn settle_batch<S: OutboxStore>(
     completions.sort_unstable_by_key(|l| l.delivery_id);
     failures.sort_unstable_by_key(|f| f.lease.delivery_id);
     releases.sort_unstable_by_key(|l| l.delivery_id);
+    snoozes.sort_unstable_by_key(|z| z.lease.delivery_id);
     let topic_of = |id: i64| topics.get(&id).cloned().unwrap_or_default();
 
     if !completions.is_empty() {
@@ -176,6 +164,28 @@ pub(crate) async fn settle_batch<S: OutboxStore>(
                 }
             }
             note_lost(subscription, "fail", failures.len(), applied.len());
+        }
+    }
+    if !snoozes.is_empty() {
+        if let Some(applied) =
+            with_retries("snooze", subscription, || store.snooze_many(&snoozes)).await
+        {
+            for result in &applied {
+                let topic = topic_of(result.delivery_id);
+                metrics::counter!(SNOOZED, "subscription" => subscription.to_owned(), "topic" => topic.clone())
+                    .increment(1);
+                if result.dead {
+                    tracing::warn!(
+                        subscription,
+                        delivery_id = result.delivery_id,
+                        topic,
+                        "dead-lettered after snoozing too often"
+                    );
+                    metrics::counter!(DEAD_LETTERED, "subscription" => subscription.to_owned(), "topic" => topic)
+                        .increment(1);
+                }
+            }
+            note_lost(subscription, "snooze", snoozes.len(), applied.len());
         }
     }
     if !releases.is_empty() {

@@ -19,14 +19,15 @@
 //! then aborts the rest and records them as failed attempts to retry at once.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use courier_core::{
     BatchRollback, ClaimBatch, ClaimParams, ClaimedDelivery, Failure, HandlerError, LeaseRef,
-    OutboxStore, RetryPolicy, Route, StoreError, SubscriptionSpec, TransactionalBatchOutcome,
-    TransactionalOutcome, TxWork, ValidationError,
+    OutboxStore, RetryPolicy, Route, Snooze, StoreError, SubscriptionSpec,
+    TransactionalBatchOutcome, TransactionalOutcome, TxWork, ValidationError,
 };
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
@@ -36,9 +37,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::handler::{ErasedHandler, PlainRoute, Prepared, TransactionalRoute};
-use crate::heartbeat::{self, InFlight};
+use crate::heartbeat;
+use crate::in_flight::InFlight;
 use crate::maintenance::{Maintenance, MaintenanceConfig};
-use crate::metrics_names::{CLAIMED, HANDLER_SECONDS, PICKUP_SECONDS, STORE_ERRORS};
+use crate::metrics_names::{
+    CLAIMED, HANDLERS_STOPPED, HANDLER_SECONDS, PICKUP_SECONDS, STORE_ERRORS, TIMED_OUT,
+};
 use crate::settle::{self, Settlement};
 use crate::{EngineError, Handler, TransactionalHandler};
 
@@ -77,6 +81,15 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// How long shutdown waits for running handlers, by default.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one handler may run before it is cancelled and its attempt
+/// fails, by default (River's default too).
+pub const DEFAULT_HANDLER_TIMEOUT: Duration = Duration::from_secs(60);
+/// A handler is stopped this share of the lease (at most
+/// [`MAX_LEASE_MARGIN`]) before its lease could expire, so it has stopped
+/// before anyone else can claim its delivery or the next of its ordering key.
+const LEASE_MARGIN_DIVISOR: u32 = 10;
+/// The most a handler is stopped before its lease could expire.
+const MAX_LEASE_MARGIN: Duration = Duration::from_secs(1);
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -105,6 +118,11 @@ pub struct WorkerConfig {
     pub tenant_in_flight_limit: Option<u32>,
     /// How long shutdown waits for running handlers.
     pub shutdown_timeout: Duration,
+    /// How long one handler may run before it is cancelled and its attempt
+    /// fails with `timeout after …` (`None`: no limit). The heartbeat never
+    /// extends a lease past a handler's timeout (plus the time to write its
+    /// outcome), so a hung handler cannot hold its slot and its ordering key.
+    pub handler_timeout: Option<Duration>,
     /// The retry policy for topics without one of their own.
     pub retry: RetryPolicy,
     /// Who this worker is, in leases and logs.
@@ -124,6 +142,7 @@ impl Default for WorkerConfig {
             poll_interval: DEFAULT_POLL_INTERVAL,
             tenant_in_flight_limit: None,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            handler_timeout: Some(DEFAULT_HANDLER_TIMEOUT),
             retry: RetryPolicy::default(),
             worker_id: default_worker_id(),
             maintenance: Some(MaintenanceConfig::default()),
@@ -181,6 +200,12 @@ impl WorkerConfig {
                 "must be at least 1",
             ));
         }
+        if self.handler_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(ValidationError::new(
+                "handler_timeout",
+                "must be above zero (None for no limit)",
+            ));
+        }
         if self.worker_id.is_empty() || self.worker_id.len() > 200 {
             return Err(ValidationError::new("worker_id", "must be 1 to 200 bytes"));
         }
@@ -194,6 +219,11 @@ impl WorkerConfig {
     fn heartbeat(&self) -> Duration {
         self.heartbeat_interval.unwrap_or(self.lease / 3)
     }
+
+    /// How long before its lease could expire a handler is stopped.
+    fn lease_margin(&self) -> Duration {
+        (self.lease / LEASE_MARGIN_DIVISOR).min(MAX_LEASE_MARGIN)
+    }
 }
 
 type RouteTable<C> = HashMap<(String, i32), Arc<dyn ErasedHandler<C>>>;
@@ -206,6 +236,7 @@ pub struct WorkerBuilder<S: OutboxStore> {
     duplicate_route: Option<(String, i32)>,
     catch_all_topics: Vec<String>,
     policies: HashMap<String, RetryPolicy>,
+    timeouts: HashMap<String, Option<Duration>>,
     config: WorkerConfig,
     wake: Option<watch::Receiver<u64>>,
 }
@@ -220,6 +251,7 @@ impl<S: OutboxStore> WorkerBuilder<S> {
             duplicate_route: None,
             catch_all_topics: Vec::new(),
             policies: HashMap::new(),
+            timeouts: HashMap::new(),
             config: WorkerConfig::default(),
             wake: None,
         }
@@ -338,6 +370,23 @@ impl<S: OutboxStore> WorkerBuilder<S> {
         self
     }
 
+    /// How long one handler may run before it is cancelled and its attempt
+    /// fails (`None`: no limit; 60 s by default).
+    pub fn handler_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.config.handler_timeout = timeout;
+        self
+    }
+
+    /// The handler timeout for one topic (`None`: no limit).
+    pub fn topic_handler_timeout(
+        mut self,
+        topic: impl Into<String>,
+        timeout: Option<Duration>,
+    ) -> Self {
+        self.timeouts.insert(topic.into(), timeout);
+        self
+    }
+
     /// The retry policy for topics without one of their own.
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
         self.config.retry = policy;
@@ -424,6 +473,24 @@ impl<S: OutboxStore> WorkerBuilder<S> {
                 .into());
             }
         }
+        for (topic, timeout) in &self.timeouts {
+            if timeout.is_some_and(|t| t.is_zero()) {
+                return Err(ValidationError::new(
+                    "handler_timeout",
+                    format!(
+                        "the timeout of topic {topic:?} must be above zero (None for no limit)"
+                    ),
+                )
+                .into());
+            }
+            if !claim_routes.iter().any(|r| &r.topic == topic) {
+                return Err(ValidationError::new(
+                    "handler_timeout",
+                    format!("a timeout names topic {topic:?}, which has no handler"),
+                )
+                .into());
+            }
+        }
         claim_routes
             .sort_by(|a, b| (&a.topic, a.schema_version).cmp(&(&b.topic, b.schema_version)));
         let mut topics: Vec<String> = claim_routes
@@ -446,9 +513,10 @@ impl<S: OutboxStore> WorkerBuilder<S> {
                 subscription: self.subscription,
                 routes: self.routes,
                 policies: self.policies,
+                timeouts: self.timeouts,
                 claim_routes,
                 config: self.config,
-                in_flight: Arc::new(Mutex::new(HashMap::new())),
+                in_flight: InFlight::default(),
                 stopping: CancellationToken::new(),
                 batching_paused_until: Mutex::new(None),
             }),
@@ -462,6 +530,7 @@ struct Shared<S: OutboxStore> {
     subscription: String,
     routes: RouteTable<S::Connection>,
     policies: HashMap<String, RetryPolicy>,
+    timeouts: HashMap<String, Option<Duration>>,
     claim_routes: Vec<Route>,
     config: WorkerConfig,
     in_flight: InFlight,
@@ -494,6 +563,7 @@ impl<S: OutboxStore> Worker<S> {
     /// outcomes before returning how many deliveries were claimed. For tests
     /// and tools that want deterministic steps instead of a running loop.
     pub async fn run_once(&self) -> Result<usize, StoreError> {
+        let claim_sent = tokio::time::Instant::now();
         let batch = claim(&self.shared, &self.shared.claim_params())
             .await?
             .deliveries;
@@ -501,7 +571,9 @@ impl<S: OutboxStore> Worker<S> {
         let mut runs = JoinSet::new();
         let ids: Vec<i64> = batch.iter().map(|d| d.delivery_id).collect();
         for delivery in &batch {
-            track(&self.shared.in_flight, delivery);
+            self.shared
+                .in_flight
+                .track(delivery, claim_sent, self.shared.config.lease);
         }
         for group in self.shared.groups(batch) {
             let shared = Arc::clone(&self.shared);
@@ -514,7 +586,7 @@ impl<S: OutboxStore> Worker<S> {
             }
         }
         settle::settle_batch(&self.shared.store, &self.shared.subscription, settlements).await;
-        settle::untrack_all(&self.shared.in_flight, &ids);
+        self.shared.in_flight.untrack(&ids);
         Ok(count)
     }
 
@@ -525,6 +597,7 @@ impl<S: OutboxStore> Worker<S> {
             &self.shared.subscription,
             &self.shared.in_flight,
             self.shared.config.lease,
+            self.shared.config.heartbeat(),
         )
         .await
     }
@@ -562,28 +635,6 @@ impl WorkerHandle {
     pub fn is_finished(&self) -> bool {
         self.fetcher.is_finished()
     }
-}
-
-/// Claimed deliveries not yet settled (running or waiting for their outcome
-/// to be written).
-fn unsettled(in_flight: &InFlight) -> usize {
-    in_flight
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .len()
-}
-
-fn track(in_flight: &InFlight, delivery: &ClaimedDelivery) {
-    let mut guard = in_flight
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    guard.insert(
-        delivery.delivery_id,
-        heartbeat::Held {
-            lease: delivery.lease(),
-            settling: false,
-        },
-    );
 }
 
 /// Records a failed attempt if a delivery's task ends without an outcome:
@@ -727,14 +778,14 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
         shared.store.clone(),
         shared.subscription.clone(),
         settle_rx,
-        Arc::clone(&shared.in_flight),
+        shared.in_flight.clone(),
         Arc::clone(&settled),
     ));
     let services_stop = CancellationToken::new();
     let heartbeat = tokio::spawn(heartbeat::run(
         shared.store.clone(),
         shared.subscription.clone(),
-        Arc::clone(&shared.in_flight),
+        shared.in_flight.clone(),
         config.lease,
         config.heartbeat(),
         services_stop.clone(),
@@ -778,7 +829,7 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
             .concurrency
             .saturating_mul(UNSETTLED_PER_SLOT)
             .max(config.batch_size);
-        let backlogged = unsettled(&shared.in_flight) >= unsettled_cap;
+        let backlogged = shared.in_flight.len() >= unsettled_cap;
         while !idle && !backlogged && backoff_until.is_none() && claims.len() < CLAIMS_IN_FLIGHT {
             let free = slots.available_permits();
             if free < threshold {
@@ -799,8 +850,9 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
             let claim_shared = Arc::clone(&shared);
             let after_announcing = announced;
             claims.push(async move {
+                let sent = tokio::time::Instant::now();
                 let result = claim(&claim_shared, &claim_params).await;
-                (result, reserved, after_announcing)
+                (result, reserved, after_announcing, sent)
             });
         }
         let woken = async {
@@ -821,7 +873,7 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
         };
         tokio::select! {
             () = shared.stopping.cancelled() => break,
-            Some((result, mut reserved, after_announcing)) = claims.next(), if !claims.is_empty() => match result {
+            Some((result, mut reserved, after_announcing, claim_sent)) = claims.next(), if !claims.is_empty() => match result {
                 Ok(ClaimBatch { deliveries, next_tenant_cursor }) => {
                     error_backoff = Duration::from_millis(50);
                     let claimed = deliveries.len();
@@ -862,7 +914,7 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
                     }
                     cursor = next_tenant_cursor;
                     for group in shared.groups(deliveries) {
-                        spawn_group(&shared, group, &mut reserved, &settle_tx, &freed, &mut running);
+                        spawn_group(&shared, group, claim_sent, &mut reserved, &settle_tx, &freed, &mut running);
                     }
                     // Unused reserved slots go back with `reserved`.
                 }
@@ -887,7 +939,7 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
     }
 
     // Claims still in flight finish; what they took is handed back unstarted.
-    while let Some((result, _reserved, _)) = claims.next().await {
+    while let Some((result, _reserved, _, _)) = claims.next().await {
         if let Ok(batch) = result {
             for delivery in batch.deliveries {
                 let _ = settle_tx.send(Settlement::Release {
@@ -956,6 +1008,7 @@ async fn withdraw<S: OutboxStore>(shared: Arc<Shared<S>>) {
 fn spawn_group<S: OutboxStore>(
     shared: &Arc<Shared<S>>,
     group: Vec<ClaimedDelivery>,
+    claim_sent: tokio::time::Instant,
     reserved: &mut tokio::sync::OwnedSemaphorePermit,
     settle_tx: &mpsc::UnboundedSender<Settlement>,
     freed: &Arc<Notify>,
@@ -972,7 +1025,9 @@ fn spawn_group<S: OutboxStore>(
     };
     let mut guards = Vec::with_capacity(group.len());
     for delivery in &group {
-        track(&shared.in_flight, delivery);
+        shared
+            .in_flight
+            .track(delivery, claim_sent, shared.config.lease);
         guards.push(OutcomeGuard {
             settle: settle_tx.clone(),
             lease: delivery.lease(),
@@ -982,7 +1037,7 @@ fn spawn_group<S: OutboxStore>(
     }
     let task_shared = Arc::clone(shared);
     let task_freed = Arc::clone(freed);
-    let in_flight = Arc::clone(&shared.in_flight);
+    let in_flight = shared.in_flight.clone();
     let settle = settle_tx.clone();
     running.spawn(async move {
         let settlements = execute_group(task_shared, group).await;
@@ -994,7 +1049,7 @@ fn spawn_group<S: OutboxStore>(
         // A committed transactional group's rows are already gone: its
         // leases must not count as lost before the settler forgets them.
         let ids: Vec<i64> = settlements.iter().map(Settlement::delivery_id).collect();
-        settle::mark_settling(&in_flight, &ids);
+        in_flight.mark_settling(&ids);
         for settlement in settlements {
             let _ = settle.send(settlement);
         }
@@ -1018,6 +1073,108 @@ enum Outcome {
     Failed(HandlerError),
 }
 
+/// Why a handler was stopped before it finished.
+enum Stopped {
+    /// Its lease (or one of its group's) was no longer surely held.
+    LeaseLost,
+    /// It ran past its timeout.
+    TimedOut(Duration),
+}
+
+impl<S: OutboxStore> Shared<S> {
+    /// The handler timeout of a delivery's topic.
+    fn timeout_of(&self, delivery: &ClaimedDelivery) -> Option<Duration> {
+        self.timeouts
+            .get(&delivery.topic)
+            .copied()
+            .unwrap_or(self.config.handler_timeout)
+    }
+
+    /// Runs `work` for the deliveries `ids` while all their leases are surely
+    /// held (if `watch_leases`) and, if `timeout` is given, for at most that long. Dropping `work`
+    /// cancels it (a transactional handler's transaction rolls back), so a
+    /// handler never runs past the point where another worker could take its
+    /// delivery or the next message of its ordering key.
+    async fn guarded<F: Future>(
+        &self,
+        ids: &[i64],
+        timeout: Option<Duration>,
+        watch_leases: bool,
+        work: F,
+    ) -> Result<F::Output, Stopped> {
+        let started = tokio::time::Instant::now();
+        let timeout_at = timeout.map(|t| started + t);
+        let lost = CancellationToken::new();
+        for id in ids {
+            self.in_flight.started(*id, timeout_at, &lost);
+        }
+        let margin = self.config.lease_margin();
+        tokio::pin!(work);
+        if !watch_leases {
+            return match timeout {
+                Some(limit) => tokio::time::timeout(limit, work)
+                    .await
+                    .map_err(|_| Stopped::TimedOut(limit)),
+                None => Ok(work.await),
+            };
+        }
+        loop {
+            let held_until = ids
+                .iter()
+                .map(|id| self.in_flight.held_until(*id))
+                .try_fold(None::<tokio::time::Instant>, |earliest, until| {
+                    let until = until?;
+                    Some(Some(earliest.map_or(until, |e| e.min(until))))
+                })
+                .flatten();
+            let Some(held_until) = held_until else {
+                return Err(Stopped::LeaseLost);
+            };
+            let stop_at = held_until.checked_sub(margin).unwrap_or(held_until);
+            let wake_at = timeout_at.map_or(stop_at, |t| t.min(stop_at));
+            tokio::select! {
+                biased;
+                output = &mut work => return Ok(output),
+                () = lost.cancelled() => return Err(Stopped::LeaseLost),
+                () = tokio::time::sleep_until(wake_at) => {
+                    let now = tokio::time::Instant::now();
+                    if let (Some(at), Some(limit)) = (timeout_at, timeout) {
+                        if now >= at {
+                            return Err(Stopped::TimedOut(limit));
+                        }
+                    }
+                    // Otherwise the lease may have been extended meanwhile: look again.
+                    let extended = ids
+                        .iter()
+                        .filter_map(|id| self.in_flight.held_until(*id))
+                        .min()
+                        .is_some_and(|until| until.checked_sub(margin).unwrap_or(until) > now);
+                    if !extended {
+                        return Err(Stopped::LeaseLost);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The outcome of a handler that was stopped.
+fn stopped_outcome<S: OutboxStore>(shared: &Shared<S>, stopped: Stopped) -> Outcome {
+    match stopped {
+        Stopped::LeaseLost => {
+            metrics::counter!(HANDLERS_STOPPED, "subscription" => shared.subscription.clone())
+                .increment(1);
+            tracing::warn!("lease no longer held; the handler was stopped");
+            Outcome::LeaseLost
+        }
+        Stopped::TimedOut(limit) => {
+            metrics::counter!(TIMED_OUT, "subscription" => shared.subscription.clone())
+                .increment(1);
+            Outcome::Failed(HandlerError::retry(format!("timeout after {limit:?}")))
+        }
+    }
+}
+
 /// Runs one delivery's handler and turns its outcome into a settlement.
 async fn execute<S: OutboxStore>(shared: Arc<Shared<S>>, delivery: ClaimedDelivery) -> Settlement {
     if shared.stopping.is_cancelled() {
@@ -1036,30 +1193,51 @@ async fn execute<S: OutboxStore>(shared: Arc<Shared<S>>, delivery: ClaimedDelive
     async move {
         record_pickup(&shared, &delivery);
         let started = Instant::now();
+        let ids = [delivery.delivery_id];
+        let timeout = shared.timeout_of(&delivery);
         let outcome = match shared.prepare(&delivery) {
             Err(error) => Outcome::Failed(error),
-            Ok(Prepared::Plain(future)) => match AssertUnwindSafe(future).catch_unwind().await {
-                Ok(Ok(())) => Outcome::Succeeded,
-                Ok(Err(error)) => Outcome::Failed(error),
-                Err(panic) => Outcome::Failed(HandlerError::retry(format!(
+            Ok(Prepared::Plain(future)) => match shared
+                .guarded(&ids, timeout, true, AssertUnwindSafe(future).catch_unwind())
+                .await
+            {
+                Err(stopped) => stopped_outcome(&shared, stopped),
+                Ok(Ok(Ok(()))) => Outcome::Succeeded,
+                Ok(Ok(Err(error))) => Outcome::Failed(error),
+                Ok(Err(panic)) => Outcome::Failed(HandlerError::retry(format!(
                     "handler panicked: {}",
                     panic_message(panic.as_ref())
                 ))),
             },
             Ok(Prepared::Transactional(work)) => {
-                match AssertUnwindSafe(shared.store.run_transactional(&delivery, work))
-                    .catch_unwind()
+                // The timeout is the work's own (see `limited`): a timed-out
+                // handler rolls back and its attempt fails.
+                let work = limited(timeout, work);
+                match shared
+                    .guarded(
+                        &ids,
+                        timeout,
+                        !S::EXCLUSIVE_TRANSACTIONS,
+                        AssertUnwindSafe(shared.store.run_transactional(&delivery, work))
+                            .catch_unwind(),
+                    )
                     .await
                 {
-                    Ok(Ok(TransactionalOutcome::Applied | TransactionalOutcome::AlreadyApplied)) => {
-                        Outcome::Committed
+                    Err(Stopped::TimedOut(limit)) => {
+                        stopped_outcome(&shared, Stopped::TimedOut(limit))
                     }
-                    Ok(Ok(TransactionalOutcome::LeaseLost)) => Outcome::LeaseLost,
-                    Ok(Ok(TransactionalOutcome::HandlerFailed(error))) => Outcome::Failed(error),
-                    Ok(Err(error)) => Outcome::Failed(HandlerError::retry(format!(
+                    Err(Stopped::LeaseLost) => stopped_outcome(&shared, Stopped::LeaseLost),
+                    Ok(Ok(Ok(
+                        TransactionalOutcome::Applied | TransactionalOutcome::AlreadyApplied,
+                    ))) => Outcome::Committed,
+                    Ok(Ok(Ok(TransactionalOutcome::LeaseLost))) => Outcome::LeaseLost,
+                    Ok(Ok(Ok(TransactionalOutcome::HandlerFailed(error)))) => {
+                        Outcome::Failed(error)
+                    }
+                    Ok(Ok(Err(error))) => Outcome::Failed(HandlerError::retry(format!(
                         "store error around the handler's transaction: {error}"
                     ))),
-                    Err(panic) => Outcome::Failed(HandlerError::retry(format!(
+                    Ok(Err(panic)) => Outcome::Failed(HandlerError::retry(format!(
                         "handler panicked: {}",
                         panic_message(panic.as_ref())
                     ))),
@@ -1096,6 +1274,7 @@ async fn execute_group<S: OutboxStore>(
         match shared.prepare(&delivery) {
             Ok(Prepared::Transactional(work)) => {
                 record_pickup(&shared, &delivery);
+                let work = limited(shared.timeout_of(&delivery), work);
                 works.push(timed(&shared, &delivery, work));
                 deliveries.push(delivery);
             }
@@ -1116,10 +1295,24 @@ async fn execute_group<S: OutboxStore>(
         deliveries = deliveries.len(),
     );
     let batch = deliveries.iter().zip(works).collect();
-    let outcome = AssertUnwindSafe(shared.store.run_transactional_batch(batch))
-        .catch_unwind()
+    let ids: Vec<i64> = deliveries.iter().map(|d| d.delivery_id).collect();
+    // Each handler's timeout is its own work's (see `limited`); the group
+    // as a whole is stopped only if a lease is no longer surely held.
+    let outcome = shared
+        .guarded(
+            &ids,
+            None,
+            !S::EXCLUSIVE_TRANSACTIONS,
+            AssertUnwindSafe(shared.store.run_transactional_batch(batch)).catch_unwind(),
+        )
         .instrument(span)
         .await;
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(_) => Ok(Ok(TransactionalBatchOutcome::RolledBack(
+            BatchRollback::LeaseLost,
+        ))),
+    };
     match outcome {
         Ok(Ok(TransactionalBatchOutcome::Committed(_))) => {
             settlements.extend(
@@ -1186,6 +1379,25 @@ fn record_pickup<S: OutboxStore>(shared: &Shared<S>, delivery: &ClaimedDelivery)
     }
 }
 
+/// Wraps transactional work so that it fails with `timeout after …` once it
+/// has run for `timeout` (its writes then roll back with the transaction).
+fn limited<C: Send + 'static>(timeout: Option<Duration>, work: TxWork<C>) -> TxWork<C> {
+    let Some(limit) = timeout else {
+        return work;
+    };
+    crate::handler::transactional_work(move |conn: &mut C| {
+        Box::pin(async move {
+            match tokio::time::timeout(limit, work(conn)).await {
+                Ok(result) => result,
+                Err(_) => {
+                    metrics::counter!(TIMED_OUT).increment(1);
+                    Err(HandlerError::retry(format!("timeout after {limit:?}")))
+                }
+            }
+        }) as futures_util::future::BoxFuture<'_, Result<(), HandlerError>>
+    })
+}
+
 /// Wraps transactional work so its own run time is recorded as handler time.
 fn timed<S: OutboxStore>(
     shared: &Shared<S>,
@@ -1225,6 +1437,17 @@ fn settlement_for<S: OutboxStore>(
                 delivery_id: delivery.delivery_id,
             }
         }
+        Outcome::Failed(HandlerError::Snooze { delay, reason }) => {
+            tracing::debug!(delay_ms = delay.as_millis(), reason, "handler snoozed");
+            Settlement::Snooze {
+                snooze: Snooze {
+                    lease: delivery.lease(),
+                    delay,
+                    reason: reason.replace('\0', "\u{FFFD}"),
+                },
+                topic,
+            }
+        }
         Outcome::Failed(error) => {
             let policy = shared
                 .policies
@@ -1235,6 +1458,8 @@ fn settlement_for<S: OutboxStore>(
                 HandlerError::Permanent(_) => None,
                 HandlerError::RetryAfter { delay, .. } => Some(*delay),
                 HandlerError::Retry(_) => Some(policy.backoff(delivery.attempt)),
+                // Handled above.
+                HandlerError::Snooze { delay, .. } => Some(*delay),
             };
             tracing::warn!(error = %error, permanent = retry_in.is_none(), "handler failed");
             Settlement::Fail {

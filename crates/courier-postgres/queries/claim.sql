@@ -1,6 +1,7 @@
 -- Claims up to $4 ready deliveries of subscription $1, taking tenants in turn.
 -- Touches: deliveries (locks the claimed rows with FOR UPDATE SKIP LOCKED, sets
--- them running under a fresh lease token), reads messages for the payload.
+-- them running under a fresh lease token), ordering_locks (one row per claimed
+-- delivery with an ordering key), reads messages for the payload.
 -- Shape: a loose index scan of deliveries_ready finds up to $3 tenants with
 -- ready work, starting after the cursor $2; each tenant then gets an equal share
 -- of the batch, walked in enqueue order along the same index, so one tenant's
@@ -9,8 +10,9 @@
 -- ($5 topics, $6 versions, $7 attempt budgets) are claimed; a delivery with an
 -- ordering key waits while an earlier delivery with that key is not done or
 -- any delivery with that key is running (so a retried dead letter never runs
--- beside a later one); the fan-out trigger serialises producers per key, so
--- enqueue order is commit order. A
+-- beside a later one), and runs only if it takes its key's row in
+-- ordering_locks (see `keyed`); the fan-out trigger serialises producers per
+-- key, so enqueue order is commit order. A
 -- tenant at its in-flight limit $8 (NULL: none) is skipped without spending attempts.
 -- A paused subscription claims nothing (see `turn`).
 -- Times are the database's: statement_timestamp(), never the worker's clock.
@@ -65,11 +67,11 @@ routes AS (
   SELECT * FROM unnest($5::text[], $6::int[], $7::int[]) AS r (topic, schema_version, max_attempts)
 ),
 picked AS MATERIALIZED (
-  SELECT c.id
+  SELECT c.id, c.tenant, c.ordering_key
   FROM turn t
   CROSS JOIN share s
   CROSS JOIN LATERAL (
-    SELECT d.id
+    SELECT d.id, d.tenant, d.ordering_key
     FROM {schema}.deliveries d
     -- The tenant is bounded from both sides instead of `d.tenant = t.tenant`:
     -- with an equality the planner treats the tenant as a constant, may walk
@@ -101,6 +103,22 @@ picked AS MATERIALIZED (
     FOR UPDATE OF d SKIP LOCKED
   ) c
 ),
+-- The snapshot's ordering check above can be stale (a claim that committed
+-- after this statement began, an operator's retry of a dead head): each
+-- picked delivery with a key must also take its key's row in ordering_locks.
+-- A row held by an uncommitted claim makes this wait for that claim; a row
+-- that exists means the key is running, and the delivery is not claimed (it
+-- stays as it was; its row lock ends with this statement's transaction).
+-- Rows are inserted in key order, so two claims never deadlock on them.
+keyed AS (
+  INSERT INTO {schema}.ordering_locks (subscription, tenant, ordering_key, delivery_id)
+  SELECT $1, p.tenant, p.ordering_key, p.id
+  FROM picked p
+  WHERE p.ordering_key IS NOT NULL
+  ORDER BY p.tenant, p.ordering_key
+  ON CONFLICT DO NOTHING
+  RETURNING delivery_id
+),
 claimed AS (
   UPDATE {schema}.deliveries d
   SET state = 'running',
@@ -116,7 +134,9 @@ claimed AS (
       lease_token = $11::uuid,
       lease_expires_at = statement_timestamp() + $9::bigint * interval '1 millisecond',
       claimed_by = $10
-  WHERE d.id = ANY (ARRAY(SELECT id FROM picked))
+  WHERE d.id = ANY (ARRAY(SELECT id FROM picked WHERE ordering_key IS NULL
+                          UNION ALL
+                          SELECT delivery_id FROM keyed))
   RETURNING d.id, d.message_id, d.tenant, d.topic, d.schema_version, d.ordering_key,
             d.attempts, d.max_attempts, d.lease_token, d.lease_expires_at
 ),

@@ -1,7 +1,7 @@
--- Completes claimed deliveries whose lease is still held: deletes the delivery
--- and writes its receipt in one statement. The fence is the lease token (set
--- only while running) and an unexpired lease on the database clock; rows that fail it
--- are left alone and missing from the result.
+-- Completes claimed deliveries whose lease is still held: deletes the delivery,
+-- writes its receipt and frees its ordering key in one statement. The fence is
+-- the lease token (set only while running) and an unexpired lease on the
+-- database clock; rows that fail it are left alone and missing from the result.
 WITH done AS (
   DELETE FROM {schema}.deliveries d
   USING unnest($1::bigint[], $2::uuid[]) AS c (id, lease_token)
@@ -15,7 +15,15 @@ WITH done AS (
     -- `d.id = ANY ($1)`: joined only to the unnest, a large batch was planned
     -- as a sequential scan of the table.)
     AND d.lease_expires_at > clock_timestamp()
-  RETURNING d.id, d.tenant, d.subscription, d.message_id
+  RETURNING d.id, d.tenant, d.subscription, d.message_id, d.ordering_key
+),
+unlocked AS (
+  -- The key's next delivery may run now (see claim.sql, `keyed`).
+  DELETE FROM {schema}.ordering_locks o
+  USING done s
+  WHERE s.ordering_key IS NOT NULL
+    AND o.subscription = s.subscription AND o.tenant = s.tenant
+    AND o.ordering_key = s.ordering_key AND o.delivery_id = s.id
 ),
 receipts AS (
   INSERT INTO {schema}.receipts (tenant, subscription, message_id)

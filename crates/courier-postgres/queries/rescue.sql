@@ -1,24 +1,42 @@
--- Returns deliveries whose lease expired (database clock) to the queue, or
--- dead-letters those that used their last attempt, noting the expiry in the
--- error history. Scans the small deliveries_running index; skips rows a
--- completing worker holds locked.
+-- Returns deliveries whose lease expired (database clock) to the queue after
+-- a backoff ($2 ms doubled per attempt spent, capped at $3 ms, jittered to
+-- between half and all of that: the crash may have been the message's
+-- fault), or dead-letters those that used their last attempt, noting the
+-- expiry in the error history (newest 20 kept) and freeing their ordering
+-- keys. Scans the small deliveries_running index; skips rows a completing
+-- worker holds locked.
 WITH expired AS (
   SELECT id FROM {schema}.deliveries
   WHERE state = 'running' AND lease_expires_at <= clock_timestamp()
   ORDER BY id
   LIMIT $1
   FOR UPDATE SKIP LOCKED
+),
+changed AS (
+  UPDATE {schema}.deliveries d
+  SET state = CASE WHEN d.attempts >= coalesce(d.max_attempts, 1) THEN 'dead' ELSE 'available' END,
+      dead_at = CASE WHEN d.attempts >= coalesce(d.max_attempts, 1) THEN clock_timestamp() END,
+      available_at = clock_timestamp()
+                     + least($3::double precision,
+                             $2::double precision * power(2, least(greatest(d.attempts - 1, 0), 30)))
+                       * (0.5 + random() / 2) * interval '1 millisecond',
+      errors = (CASE WHEN jsonb_array_length(d.errors) >= 20 THEN d.errors - 0 ELSE d.errors END)
+               || jsonb_build_array(jsonb_build_object(
+                    'attempt', d.attempts, 'at', clock_timestamp(),
+                    'message', 'lease expired (worker ' || coalesce(d.claimed_by, '?') || ')')),
+      lease_token = NULL,
+      lease_expires_at = NULL,
+      claimed_by = NULL
+  FROM expired e
+  WHERE d.id = e.id
+  RETURNING d.id, d.subscription, d.tenant, d.ordering_key
+),
+unlocked AS (
+  -- The key's next delivery may run now (see claim.sql, `keyed`).
+  DELETE FROM {schema}.ordering_locks o
+  USING changed s
+  WHERE s.ordering_key IS NOT NULL
+    AND o.subscription = s.subscription AND o.tenant = s.tenant
+    AND o.ordering_key = s.ordering_key AND o.delivery_id = s.id
 )
-UPDATE {schema}.deliveries d
-SET state = CASE WHEN d.attempts >= coalesce(d.max_attempts, 1) THEN 'dead' ELSE 'available' END,
-    dead_at = CASE WHEN d.attempts >= coalesce(d.max_attempts, 1) THEN clock_timestamp() END,
-    available_at = clock_timestamp(),
-    errors = (CASE WHEN jsonb_array_length(d.errors) >= 20 THEN d.errors - 0 ELSE d.errors END)
-             || jsonb_build_array(jsonb_build_object(
-                  'attempt', d.attempts, 'at', clock_timestamp(),
-                  'message', 'lease expired (worker ' || coalesce(d.claimed_by, '?') || ')')),
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    claimed_by = NULL
-FROM expired e
-WHERE d.id = e.id
+SELECT count(*) FROM changed

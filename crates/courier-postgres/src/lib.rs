@@ -26,8 +26,8 @@ use courier_core::{
     truncate_chars, Availability, BatchRollback, ClaimBatch, ClaimParams, ClaimedDelivery,
     Completion, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliverySummary,
     EnqueueOutcome, ErrorEntry, Failure, FailureApplied, LeaseRef, NewMessage, OutboxStore,
-    PruneReport, StoreError, SubscriptionSpec, TransactionalBatchOutcome, TxWork, ValidationError,
-    MAX_ERROR_CHARS,
+    PruneReport, RescueParams, Snooze, StoreError, SubscriptionSpec, TransactionalBatchOutcome,
+    TxWork, ValidationError, MAX_ERROR_CHARS, MAX_SNOOZES,
 };
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::Arguments;
@@ -312,6 +312,7 @@ pub fn enqueue_arguments(messages: &[NewMessage]) -> Result<PgArguments, StoreEr
 
 impl OutboxStore for PgStore {
     type Connection = PgConnection;
+    const EXCLUSIVE_TRANSACTIONS: bool = false;
 
     async fn migrate(&self) -> Result<(), StoreError> {
         migrate::run(&self.inner.pool, &self.inner.schema).await
@@ -520,6 +521,41 @@ impl OutboxStore for PgStore {
             .map_err(map)
     }
 
+    async fn snooze_many<'c>(
+        &'c self,
+        snoozes: &'c [Snooze],
+    ) -> Result<Vec<FailureApplied>, StoreError> {
+        if snoozes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = snoozes.iter().map(|z| z.lease.delivery_id).collect();
+        let tokens: Vec<Uuid> = snoozes.iter().map(|z| z.lease.lease_token).collect();
+        let delays: Vec<i64> = snoozes.iter().map(|z| millis(z.delay)).collect();
+        let reasons: Vec<&str> = snoozes
+            .iter()
+            .map(|z| truncate_chars(&z.reason, MAX_ERROR_CHARS - 100))
+            .collect();
+        let rows = sqlx::query(&self.q().snooze)
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(&delays)
+            .bind(&reasons)
+            .bind(MAX_SNOOZES)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        self.inner.floors.settled(ids, Settled::Returned);
+        rows.iter()
+            .map(|row| {
+                Ok(FailureApplied {
+                    delivery_id: row.try_get("id")?,
+                    dead: row.try_get("dead")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(map)
+    }
+
     async fn extend_many<'c>(
         &'c self,
         leases: &'c [LeaseRef],
@@ -553,13 +589,15 @@ impl OutboxStore for PgStore {
         Ok(released)
     }
 
-    async fn rescue_expired(&self, limit: usize) -> Result<u64, StoreError> {
-        let result = sqlx::query(&self.q().rescue)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(&self.inner.pool)
+    async fn rescue_expired<'c>(&'c self, params: &'c RescueParams) -> Result<u64, StoreError> {
+        let moved: i64 = sqlx::query_scalar(&self.q().rescue)
+            .bind(i64::try_from(params.limit).unwrap_or(i64::MAX))
+            .bind(millis(params.backoff_base) as f64)
+            .bind(millis(params.backoff_cap) as f64)
+            .fetch_one(&self.inner.pool)
             .await
             .map_err(map)?;
-        Ok(result.rows_affected())
+        Ok(u64::try_from(moved).unwrap_or(0))
     }
 
     async fn run_transactional_batch<'c>(
@@ -598,14 +636,13 @@ impl OutboxStore for PgStore {
             }
             applied.push(fresh);
         }
-        let completed = sqlx::query(&self.q().complete_leased)
+        let completed: i64 = sqlx::query_scalar(&self.q().complete_leased)
             .bind(&ids)
             .bind(&tokens)
-            .execute(&mut *tx)
+            .fetch_one(&mut *tx)
             .await
-            .map_err(map)?
-            .rows_affected();
-        if completed != ids.len() as u64 {
+            .map_err(map)?;
+        if usize::try_from(completed).ok() != Some(ids.len()) {
             tx.rollback().await.map_err(map)?;
             return Ok(TransactionalBatchOutcome::RolledBack(
                 BatchRollback::LeaseLost,

@@ -19,10 +19,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "idle_workers",
         include_str!("../migrations/0003_idle_workers.sql"),
     ),
+    (
+        4,
+        "ordering_locks",
+        include_str!("../migrations/0004_ordering_locks.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 pub(crate) async fn run(pool: &PgPool, schema: &str) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.map_err(map)?;

@@ -42,6 +42,7 @@ queries!(
     receipts_insert_many,
     release,
     rescue,
+    snooze,
     subscription_pause,
     subscription_topics_add,
     subscription_upsert,

@@ -1,7 +1,8 @@
 -- Hands claimed-but-unstarted deliveries back at shutdown, giving back the
 -- attempt the claim spent. ?1 is a JSON array of [delivery id, lease token].
--- Fenced by the lease token and the running state (as in PostgreSQL, an expired
--- lease may still be released: nobody else holds a running row's token).
+-- Fenced like fail.sql: the lease token, the running state and an unexpired
+-- lease on the database clock (an expired claim may be anyone's by now; the
+-- rescuer settles it, attempt spent).
 -- Touches: deliveries (update). Locks: one autocommit statement.
 UPDATE deliveries
 SET state = 'available',
@@ -15,5 +16,6 @@ WHERE id IN (
   JOIN deliveries d ON d.id = l.value ->> 0
   WHERE d.lease_token = l.value ->> 1
     AND d.state = 'running'
+    AND d.lease_expires_at > CAST(round(unixepoch('subsec') * 1000) AS INTEGER)
 )
 RETURNING id

@@ -1,6 +1,8 @@
--- Returns up to ?1 deliveries whose lease expired (database clock) to the queue,
--- or dead-letters those that used their last attempt, noting the expiry in the
--- error history (newest 20 kept).
+-- Returns up to ?1 deliveries whose lease expired (database clock) to the queue
+-- after a backoff (?2 ms doubled per attempt spent, capped at ?3 ms, jittered
+-- to between half and all of that: the crash may have been the message's
+-- fault), or dead-letters those that used their last attempt, noting the
+-- expiry in the error history (newest 20 kept).
 -- Touches: deliveries (update). Locks: one autocommit statement; SQLite's single
 -- writer means a completing worker either finished before this or finds its
 -- lease gone. Shape: INDEXED BY keeps the scan on the small deliveries_running
@@ -10,7 +12,9 @@ UPDATE deliveries
 SET state = CASE WHEN attempts >= coalesce(max_attempts, 1) THEN 'dead' ELSE 'available' END,
     dead_at = CASE WHEN attempts >= coalesce(max_attempts, 1)
                    THEN CAST(round(unixepoch('subsec') * 1000) AS INTEGER) END,
-    available_at = CAST(round(unixepoch('subsec') * 1000) AS INTEGER),
+    available_at = CAST(round(unixepoch('subsec') * 1000) AS INTEGER)
+                   + CAST(min(?3, ?2 * (1 << min(max(attempts - 1, 0), 30)))
+                          * (0.5 + (random() & 1048575) / 2097152.0) AS INTEGER),
     errors = json_insert(
       CASE WHEN json_array_length(errors) >= 20 THEN json_remove(errors, '$[0]') ELSE errors END,
       '$[#]',

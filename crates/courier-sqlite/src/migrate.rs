@@ -12,11 +12,13 @@ use sqlx::SqlitePool;
 use crate::error::map;
 
 /// (version, name, SQL), oldest first.
-const MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "outbox", include_str!("../migrations/0001_outbox.sql"))];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "outbox", include_str!("../migrations/0001_outbox.sql")),
+    (2, "snoozes", include_str!("../migrations/0002_snoozes.sql")),
+];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// The bookkeeping table, named so that it cannot collide with an
 /// application's own `schema_migrations` in a shared file.

@@ -6,8 +6,8 @@ use std::time::Duration;
 use courier_core::{
     truncate_chars, validate_name, Availability, BatchRollback, ClaimBatch, ClaimParams,
     ClaimedDelivery, Completion, EnqueueOutcome, Failure, FailureApplied, LeaseRef, NewMessage,
-    OutboxStore, PruneReport, StoreError, SubscriptionSpec, TransactionalBatchOutcome, TxWork,
-    ValidationError, MAX_ERROR_CHARS,
+    OutboxStore, PruneReport, RescueParams, Snooze, StoreError, SubscriptionSpec,
+    TransactionalBatchOutcome, TxWork, ValidationError, MAX_ERROR_CHARS, MAX_SNOOZES,
 };
 use serde_json::{json, Value};
 use sqlx::{Connection, SqliteConnection};
@@ -97,6 +97,7 @@ impl SqliteStore {
 
 impl OutboxStore for SqliteStore {
     type Connection = SqliteConnection;
+    const EXCLUSIVE_TRANSACTIONS: bool = true;
 
     async fn migrate(&self) -> Result<(), StoreError> {
         migrate::run(&self.inner.pool).await
@@ -369,6 +370,50 @@ impl OutboxStore for SqliteStore {
         )
     }
 
+    async fn snooze_many<'c>(
+        &'c self,
+        snoozes: &'c [Snooze],
+    ) -> Result<Vec<FailureApplied>, StoreError> {
+        let _turn = self.write_turn().await?;
+        if snoozes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let items = Value::Array(
+            snoozes
+                .iter()
+                .map(|z| {
+                    json!([
+                        z.lease.delivery_id,
+                        z.lease.lease_token.to_string(),
+                        millis(z.delay),
+                        truncate_chars(&z.reason, MAX_ERROR_CHARS - 100),
+                    ])
+                })
+                .collect(),
+        )
+        .to_string();
+        let rows = sqlx::query(queries::SNOOZE)
+            .bind(items)
+            .bind(MAX_SNOOZES)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        let mut dead_by_id = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            dead_by_id.insert(get::<i64>(row, "id")?, get::<i64>(row, "dead")? != 0);
+        }
+        let applied: HashSet<i64> = dead_by_id.keys().copied().collect();
+        Ok(
+            in_request_order(snoozes.iter().map(|z| z.lease.delivery_id), &applied)
+                .into_iter()
+                .map(|delivery_id| FailureApplied {
+                    delivery_id,
+                    dead: dead_by_id.get(&delivery_id).copied().unwrap_or(false),
+                })
+                .collect(),
+        )
+    }
+
     async fn extend_many<'c>(
         &'c self,
         leases: &'c [LeaseRef],
@@ -408,10 +453,12 @@ impl OutboxStore for SqliteStore {
         ))
     }
 
-    async fn rescue_expired(&self, limit: usize) -> Result<u64, StoreError> {
+    async fn rescue_expired<'c>(&'c self, params: &'c RescueParams) -> Result<u64, StoreError> {
         let _turn = self.write_turn().await?;
         let result = sqlx::query(queries::RESCUE)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(i64::try_from(params.limit).unwrap_or(i64::MAX))
+            .bind(millis(params.backoff_base))
+            .bind(millis(params.backoff_cap))
             .execute(&self.inner.pool)
             .await
             .map_err(map)?;

@@ -38,6 +38,7 @@ queries!(
     RECEIPT_INSERT => "receipt_insert.sql",
     RELEASE => "release.sql",
     RESCUE => "rescue.sql",
+    SNOOZE => "snooze.sql",
     SUBSCRIPTION_PAUSE => "subscription_pause.sql",
     SUBSCRIPTION_TOPICS_ADD => "subscription_topics_add.sql",
     SUBSCRIPTION_UPSERT => "subscription_upsert.sql",

@@ -138,7 +138,7 @@ async fn migrating_twice_is_idempotent_and_a_newer_schema_is_refused() -> TestRe
     assert_eq!(
         db.count("SELECT count(*) FROM courier_schema_migrations")
             .await?,
-        1
+        SCHEMA_VERSION
     );
     assert_eq!(
         db.count("SELECT count(*) FROM sqlite_schema WHERE name = 'messages_fan_out'")
@@ -496,7 +496,12 @@ async fn zombie_completion_is_refused_after_lease_expiry() -> TestResult {
         .is_empty());
     assert_eq!(db.count("SELECT count(*) FROM receipts").await?, 0);
 
-    assert_eq!(db.store.rescue_expired(100).await?, 1);
+    assert_eq!(
+        db.store
+            .rescue_expired(&courier_core::RescueParams::at_once(100))
+            .await?,
+        1
+    );
     let again = db.claim(&short).await?;
     assert_eq!(ids(&again), ids(&claimed));
     assert_eq!(again[0].attempt, 2);
@@ -649,7 +654,12 @@ async fn extend_keeps_a_lease_alive_past_its_original_expiry() -> TestResult {
         .await?;
     assert_eq!(extended, [claimed[0].delivery_id]);
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(db.store.rescue_expired(100).await?, 0);
+    assert_eq!(
+        db.store
+            .rescue_expired(&courier_core::RescueParams::at_once(100))
+            .await?,
+        0
+    );
     assert_eq!(
         db.store.complete_many(&[claimed[0].lease()]).await?,
         [claimed[0].delivery_id]
@@ -690,9 +700,19 @@ async fn rescue_returns_expired_leases_and_dead_letters_at_the_last_attempt() ->
     short.lease = Duration::from_millis(100);
 
     let first = db.claim(&short).await?;
-    assert_eq!(db.store.rescue_expired(100).await?, 0);
+    assert_eq!(
+        db.store
+            .rescue_expired(&courier_core::RescueParams::at_once(100))
+            .await?,
+        0
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(db.store.rescue_expired(100).await?, 1);
+    assert_eq!(
+        db.store
+            .rescue_expired(&courier_core::RescueParams::at_once(100))
+            .await?,
+        1
+    );
     let states = db.store.message_deliveries(m.id).await?;
     assert_eq!(states[0].state, "available");
     assert_eq!(states[0].errors[0].message, "lease expired (worker w1)");
@@ -701,7 +721,12 @@ async fn rescue_returns_expired_leases_and_dead_letters_at_the_last_attempt() ->
     assert_eq!(ids(&second), ids(&first));
     assert_eq!(second[0].attempt, 2);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(db.store.rescue_expired(100).await?, 1);
+    assert_eq!(
+        db.store
+            .rescue_expired(&courier_core::RescueParams::at_once(100))
+            .await?,
+        1
+    );
     let dead = db
         .store
         .get_dead_letter(first[0].delivery_id)
@@ -1159,7 +1184,12 @@ async fn transactional_work_after_lease_expiry_is_rolled_back() -> TestResult {
     );
     assert_eq!(db.count("SELECT count(*) FROM effects").await?, 0);
     assert_eq!(db.count("SELECT count(*) FROM receipts").await?, 0);
-    assert_eq!(db.store.rescue_expired(10).await?, 1);
+    assert_eq!(
+        db.store
+            .rescue_expired(&courier_core::RescueParams::at_once(10))
+            .await?,
+        1
+    );
     Ok(())
 }
 
@@ -1319,6 +1349,11 @@ async fn transactional_work_that_outlives_its_lease_inside_the_write_lock_comple
     );
     assert_eq!(db.count("SELECT count(*) FROM effects").await?, 1);
     assert_eq!(db.count("SELECT count(*) FROM receipts").await?, 1);
-    assert_eq!(db.store.rescue_expired(10).await?, 0);
+    assert_eq!(
+        db.store
+            .rescue_expired(&courier_core::RescueParams::at_once(10))
+            .await?,
+        0
+    );
     Ok(())
 }

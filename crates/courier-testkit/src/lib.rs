@@ -354,6 +354,20 @@ impl<C: EffectConnection> TransactionalHandler<C> for RecordEffect {
     }
 }
 
+/// Maintenance whose rescues offer expired deliveries again after a
+/// millisecond (the default backs off seconds), for tests that rescue and
+/// claim again at once.
+pub fn rescue_at_once() -> courier::MaintenanceConfig {
+    courier::MaintenanceConfig {
+        rescue_backoff: courier::RetryPolicy {
+            base: Duration::from_millis(1),
+            cap: Duration::from_millis(1),
+            ..courier::RetryPolicy::default()
+        },
+        ..courier::MaintenanceConfig::default()
+    }
+}
+
 /// Waits until `check` returns true, polling every 20 ms, for at most `limit`.
 pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
 where
@@ -401,4 +415,163 @@ macro_rules! backend_tests {
             )*
         }
     };
+}
+
+/// A fault injector: a store whose lease extensions hang while stalled, as
+/// when a worker's heartbeat connection is stuck. Everything else goes to the
+/// wrapped store unchanged.
+#[derive(Clone)]
+pub struct StalledHeartbeat<S> {
+    inner: S,
+    stalled: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<S: OutboxStore> StalledHeartbeat<S> {
+    /// Wraps `inner` with extensions stalled from the start.
+    pub fn new(inner: S) -> Self {
+        Self {
+            inner,
+            stalled: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+        }
+    }
+
+    /// Lets extensions through again (`false`) or stalls them (`true`).
+    pub fn set_stalled(&self, stalled: bool) {
+        self.stalled
+            .store(stalled, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl<S: OutboxStore> OutboxStore for StalledHeartbeat<S> {
+    type Connection = S::Connection;
+    const EXCLUSIVE_TRANSACTIONS: bool = S::EXCLUSIVE_TRANSACTIONS;
+
+    fn migrate(&self) -> impl std::future::Future<Output = Result<(), courier::StoreError>> + Send {
+        self.inner.migrate()
+    }
+
+    fn enqueue_batch<'c>(
+        &'c self,
+        conn: &'c mut Self::Connection,
+        messages: &'c [courier::NewMessage],
+    ) -> impl std::future::Future<Output = Result<Vec<courier::EnqueueOutcome>, courier::StoreError>>
+           + Send
+           + 'c {
+        self.inner.enqueue_batch(conn, messages)
+    }
+
+    fn publish_batch<'c>(
+        &'c self,
+        messages: &'c [courier::NewMessage],
+    ) -> impl std::future::Future<Output = Result<Vec<courier::EnqueueOutcome>, courier::StoreError>>
+           + Send
+           + 'c {
+        self.inner.publish_batch(messages)
+    }
+
+    fn register_subscription<'c>(
+        &'c self,
+        spec: &'c courier::SubscriptionSpec,
+    ) -> impl std::future::Future<Output = Result<(), courier::StoreError>> + Send + 'c {
+        self.inner.register_subscription(spec)
+    }
+
+    fn claim<'c>(
+        &'c self,
+        params: &'c courier::ClaimParams,
+    ) -> impl std::future::Future<Output = Result<courier::ClaimBatch, courier::StoreError>> + Send + 'c
+    {
+        self.inner.claim(params)
+    }
+
+    fn complete_many<'c>(
+        &'c self,
+        completions: &'c [courier::LeaseRef],
+    ) -> impl std::future::Future<Output = Result<Vec<i64>, courier::StoreError>> + Send + 'c {
+        self.inner.complete_many(completions)
+    }
+
+    fn fail_many<'c>(
+        &'c self,
+        failures: &'c [courier::Failure],
+    ) -> impl std::future::Future<Output = Result<Vec<courier::FailureApplied>, courier::StoreError>>
+           + Send
+           + 'c {
+        self.inner.fail_many(failures)
+    }
+
+    fn snooze_many<'c>(
+        &'c self,
+        snoozes: &'c [courier::Snooze],
+    ) -> impl std::future::Future<Output = Result<Vec<courier::FailureApplied>, courier::StoreError>>
+           + Send
+           + 'c {
+        self.inner.snooze_many(snoozes)
+    }
+
+    async fn extend_many<'c>(
+        &'c self,
+        leases: &'c [courier::LeaseRef],
+        lease: Duration,
+    ) -> Result<Vec<i64>, courier::StoreError> {
+        while self.stalled.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.inner.extend_many(leases, lease).await
+    }
+
+    fn release_many<'c>(
+        &'c self,
+        leases: &'c [courier::LeaseRef],
+    ) -> impl std::future::Future<Output = Result<Vec<i64>, courier::StoreError>> + Send + 'c {
+        self.inner.release_many(leases)
+    }
+
+    fn rescue_expired<'c>(
+        &'c self,
+        params: &'c courier::RescueParams,
+    ) -> impl std::future::Future<Output = Result<u64, courier::StoreError>> + Send + 'c {
+        self.inner.rescue_expired(params)
+    }
+
+    fn run_transactional<'c>(
+        &'c self,
+        delivery: &'c courier::ClaimedDelivery,
+        work: courier::TxWork<Self::Connection>,
+    ) -> impl std::future::Future<Output = Result<courier::TransactionalOutcome, courier::StoreError>>
+           + Send
+           + 'c {
+        self.inner.run_transactional(delivery, work)
+    }
+
+    fn run_transactional_batch<'c>(
+        &'c self,
+        batch: Vec<(
+            &'c courier::ClaimedDelivery,
+            courier::TxWork<Self::Connection>,
+        )>,
+    ) -> impl std::future::Future<
+        Output = Result<courier::TransactionalBatchOutcome, courier::StoreError>,
+    > + Send
+           + 'c {
+        self.inner.run_transactional_batch(batch)
+    }
+
+    fn announce_idle<'c>(
+        &'c self,
+        subscription: &'c str,
+        worker_id: &'c str,
+        idle: bool,
+    ) -> impl std::future::Future<Output = Result<bool, courier::StoreError>> + Send + 'c {
+        self.inner.announce_idle(subscription, worker_id, idle)
+    }
+
+    fn prune(
+        &self,
+        older_than: Duration,
+        batch: usize,
+    ) -> impl std::future::Future<Output = Result<courier::PruneReport, courier::StoreError>> + Send
+    {
+        self.inner.prune(older_than, batch)
+    }
 }

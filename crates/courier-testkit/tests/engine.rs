@@ -857,7 +857,7 @@ async fn an_expired_lease_returns_the_delivery_to_the_queue<B: Backend>(
         .is_empty());
     let maintenance = backend
         .courier()
-        .maintenance(MaintenanceConfig::default())?;
+        .maintenance(courier_testkit::rescue_at_once())?;
     assert_eq!(maintenance.rescue_once().await?, 2);
     assert!(backend
         .courier()

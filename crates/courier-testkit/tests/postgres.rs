@@ -5,7 +5,6 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use courier::MaintenanceConfig;
 use courier::{handler_fn, HandlerError, Message, NewMessage};
 use courier_testkit::{events, eventually, Backend, CallCounter, Event, PgFixture, RecordEffect};
 
@@ -347,7 +346,7 @@ async fn zombie_completion_is_refused_after_lease_expiry() -> anyhow::Result<()>
     tokio::time::sleep(Duration::from_millis(500)).await;
     let maintenance = backend
         .courier()
-        .maintenance(MaintenanceConfig::default())?;
+        .maintenance(courier_testkit::rescue_at_once())?;
     let rescued = maintenance.rescue_once().await?;
     let rescuer = backend.courier().worker("ledger");
     let healthy_effect = RecordEffect::default();

@@ -1,0 +1,42 @@
+-- Puts snoozed deliveries whose lease is still held (same fence as
+-- complete.sql) back after their delay ($3 ms), giving back the attempt the
+-- claim spent and counting the snooze, and frees their ordering keys. A
+-- delivery that has already snoozed $5 times spends the attempt instead, like
+-- a failure with reason $4: the history notes it, and when that was its last
+-- attempt it is dead-lettered.
+WITH changed AS (
+  UPDATE {schema}.deliveries d
+  SET state = CASE WHEN d.snoozes >= $5 AND d.attempts >= d.max_attempts
+                   THEN 'dead' ELSE 'available' END,
+      attempts = CASE WHEN d.snoozes >= $5 THEN d.attempts ELSE greatest(d.attempts - 1, 0) END,
+      snoozes = d.snoozes + 1,
+      available_at = CASE WHEN d.snoozes >= $5 AND d.attempts >= d.max_attempts
+                          THEN d.available_at
+                          ELSE clock_timestamp() + z.delay_ms * interval '1 millisecond' END,
+      dead_at = CASE WHEN d.snoozes >= $5 AND d.attempts >= d.max_attempts
+                     THEN clock_timestamp() END,
+      lease_token = NULL,
+      lease_expires_at = NULL,
+      claimed_by = NULL,
+      errors = CASE WHEN d.snoozes < $5 THEN d.errors
+               ELSE (CASE WHEN jsonb_array_length(d.errors) >= 20 THEN d.errors - 0 ELSE d.errors END)
+                    || jsonb_build_array(jsonb_build_object(
+                         'attempt', d.attempts, 'at', clock_timestamp(),
+                         'message', 'snoozed ' || d.snoozes || ' times already: ' || z.reason))
+               END
+  FROM unnest($1::bigint[], $2::uuid[], $3::bigint[], $4::text[]) AS z (id, lease_token, delay_ms, reason)
+  WHERE d.id = ANY ($1::bigint[])
+    AND d.id = z.id
+    AND d.lease_token = z.lease_token
+    AND d.lease_expires_at > clock_timestamp()
+  RETURNING d.id, d.state = 'dead' AS dead, d.subscription, d.tenant, d.ordering_key
+),
+unlocked AS (
+  -- The key's next delivery may run now (see claim.sql, `keyed`).
+  DELETE FROM {schema}.ordering_locks o
+  USING changed s
+  WHERE s.ordering_key IS NOT NULL
+    AND o.subscription = s.subscription AND o.tenant = s.tenant
+    AND o.ordering_key = s.ordering_key AND o.delivery_id = s.id
+)
+SELECT id, dead FROM changed

@@ -1,0 +1,525 @@
+//! The engine contract under faults, on every backend: handlers stop when
+//! their lease can no longer be kept, hung handlers time out, snoozes spend
+//! no attempts, and every write about a claim is fenced by its lease on the
+//! database clock.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use courier::{
+    handler_fn, DeadLetterStore, HandlerError, LeaseRef, MaintenanceConfig, Message, NewMessage,
+    OutboxStore, RescueParams, RetryPolicy, WorkerBuilder,
+};
+use courier_testkit::{backend_tests, eventually, Backend, Event, StalledHeartbeat};
+
+/// One run of a handler: the payload number, when it started, when it
+/// ended (returned or was dropped).
+type Run = (i64, Instant, Option<Instant>);
+
+/// Every run of a handler.
+#[derive(Clone, Default)]
+struct Runs {
+    runs: Arc<Mutex<Vec<Run>>>,
+}
+
+/// Records the end of a run when the handler returns or is dropped.
+struct RunGuard {
+    runs: Runs,
+    index: usize,
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        if let Ok(mut runs) = self.runs.runs.lock() {
+            if let Some(run) = runs.get_mut(self.index) {
+                run.2 = Some(Instant::now());
+            }
+        }
+    }
+}
+
+impl Runs {
+    fn start(&self, n: i64) -> RunGuard {
+        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        runs.push((n, Instant::now(), None));
+        RunGuard {
+            runs: self.clone(),
+            index: runs.len() - 1,
+        }
+    }
+
+    fn all(&self) -> Vec<Run> {
+        self.runs.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    fn count(&self) -> usize {
+        self.runs.lock().map(|r| r.len()).unwrap_or(0)
+    }
+}
+
+/// A plain handler that runs for `duration`, recording each run.
+fn slow(runs: Runs, duration: Duration) -> impl courier::Handler<Payload = Event> {
+    handler_fn(move |message: Message<Event>| {
+        let runs = runs.clone();
+        async move {
+            let _run = runs.start(message.payload.n);
+            tokio::time::sleep(duration).await;
+            Ok::<(), HandlerError>(())
+        }
+    })
+}
+
+fn keyed(n: i64) -> anyhow::Result<NewMessage> {
+    Ok(NewMessage::new("acme", "topic", &Event { n })?.with_ordering_key("k"))
+}
+
+async fn open_deliveries<B: Backend>(backend: &B) -> i64 {
+    backend
+        .scalar("SELECT count(*) FROM deliveries")
+        .await
+        .unwrap_or(-1)
+}
+
+/// A worker whose heartbeat is stuck keeps running a slow handler past its
+/// lease; another worker rescues the delivery and runs it, then the next
+/// message of the key. The stuck worker's handler must have stopped first.
+async fn a_handler_whose_lease_cannot_be_extended_stops_before_the_key_moves_on<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store().clone();
+    let runs = Runs::default();
+    let lease = Duration::from_millis(300);
+    let stuck = WorkerBuilder::new(StalledHeartbeat::new(store.clone()), "sub")
+        .handle("topic", 1, slow(runs.clone(), Duration::from_millis(1500)))
+        .lease(lease)
+        .heartbeat_interval(Duration::from_millis(100))
+        .poll_interval(Duration::from_millis(20))
+        .worker_id("stuck")
+        .maintenance(None)
+        .build()
+        .await?
+        .start();
+    backend.enqueue_committed(&[keyed(0)?, keyed(1)?]).await?;
+    anyhow::ensure!(
+        eventually(Duration::from_secs(10), || async { runs.count() >= 1 }).await,
+        "the stuck worker never started the first message"
+    );
+    // It claims nothing more; its running handler must stop on its own.
+    let stopped = tokio::spawn(stuck.shutdown());
+    let healthy = WorkerBuilder::new(store.clone(), "sub")
+        .handle("topic", 1, slow(runs.clone(), Duration::from_millis(400)))
+        .lease(lease)
+        .heartbeat_interval(Duration::from_millis(100))
+        .poll_interval(Duration::from_millis(20))
+        .worker_id("healthy")
+        .maintenance(Some(MaintenanceConfig {
+            rescue_interval: Duration::from_millis(50),
+            rescue_backoff: RetryPolicy {
+                base: Duration::from_millis(1),
+                cap: Duration::from_millis(1),
+                ..RetryPolicy::default()
+            },
+            ..MaintenanceConfig::default()
+        }))
+        .build()
+        .await?
+        .start();
+    let drained = eventually(Duration::from_secs(20), || async {
+        open_deliveries(&backend).await == 0
+    })
+    .await;
+    healthy.shutdown().await;
+    stopped.await?;
+    assert!(drained, "both messages were delivered");
+    let mut all = runs.all();
+    all.sort_by_key(|run| run.1);
+    assert!(
+        all.len() >= 3,
+        "the first message ran twice, the second once: {all:?}"
+    );
+    assert_eq!(all.last().map(|run| run.0), Some(1), "the key's order held");
+    for pair in all.windows(2) {
+        let ended = pair[0]
+            .2
+            .ok_or_else(|| anyhow::anyhow!("a run never ended"))?;
+        assert!(
+            pair[1].1 >= ended,
+            "message {} started {:?} before the run of message {} ended",
+            pair[1].0,
+            ended - pair[1].1,
+            pair[0].0
+        );
+    }
+    let first = all[0];
+    let first_ended = first.2.ok_or_else(|| anyhow::anyhow!("never ended"))?;
+    assert!(
+        first_ended - first.1 < lease,
+        "the stuck handler was stopped within its lease, not after {:?}",
+        first_ended - first.1
+    );
+    Ok(())
+}
+
+/// A handler that never returns is cancelled at its timeout; the attempt
+/// fails with `timeout after …`, and with one attempt the message is dead.
+async fn a_hung_handler_is_cancelled_at_its_timeout<B: Backend>(backend: B) -> anyhow::Result<()> {
+    let runs = Runs::default();
+    let hung = {
+        let runs = runs.clone();
+        handler_fn(move |message: Message<Event>| {
+            let runs = runs.clone();
+            async move {
+                let _run = runs.start(message.payload.n);
+                std::future::pending::<()>().await;
+                Ok::<(), HandlerError>(())
+            }
+        })
+    };
+    let worker = backend
+        .courier()
+        .worker("sub")
+        .handle("topic", 1, hung)
+        .handler_timeout(Some(Duration::from_millis(200)))
+        .retry_policy(RetryPolicy::with_max_attempts(1))
+        .poll_interval(Duration::from_millis(20))
+        .maintenance(None)
+        .build()
+        .await?
+        .start();
+    backend.enqueue_committed(&[keyed(0)?, keyed(1)?]).await?;
+    let store = backend.courier().store();
+    let dead = eventually(Duration::from_secs(10), || async {
+        store
+            .list_dead_letters(&Default::default(), None, 10)
+            .await
+            .is_ok_and(|page| page.items.len() == 2)
+    })
+    .await;
+    worker.shutdown().await;
+    assert!(
+        dead,
+        "both hung messages were dead-lettered, one after the other"
+    );
+    let page = store
+        .list_dead_letters(&Default::default(), None, 10)
+        .await?;
+    for letter in &page.items {
+        let last = letter.errors.last().map(|e| e.message.as_str());
+        assert_eq!(last, Some("timeout after 200ms"));
+    }
+    for run in runs.all() {
+        let ended = run
+            .2
+            .ok_or_else(|| anyhow::anyhow!("a hung run was never stopped"))?;
+        assert!(ended - run.1 < Duration::from_secs(5));
+    }
+    Ok(())
+}
+
+/// A transactional handler that hangs inside its transaction times out too,
+/// and its writes roll back.
+async fn a_hung_transactional_handler_times_out_and_rolls_back<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    backend.create_effects_table().await?;
+    let handler = courier_testkit::RecordEffect {
+        delay: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let worker = backend
+        .courier()
+        .worker("sub")
+        .handle_transactional("topic", 1, handler)
+        .handler_timeout(Some(Duration::from_millis(200)))
+        .retry_policy(RetryPolicy::with_max_attempts(1))
+        .poll_interval(Duration::from_millis(20))
+        .maintenance(None)
+        .build()
+        .await?
+        .start();
+    backend
+        .enqueue_committed(&[NewMessage::new("acme", "topic", &Event { n: 1 })?])
+        .await?;
+    let store = backend.courier().store();
+    let dead = eventually(Duration::from_secs(10), || async {
+        store
+            .list_dead_letters(&Default::default(), None, 10)
+            .await
+            .is_ok_and(|page| page.items.len() == 1)
+    })
+    .await;
+    worker.shutdown().await;
+    assert!(dead, "the hung transactional message was dead-lettered");
+    let page = store
+        .list_dead_letters(&Default::default(), None, 10)
+        .await?;
+    assert_eq!(
+        page.items[0].errors.last().map(|e| e.message.as_str()),
+        Some("timeout after 200ms")
+    );
+    assert_eq!(backend.scalar("SELECT count(*) FROM effects").await?, 0);
+    assert_eq!(backend.scalar("SELECT count(*) FROM receipts").await?, 0);
+    Ok(())
+}
+
+/// A tenant over its quota snoozes: eleven snoozes (more than the ten
+/// attempts) and then success apply the message once, never dead.
+async fn snoozes_spend_no_attempts<B: Backend>(backend: B) -> anyhow::Result<()> {
+    let calls: Arc<Mutex<HashMap<i64, u32>>> = Arc::default();
+    let applied: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let handler = {
+        let calls = Arc::clone(&calls);
+        let applied = Arc::clone(&applied);
+        handler_fn(move |message: Message<Event>| {
+            let calls = Arc::clone(&calls);
+            let applied = Arc::clone(&applied);
+            async move {
+                let call = {
+                    let mut calls = calls.lock().unwrap_or_else(|p| p.into_inner());
+                    let call = calls.entry(message.payload.n).or_insert(0);
+                    *call += 1;
+                    *call
+                };
+                if call <= 11 {
+                    return Err(HandlerError::snooze(
+                        Duration::from_millis(5),
+                        "tenant acme is over its quota",
+                    ));
+                }
+                applied
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(message.payload.n);
+                Ok(())
+            }
+        })
+    };
+    let worker = backend
+        .courier()
+        .worker("sub")
+        .handle("topic", 1, handler)
+        .poll_interval(Duration::from_millis(10))
+        .maintenance(None)
+        .build()
+        .await?
+        .start();
+    backend
+        .enqueue_committed(&[NewMessage::new("acme", "topic", &Event { n: 7 })?])
+        .await?;
+    let done = eventually(Duration::from_secs(20), || async {
+        open_deliveries(&backend).await == 0
+    })
+    .await;
+    worker.shutdown().await;
+    assert!(done, "the snoozed message completed");
+    assert_eq!(*applied.lock().unwrap_or_else(|p| p.into_inner()), vec![7]);
+    assert_eq!(
+        calls.lock().unwrap_or_else(|p| p.into_inner()).get(&7),
+        Some(&12)
+    );
+    assert_eq!(backend.scalar("SELECT count(*) FROM receipts").await?, 1);
+    Ok(())
+}
+
+/// The bound on snoozes: past it, a snooze spends the attempt like a failure.
+async fn a_delivery_past_the_snooze_bound_spends_its_attempt<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store();
+    register(&backend).await?;
+    backend
+        .enqueue_committed(&[NewMessage::new("acme", "topic", &Event { n: 1 })?])
+        .await?;
+    let claimed = store.claim(&claim_params(1)).await?.deliveries;
+    let snooze = |lease: LeaseRef| courier::Snooze {
+        lease,
+        delay: Duration::ZERO,
+        reason: "over quota".into(),
+    };
+    let applied = store.snooze_many(&[snooze(claimed[0].lease())]).await?;
+    assert_eq!(applied.len(), 1);
+    assert!(!applied[0].dead, "a snooze within the bound puts it back");
+    assert_eq!(
+        backend
+            .scalar("SELECT CAST(attempts AS BIGINT) FROM deliveries")
+            .await?,
+        0
+    );
+    backend
+        .execute(&format!(
+            "UPDATE deliveries SET snoozes = {}",
+            courier::MAX_SNOOZES
+        ))
+        .await?;
+    let again = store.claim(&claim_params(1)).await?.deliveries;
+    let applied = store.snooze_many(&[snooze(again[0].lease())]).await?;
+    assert!(
+        applied[0].dead,
+        "past the bound the snooze spent the only attempt"
+    );
+    let letter = store
+        .get_dead_letter(again[0].delivery_id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no dead letter"))?;
+    assert_eq!(letter.attempts, 1);
+    assert_eq!(
+        letter.errors.last().map(|e| e.message.as_str()),
+        Some("snoozed 1000 times already: over quota")
+    );
+    Ok(())
+}
+
+async fn register<B: Backend>(backend: &B) -> anyhow::Result<()> {
+    backend
+        .courier()
+        .store()
+        .register_subscription(&courier::SubscriptionSpec {
+            name: "sub".into(),
+            topics: vec!["topic".into()],
+        })
+        .await?;
+    Ok(())
+}
+
+fn claim_params(max_attempts: i32) -> courier::ClaimParams {
+    courier::ClaimParams {
+        subscription: "sub".into(),
+        routes: vec![courier::Route {
+            topic: "topic".into(),
+            schema_version: 1,
+            max_attempts,
+        }],
+        limit: 10,
+        lease: Duration::from_secs(30),
+        worker_id: "w".into(),
+        tenant_cursor: String::new(),
+        tenant_in_flight_limit: None,
+    }
+}
+
+/// A zombie still holds the right token but its lease expired on the
+/// database clock (no rescue has run): complete, fail, snooze, extend and
+/// release are all refused.
+async fn a_zombie_with_the_right_token_is_refused_by_the_clock<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store();
+    register(&backend).await?;
+    backend
+        .enqueue_committed(&courier_testkit::events("acme", "topic", 1)?)
+        .await?;
+    let claimed = store.claim(&claim_params(10)).await?.deliveries;
+    let lease = claimed[0].lease();
+    backend.expire_leases().await?;
+    assert!(store.complete_many(&[lease]).await?.is_empty(), "complete");
+    let failure = courier::Failure {
+        lease,
+        error: "late".into(),
+        retry_in: Some(Duration::ZERO),
+    };
+    assert!(store.fail_many(&[failure]).await?.is_empty(), "fail");
+    let snooze = courier::Snooze {
+        lease,
+        delay: Duration::ZERO,
+        reason: "late".into(),
+    };
+    assert!(store.snooze_many(&[snooze]).await?.is_empty(), "snooze");
+    assert!(
+        store
+            .extend_many(&[lease], Duration::from_secs(30))
+            .await?
+            .is_empty(),
+        "extend"
+    );
+    assert!(store.release_many(&[lease]).await?.is_empty(), "release");
+    // Still the zombie's claim, untouched, for the rescuer.
+    assert_eq!(
+        backend
+            .scalar("SELECT count(*) FROM deliveries WHERE state = 'running' AND attempts = 1")
+            .await?,
+        1
+    );
+    assert_eq!(store.rescue_expired(&RescueParams::at_once(10)).await?, 1);
+    Ok(())
+}
+
+/// Rescued deliveries wait a backoff before their next attempt.
+async fn rescued_deliveries_wait_a_backoff<B: Backend>(backend: B) -> anyhow::Result<()> {
+    let store = backend.courier().store();
+    register(&backend).await?;
+    backend
+        .enqueue_committed(&courier_testkit::events("acme", "topic", 1)?)
+        .await?;
+    store.claim(&claim_params(10)).await?;
+    backend.expire_leases().await?;
+    let params = RescueParams {
+        limit: 10,
+        backoff_base: Duration::from_secs(60),
+        backoff_cap: Duration::from_secs(300),
+    };
+    assert_eq!(store.rescue_expired(&params).await?, 1);
+    assert!(
+        store.claim(&claim_params(10)).await?.deliveries.is_empty(),
+        "a rescued delivery is not offered again at once"
+    );
+    Ok(())
+}
+
+/// The error history keeps the newest 20 entries, whether the attempts
+/// failed or expired and were rescued, back to the queue or to the dead.
+async fn the_error_history_keeps_the_newest_twenty_on_every_path<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store();
+    register(&backend).await?;
+    let message = backend
+        .enqueue_committed(&courier_testkit::events("acme", "topic", 1)?)
+        .await?[0]
+        .id;
+    let history = || async {
+        let deliveries = store.message_deliveries(message).await?;
+        anyhow::Ok(deliveries.first().map_or(0, |d| d.errors.len()))
+    };
+    let budget = 100;
+    for attempt in 1..=25 {
+        let claimed = store.claim(&claim_params(budget)).await?.deliveries;
+        anyhow::ensure!(claimed.len() == 1, "attempt {attempt} was claimed");
+        if attempt % 2 == 0 {
+            let failure = courier::Failure {
+                lease: claimed[0].lease(),
+                error: format!("failed {attempt}"),
+                retry_in: Some(Duration::ZERO),
+            };
+            assert_eq!(store.fail_many(&[failure]).await?.len(), 1);
+        } else {
+            backend.expire_leases().await?;
+            assert_eq!(store.rescue_expired(&RescueParams::at_once(10)).await?, 1);
+        }
+    }
+    assert_eq!(history().await?, 20);
+    // The last attempt expires and is rescued to the dead letters.
+    let claimed = store.claim(&claim_params(26)).await?.deliveries;
+    anyhow::ensure!(claimed.len() == 1);
+    backend.expire_leases().await?;
+    assert_eq!(store.rescue_expired(&RescueParams::at_once(10)).await?, 1);
+    let letter = store
+        .get_dead_letter(claimed[0].delivery_id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the last attempt dead-lettered"))?;
+    assert_eq!(letter.errors.len(), 20);
+    assert_eq!(letter.errors.first().map(|e| e.attempt), Some(7));
+    assert_eq!(letter.errors.last().map(|e| e.attempt), Some(26));
+    Ok(())
+}
+
+backend_tests!(
+    a_handler_whose_lease_cannot_be_extended_stops_before_the_key_moves_on,
+    a_hung_handler_is_cancelled_at_its_timeout,
+    a_hung_transactional_handler_times_out_and_rolls_back,
+    snoozes_spend_no_attempts,
+    a_delivery_past_the_snooze_bound_spends_its_attempt,
+    a_zombie_with_the_right_token_is_refused_by_the_clock,
+    rescued_deliveries_wait_a_backoff,
+    the_error_history_keeps_the_newest_twenty_on_every_path,
+);

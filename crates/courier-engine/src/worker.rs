@@ -69,6 +69,12 @@ const CLAIMS_IN_FLIGHT: usize = 2;
 /// pauses here instead of piling up deliveries whose leases the heartbeat
 /// must keep extending (and may lose).
 const UNSETTLED_PER_SLOT: usize = 2;
+/// How often an idle worker that announced its idleness announces it again.
+/// The announcement lives in an unlogged table: a PostgreSQL crash or
+/// failover empties it (and drops the LISTEN connection), after which
+/// producers would stop waking the worker until it went busy and idle again.
+/// Each refresh is one small write to an unlogged table and one claim.
+const IDLE_REFRESH: Duration = Duration::from_millis(500);
 /// Handlers running at once, by default.
 pub const DEFAULT_CONCURRENCY: usize = 64;
 /// Deliveries per claim, by default.
@@ -935,6 +941,20 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
             () = woken, if idle => idle = false,
             () = settled.notified(), if idle => idle = false,
             () = tokio::time::sleep(config.poll_interval), if idle => idle = false,
+            // Announce again (the announcement may have been lost with the
+            // database's unlogged tables), then claim once more: a producer
+            // that committed while it was missing did not wake us.
+            () = tokio::time::sleep(IDLE_REFRESH), if idle && announced => {
+                if let Err(error) = shared
+                    .store
+                    .announce_idle(&shared.subscription, &config.worker_id, true)
+                    .await
+                {
+                    metrics::counter!(STORE_ERRORS, "operation" => "announce_idle").increment(1);
+                    tracing::debug!(subscription = shared.subscription, %error, "could not refresh the idle announcement");
+                }
+                idle = false;
+            }
         }
     }
 

@@ -590,14 +590,20 @@ impl OutboxStore for PgStore {
     }
 
     async fn rescue_expired<'c>(&'c self, params: &'c RescueParams) -> Result<u64, StoreError> {
-        let moved: i64 = sqlx::query_scalar(&self.q().rescue)
+        // fetch_all, never fetch_one (see run_transactional_batch): a
+        // suspended portal would keep the rescue's row locks until the
+        // connection is next used.
+        let moved: Vec<i64> = sqlx::query_scalar(&self.q().rescue)
             .bind(i64::try_from(params.limit).unwrap_or(i64::MAX))
             .bind(millis(params.backoff_base) as f64)
             .bind(millis(params.backoff_cap) as f64)
-            .fetch_one(&self.inner.pool)
+            .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
-        Ok(u64::try_from(moved).unwrap_or(0))
+        Ok(moved
+            .first()
+            .and_then(|n| u64::try_from(*n).ok())
+            .unwrap_or(0))
     }
 
     async fn run_transactional_batch<'c>(
@@ -636,13 +642,16 @@ impl OutboxStore for PgStore {
             }
             applied.push(fresh);
         }
-        let completed: i64 = sqlx::query_scalar(&self.q().complete_leased)
+        // fetch_all, never fetch_one, for a statement that writes: sqlx reads
+        // one row with a row limit, which leaves the portal suspended and the
+        // statement's implicit transaction open until the connection is next used.
+        let completed: Vec<i64> = sqlx::query_scalar(&self.q().complete_leased)
             .bind(&ids)
             .bind(&tokens)
-            .fetch_one(&mut *tx)
+            .fetch_all(&mut *tx)
             .await
             .map_err(map)?;
-        if usize::try_from(completed).ok() != Some(ids.len()) {
+        if completed.first().and_then(|n| usize::try_from(*n).ok()) != Some(ids.len()) {
             tx.rollback().await.map_err(map)?;
             return Ok(TransactionalBatchOutcome::RolledBack(
                 BatchRollback::LeaseLost,
@@ -848,7 +857,7 @@ impl PgStore {
             let mut tx = self.inner.pool.begin().await.map_err(map)?;
             sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
                 .bind(format!(
-                    "{}:claim:{}",
+                    "{}:in-flight:{}",
                     self.inner.schema, params.subscription
                 ))
                 .execute(&mut *tx)

@@ -24,10 +24,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "ordering_locks",
         include_str!("../migrations/0004_ordering_locks.sql"),
     ),
+    (
+        5,
+        "lock_namespaces",
+        include_str!("../migrations/0005_lock_namespaces.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 pub(crate) async fn run(pool: &PgPool, schema: &str) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.map_err(map)?;

@@ -74,6 +74,7 @@ fn quick_bench_on_sqlite_prints_the_table_and_removes_its_file() {
         "enqueue.batch_1000",
         "drain.noop",
         "drain.exactly_once",
+        "drain.exactly_once_failing",
         "drain.two_subscriptions",
         "drain.ordering_keys",
         "drain.tenants",
@@ -126,7 +127,7 @@ async fn quick_bench_on_postgres_prints_json_and_drops_its_schema() {
     assert_eq!(report["settings"]["concurrency"], 128, "{report:#}");
     assert_eq!(report["settings"]["batch_size_is_default"], false);
     let measurements = report["measurements"].as_array().expect("measurements");
-    assert_eq!(measurements.len(), 15, "{report:#}");
+    assert_eq!(measurements.len(), 16, "{report:#}");
     let find = |id: &str| {
         measurements
             .iter()

@@ -152,13 +152,24 @@ pub enum TransactionalOutcome {
     HandlerFailed(HandlerError),
 }
 
+/// What became of one delivery of a committed transactional batch.
+#[derive(Debug)]
+pub enum BatchItem {
+    /// Its effect, receipt and completion committed.
+    Applied,
+    /// A receipt already existed: the effect was skipped and the delivery completed.
+    AlreadyApplied,
+    /// Its handler failed (batches that isolate failures only): its writes
+    /// were rolled back to its savepoint, nothing of it committed, and its
+    /// lease is still held for the caller to record the failure.
+    Failed(HandlerError),
+}
+
 /// What running several transactional handlers in one transaction came to.
 #[derive(Debug)]
 pub enum TransactionalBatchOutcome {
-    /// Every delivery's effect, receipt and completion committed together.
-    /// Per delivery, in input order: `true` if its effect was applied now,
-    /// `false` if a receipt already existed and the effect was skipped.
-    Committed(Vec<bool>),
+    /// The transaction committed. Per delivery, in input order, what became of it.
+    Committed(Vec<BatchItem>),
     /// Nothing was committed; every delivery is as it was before. The caller
     /// runs each one again on its own to learn its outcome.
     RolledBack(BatchRollback),
@@ -285,14 +296,17 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<TransactionalOutcome, StoreError>> + Send + 'c {
         async move {
             Ok(
-                match self.run_transactional_batch(vec![(delivery, work)]).await? {
-                    TransactionalBatchOutcome::Committed(applied) => {
-                        if applied.first().copied().unwrap_or(false) {
-                            TransactionalOutcome::Applied
-                        } else {
-                            TransactionalOutcome::AlreadyApplied
+                match self
+                    .run_transactional_batch(vec![(delivery, work)], false)
+                    .await?
+                {
+                    TransactionalBatchOutcome::Committed(mut items) => match items.pop() {
+                        Some(BatchItem::Failed(error)) => {
+                            TransactionalOutcome::HandlerFailed(error)
                         }
-                    }
+                        Some(BatchItem::AlreadyApplied) => TransactionalOutcome::AlreadyApplied,
+                        Some(BatchItem::Applied) | None => TransactionalOutcome::Applied,
+                    },
                     TransactionalBatchOutcome::RolledBack(BatchRollback::HandlerFailed {
                         error,
                         ..
@@ -307,12 +321,18 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
 
     /// Runs several deliveries' `work` in one transaction, each after its
     /// receipt is written (work whose receipt already exists is skipped), and
-    /// completes them all: everything commits together or nothing does. The
-    /// deliveries must be distinct and of this store's subscriptions. The work
-    /// runs in input order on one connection.
+    /// completes them. The deliveries must be distinct and of this store's
+    /// subscriptions. The work runs in input order on one connection.
+    ///
+    /// With `isolate_failures`, each work runs in a savepoint: a failing one
+    /// is rolled back alone (its receipt too, and it is not completed) and
+    /// the others commit. Without, the first failure rolls back everything
+    /// (cheaper per delivery where a savepoint costs a round trip). A store
+    /// whose savepoints cost nothing may isolate failures either way.
     fn run_transactional_batch<'c>(
         &'c self,
         batch: Vec<(&'c ClaimedDelivery, TxWork<Self::Connection>)>,
+        isolate_failures: bool,
     ) -> impl Future<Output = Result<TransactionalBatchOutcome, StoreError>> + Send + 'c;
 
     /// Tells producers whether a worker of `subscription` is idle, so that

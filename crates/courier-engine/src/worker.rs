@@ -25,8 +25,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use courier_core::{
-    BatchRollback, ClaimBatch, ClaimParams, ClaimedDelivery, Failure, HandlerError, LeaseRef,
-    OutboxStore, RetryPolicy, Route, Snooze, StoreError, SubscriptionSpec,
+    BatchItem, BatchRollback, ClaimBatch, ClaimParams, ClaimedDelivery, Failure, HandlerError,
+    LeaseRef, OutboxStore, RetryPolicy, Route, Snooze, StoreError, SubscriptionSpec,
     TransactionalBatchOutcome, TransactionalOutcome, TxWork, ValidationError,
 };
 use futures_util::stream::FuturesUnordered;
@@ -53,7 +53,9 @@ pub const CATCH_ALL_TOPIC: &str = "*";
 pub const CATCH_ALL_VERSION: i32 = 0;
 
 /// How long a worker runs transactional deliveries one per transaction after
-/// a group of them rolled back. Handlers whose writes meet on the same rows
+/// a group of them rolled back for a lost lease or a store error, and how
+/// long its groups isolate failures in savepoints after a handler failed in
+/// one. Handlers whose writes meet on the same rows
 /// can deadlock when several groups run at once (PostgreSQL then aborts one
 /// group after a second); one transaction per delivery cannot wait on another
 /// while holding a lock it needs, so the worker falls back to that for a
@@ -107,9 +109,12 @@ pub struct WorkerConfig {
     /// The most transactional deliveries of one claim that run in one
     /// database transaction, one after another, committing together (1: each
     /// in its own). If one fails, the transaction rolls back and the others
-    /// run again each in its own transaction, so a transactional handler may
-    /// be called twice for one attempt; its writes commit once. After any
-    /// rollback the worker runs one delivery per transaction for 10 s, since
+    /// run again together, each in a savepoint, so a failure costs its
+    /// batch-mates at most one rerun (a transactional handler may be called
+    /// twice for one attempt; its writes commit once); for 10 s after, groups
+    /// run every handler in a savepoint from the start (a round trip each on
+    /// PostgreSQL). After a rollback for another reason (a lost lease, a
+    /// deadlock) the worker runs one delivery per transaction for 10 s, since
     /// handlers whose writes meet on the same rows deadlock across groups.
     /// Lower it for slow transactional handlers: a group holds its locks
     /// until it commits.
@@ -525,6 +530,7 @@ impl<S: OutboxStore> WorkerBuilder<S> {
                 in_flight: InFlight::default(),
                 stopping: CancellationToken::new(),
                 batching_paused_until: Mutex::new(None),
+                isolating_until: Mutex::new(None),
             }),
             wake: self.wake,
         })
@@ -544,6 +550,9 @@ struct Shared<S: OutboxStore> {
     /// Until when transactional deliveries run one per transaction, after a
     /// group rolled back (see [`BATCHING_PAUSE`]).
     batching_paused_until: Mutex<Option<Instant>>,
+    /// Until when transactional groups run each handler in a savepoint,
+    /// after a handler failed in a group (see [`BATCHING_PAUSE`]).
+    isolating_until: Mutex<Option<Instant>>,
 }
 
 /// A configured worker, registered with the store, not yet running.
@@ -737,6 +746,24 @@ impl<S: OutboxStore> Shared<S> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         guard.is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Whether a recent handler failure made groups isolate failures.
+    fn isolating_failures(&self) -> bool {
+        let guard = self
+            .isolating_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        guard.is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Runs each handler of a group in a savepoint for [`BATCHING_PAUSE`].
+    fn isolate_failures_for_a_while(&self) {
+        let mut guard = self
+            .isolating_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *guard = Some(Instant::now() + BATCHING_PAUSE);
     }
 
     /// Runs transactional deliveries one per transaction for [`BATCHING_PAUSE`].
@@ -1273,46 +1300,146 @@ async fn execute<S: OutboxStore>(shared: Arc<Shared<S>>, delivery: ClaimedDelive
 }
 
 /// Runs a unit of work from [`Shared::groups`]: one delivery on its own, or
-/// transactional deliveries in one transaction. When that transaction rolls
-/// back (a handler failed or panicked, a lease was lost, the store erred),
-/// a failed handler's error is its outcome and every other delivery runs
-/// again in its own transaction, so each outcome is exactly its own.
+/// transactional deliveries in one transaction. Normally the group runs
+/// without savepoints (a savepoint costs a round trip per delivery on
+/// PostgreSQL): if a handler fails, the transaction rolls back, the failed
+/// handler's error is its outcome, and the others run again together, each in
+/// a savepoint of their own, so one failure costs its batch-mates one rerun;
+/// groups then keep isolating failures for [`BATCHING_PAUSE`]. When a group
+/// rolls back for another reason (a lease lost, a store error such as a
+/// deadlock, a panic), its deliveries run again each in its own transaction,
+/// and so do groups for [`BATCHING_PAUSE`].
 async fn execute_group<S: OutboxStore>(
     shared: Arc<Shared<S>>,
     mut group: Vec<ClaimedDelivery>,
 ) -> Vec<Settlement> {
     // In enqueue order, which is also the order every multi-row write locks
-    // deliveries in (see heartbeat::snapshot), so two never deadlock.
+    // deliveries in (see InFlight::to_extend), so two never deadlock.
     group.sort_unstable_by_key(|d| d.delivery_id);
     if group.len() < 2 || shared.stopping.is_cancelled() {
         return execute_each(shared, group).await;
     }
     let mut settlements = Vec::with_capacity(group.len());
-    let mut deliveries = Vec::with_capacity(group.len());
-    let mut works = Vec::with_capacity(group.len());
-    for delivery in group {
-        match shared.prepare(&delivery) {
-            Ok(Prepared::Transactional(work)) => {
-                record_pickup(&shared, &delivery);
-                let work = limited(shared.timeout_of(&delivery), work);
-                works.push(timed(&shared, &delivery, work));
-                deliveries.push(delivery);
-            }
+    let mut isolate = shared.isolating_failures();
+    let mut first_run = true;
+    loop {
+        let (deliveries, works, singles) = transactional_works(&shared, group, first_run);
+        first_run = false;
+        for delivery in singles {
             // Not decodable (or not transactional): the single path reports it.
-            Ok(Prepared::Plain(_)) | Err(_) => {
-                settlements.push(execute(Arc::clone(&shared), delivery).await);
+            settlements.push(execute(Arc::clone(&shared), delivery).await);
+        }
+        if deliveries.len() < 2 {
+            drop(works);
+            settlements.extend(execute_each(shared, deliveries).await);
+            return settlements;
+        }
+        match run_batch(&shared, &deliveries, works, isolate).await {
+            BatchRun::Committed(items) => {
+                for (delivery, item) in deliveries.into_iter().zip(items) {
+                    settlements.push(match item {
+                        BatchItem::Applied | BatchItem::AlreadyApplied => Settlement::Committed {
+                            delivery_id: delivery.delivery_id,
+                            topic: delivery.topic,
+                        },
+                        BatchItem::Failed(error) => {
+                            settlement_for(&shared, &delivery, Outcome::Failed(error))
+                        }
+                    });
+                }
+                return settlements;
+            }
+            BatchRun::HandlerFailed { index, error } if !isolate && index < deliveries.len() => {
+                shared.isolate_failures_for_a_while();
+                let mut rest = deliveries;
+                let failed = rest.remove(index);
+                settlements.push(settlement_for(&shared, &failed, Outcome::Failed(error)));
+                // The others again, together, each in its own savepoint.
+                group = rest;
+                isolate = true;
+            }
+            BatchRun::HandlerFailed { .. } => {
+                return rolled_back(shared, deliveries, "rolled back".to_owned(), settlements)
+                    .await;
+            }
+            BatchRun::RolledBack(reason) => {
+                return rolled_back(shared, deliveries, reason, settlements).await;
             }
         }
     }
-    if deliveries.len() < 2 {
-        drop(works);
-        settlements.extend(execute_each(shared, deliveries).await);
-        return settlements;
+}
+
+/// A group's transaction rolled back for a reason other than a handler's
+/// failure: every delivery runs again in its own transaction.
+async fn rolled_back<S: OutboxStore>(
+    shared: Arc<Shared<S>>,
+    deliveries: Vec<ClaimedDelivery>,
+    reason: String,
+    mut settlements: Vec<Settlement>,
+) -> Vec<Settlement> {
+    shared.pause_batching();
+    tracing::warn!(
+        subscription = shared.subscription,
+        deliveries = deliveries.len(),
+        reason,
+        "transactional batch rolled back; running each delivery on its own"
+    );
+    settlements.extend(execute_each(shared, deliveries).await);
+    settlements
+}
+
+/// Splits `group` into transactional deliveries with their prepared work and
+/// the deliveries the single path must run (not decodable, not transactional).
+fn transactional_works<S: OutboxStore>(
+    shared: &Shared<S>,
+    group: Vec<ClaimedDelivery>,
+    first_run: bool,
+) -> (
+    Vec<ClaimedDelivery>,
+    Vec<TxWork<S::Connection>>,
+    Vec<ClaimedDelivery>,
+) {
+    let mut deliveries = Vec::with_capacity(group.len());
+    let mut works = Vec::with_capacity(group.len());
+    let mut singles = Vec::new();
+    for delivery in group {
+        match shared.prepare(&delivery) {
+            Ok(Prepared::Transactional(work)) => {
+                if first_run {
+                    record_pickup(shared, &delivery);
+                }
+                let work = limited(shared.timeout_of(&delivery), work);
+                works.push(timed(shared, &delivery, work));
+                deliveries.push(delivery);
+            }
+            Ok(Prepared::Plain(_)) | Err(_) => singles.push(delivery),
+        }
     }
+    (deliveries, works, singles)
+}
+
+/// How one transactional batch went.
+enum BatchRun {
+    /// Committed; per delivery, in order, what became of it.
+    Committed(Vec<BatchItem>),
+    /// Rolled back because this handler failed (not isolating failures).
+    HandlerFailed { index: usize, error: HandlerError },
+    /// Rolled back for this reason (lease lost, store error, panic).
+    RolledBack(String),
+}
+
+/// Runs `works` for `deliveries` in one transaction while their leases are held.
+async fn run_batch<S: OutboxStore>(
+    shared: &Shared<S>,
+    deliveries: &[ClaimedDelivery],
+    works: Vec<TxWork<S::Connection>>,
+    isolate: bool,
+) -> BatchRun {
     let span = tracing::info_span!(
         "courier.deliver_batch",
         subscription = %shared.subscription,
         deliveries = deliveries.len(),
+        isolate,
     );
     let batch = deliveries.iter().zip(works).collect();
     let ids: Vec<i64> = deliveries.iter().map(|d| d.delivery_id).collect();
@@ -1323,56 +1450,31 @@ async fn execute_group<S: OutboxStore>(
             &ids,
             None,
             !S::EXCLUSIVE_TRANSACTIONS,
-            AssertUnwindSafe(shared.store.run_transactional_batch(batch)).catch_unwind(),
+            AssertUnwindSafe(shared.store.run_transactional_batch(batch, isolate)).catch_unwind(),
         )
         .instrument(span)
         .await;
-    let outcome = match outcome {
-        Ok(outcome) => outcome,
-        Err(_) => Ok(Ok(TransactionalBatchOutcome::RolledBack(
-            BatchRollback::LeaseLost,
-        ))),
-    };
     match outcome {
-        Ok(Ok(TransactionalBatchOutcome::Committed(_))) => {
-            settlements.extend(
-                deliveries
-                    .into_iter()
-                    .map(|delivery| Settlement::Committed {
-                        delivery_id: delivery.delivery_id,
-                        topic: delivery.topic,
-                    }),
-            );
+        Err(_) => BatchRun::RolledBack("a lease was no longer held".to_owned()),
+        Ok(Ok(Ok(TransactionalBatchOutcome::Committed(items)))) if items.len() == ids.len() => {
+            BatchRun::Committed(items)
         }
-        Ok(Ok(TransactionalBatchOutcome::RolledBack(BatchRollback::HandlerFailed {
+        Ok(Ok(Ok(TransactionalBatchOutcome::Committed(_)))) => {
+            BatchRun::RolledBack("the store reported a different number of outcomes".to_owned())
+        }
+        Ok(Ok(Ok(TransactionalBatchOutcome::RolledBack(BatchRollback::HandlerFailed {
             index,
             error,
-        }))) if index < deliveries.len() => {
-            shared.pause_batching();
-            let failed = deliveries.remove(index);
-            settlements.push(settlement_for(&shared, &failed, Outcome::Failed(error)));
-            settlements.extend(execute_each(shared, deliveries).await);
+        })))) => BatchRun::HandlerFailed { index, error },
+        Ok(Ok(Ok(TransactionalBatchOutcome::RolledBack(BatchRollback::LeaseLost)))) => {
+            BatchRun::RolledBack("a lease was lost".to_owned())
         }
-        other => {
-            shared.pause_batching();
-            let reason = match other {
-                Ok(Ok(TransactionalBatchOutcome::RolledBack(BatchRollback::LeaseLost))) => {
-                    "a lease was lost".to_owned()
-                }
-                Ok(Err(error)) => format!("store error: {error}"),
-                Err(panic) => format!("a handler panicked: {}", panic_message(panic.as_ref())),
-                Ok(Ok(_)) => "rolled back".to_owned(),
-            };
-            tracing::warn!(
-                subscription = shared.subscription,
-                deliveries = deliveries.len(),
-                reason,
-                "transactional batch rolled back; running each delivery on its own"
-            );
-            settlements.extend(execute_each(shared, deliveries).await);
-        }
+        Ok(Ok(Err(error))) => BatchRun::RolledBack(format!("store error: {error}")),
+        Ok(Err(panic)) => BatchRun::RolledBack(format!(
+            "a handler panicked: {}",
+            panic_message(panic.as_ref())
+        )),
     }
-    settlements
 }
 
 /// Runs each delivery on its own, at once.

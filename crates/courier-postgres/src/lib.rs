@@ -23,11 +23,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use courier_core::{
-    truncate_chars, Availability, BatchRollback, ClaimBatch, ClaimParams, ClaimedDelivery,
-    Completion, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliverySummary,
-    EnqueueOutcome, ErrorEntry, Failure, FailureApplied, LeaseRef, NewMessage, OutboxStore,
-    PruneReport, RescueParams, Snooze, StoreError, SubscriptionSpec, TransactionalBatchOutcome,
-    TxWork, ValidationError, MAX_ERROR_CHARS, MAX_SNOOZES,
+    truncate_chars, Availability, BatchItem, BatchRollback, ClaimBatch, ClaimParams,
+    ClaimedDelivery, Completion, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore,
+    DeliverySummary, EnqueueOutcome, ErrorEntry, Failure, FailureApplied, LeaseRef, NewMessage,
+    OutboxStore, PruneReport, RescueParams, Snooze, StoreError, SubscriptionSpec,
+    TransactionalBatchOutcome, TxWork, ValidationError, MAX_ERROR_CHARS, MAX_SNOOZES,
 };
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::Arguments;
@@ -609,6 +609,7 @@ impl OutboxStore for PgStore {
     async fn run_transactional_batch<'c>(
         &'c self,
         batch: Vec<(&'c ClaimedDelivery, TxWork<PgConnection>)>,
+        isolate_failures: bool,
     ) -> Result<TransactionalBatchOutcome, StoreError> {
         let mut tx = self.inner.pool.begin().await.map_err(map)?;
         let (tenants, subscriptions, message_ids): (Vec<&str>, Vec<&str>, Vec<Uuid>) = batch
@@ -625,41 +626,82 @@ impl OutboxStore for PgStore {
                 .map_err(map)?
                 .into_iter()
                 .collect();
-        let mut applied = Vec::with_capacity(batch.len());
+        let mut items = Vec::with_capacity(batch.len());
         let mut ids = Vec::with_capacity(batch.len());
         let mut tokens = Vec::with_capacity(batch.len());
+        let mut failed_messages: Vec<Uuid> = Vec::new();
+        let mut failed_subscriptions: Vec<&str> = Vec::new();
+        let mut savepoint_open = false;
         for (index, (delivery, work)) in batch.into_iter().enumerate() {
-            ids.push(delivery.delivery_id);
-            tokens.push(delivery.lease_token);
             let fresh = written.contains(&(delivery.message_id, delivery.subscription.clone()));
-            if fresh {
-                if let Err(error) = work(&mut tx).await {
+            if !fresh {
+                ids.push(delivery.delivery_id);
+                tokens.push(delivery.lease_token);
+                items.push(BatchItem::AlreadyApplied);
+                continue;
+            }
+            if isolate_failures {
+                // One round trip per delivery: the previous savepoint is
+                // released and the next one taken in the same message.
+                let sql = if savepoint_open {
+                    "RELEASE SAVEPOINT courier_item; SAVEPOINT courier_item"
+                } else {
+                    "SAVEPOINT courier_item"
+                };
+                // A plain string runs as a simple query: two statements, one message.
+                sqlx::Executor::execute(&mut *tx, sql).await.map_err(map)?;
+                savepoint_open = true;
+            }
+            match work(&mut tx).await {
+                Ok(()) => {
+                    ids.push(delivery.delivery_id);
+                    tokens.push(delivery.lease_token);
+                    items.push(BatchItem::Applied);
+                }
+                Err(error) if isolate_failures => {
+                    sqlx::Executor::execute(&mut *tx, "ROLLBACK TO SAVEPOINT courier_item")
+                        .await
+                        .map_err(map)?;
+                    failed_messages.push(delivery.message_id);
+                    failed_subscriptions.push(delivery.subscription.as_str());
+                    items.push(BatchItem::Failed(error));
+                }
+                Err(error) => {
                     tx.rollback().await.map_err(map)?;
                     return Ok(TransactionalBatchOutcome::RolledBack(
                         BatchRollback::HandlerFailed { index, error },
                     ));
                 }
             }
-            applied.push(fresh);
         }
-        // fetch_all, never fetch_one, for a statement that writes: sqlx reads
-        // one row with a row limit, which leaves the portal suspended and the
-        // statement's implicit transaction open until the connection is next used.
-        let completed: Vec<i64> = sqlx::query_scalar(&self.q().complete_leased)
-            .bind(&ids)
-            .bind(&tokens)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(map)?;
-        if completed.first().and_then(|n| usize::try_from(*n).ok()) != Some(ids.len()) {
-            tx.rollback().await.map_err(map)?;
-            return Ok(TransactionalBatchOutcome::RolledBack(
-                BatchRollback::LeaseLost,
-            ));
+        if !failed_messages.is_empty() {
+            sqlx::query(&self.q().receipts_delete_many)
+                .bind(&failed_messages)
+                .bind(&failed_subscriptions)
+                .execute(&mut *tx)
+                .await
+                .map_err(map)?;
+        }
+        if !ids.is_empty() {
+            // fetch_all, never fetch_one, for a statement that writes: sqlx reads
+            // one row with a row limit, which leaves the portal suspended and the
+            // statement's implicit transaction open until the connection is next used.
+            let completed: Vec<i64> = sqlx::query_scalar(&self.q().complete_leased)
+                .bind(&ids)
+                .bind(&tokens)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(map)?;
+            if completed.first().and_then(|n| usize::try_from(*n).ok()) != Some(ids.len()) {
+                tx.rollback().await.map_err(map)?;
+                return Ok(TransactionalBatchOutcome::RolledBack(
+                    BatchRollback::LeaseLost,
+                ));
+            }
         }
         tx.commit().await.map_err(map)?;
         self.inner.floors.settled(ids, Settled::Completed);
-        Ok(TransactionalBatchOutcome::Committed(applied))
+        Ok(TransactionalBatchOutcome::Committed(items))
     }
 
     async fn announce_idle<'c>(

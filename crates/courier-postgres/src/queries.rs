@@ -39,6 +39,7 @@ queries!(
     messages_list,
     prune_messages,
     prune_receipts,
+    receipts_delete_many,
     receipts_insert_many,
     release,
     rescue,

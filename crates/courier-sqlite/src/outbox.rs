@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use courier_core::{
-    truncate_chars, validate_name, Availability, BatchRollback, ClaimBatch, ClaimParams,
+    truncate_chars, validate_name, Availability, BatchItem, BatchRollback, ClaimBatch, ClaimParams,
     ClaimedDelivery, Completion, EnqueueOutcome, Failure, FailureApplied, LeaseRef, NewMessage,
     OutboxStore, PruneReport, RescueParams, Snooze, StoreError, SubscriptionSpec,
     TransactionalBatchOutcome, TxWork, ValidationError, MAX_ERROR_CHARS, MAX_SNOOZES,
@@ -468,6 +468,7 @@ impl OutboxStore for SqliteStore {
     async fn run_transactional_batch<'c>(
         &'c self,
         batch: Vec<(&'c ClaimedDelivery, TxWork<SqliteConnection>)>,
+        isolate_failures: bool,
     ) -> Result<TransactionalBatchOutcome, StoreError> {
         let _turn = self.write_turn().await?;
         let mut tx = self.begin().await?;
@@ -491,8 +492,14 @@ impl OutboxStore for SqliteStore {
                 ));
             }
         }
-        let mut applied = Vec::with_capacity(batch.len());
-        for (index, (delivery, work)) in batch.into_iter().enumerate() {
+        // Savepoints are free here (no round trip): failures are always
+        // isolated, whatever the caller asked.
+        let _ = isolate_failures;
+        let mut items = Vec::with_capacity(batch.len());
+        for (delivery, work) in batch {
+            sqlx::Executor::execute(&mut *tx, "SAVEPOINT courier_item")
+                .await
+                .map_err(map)?;
             let fresh = sqlx::query(queries::RECEIPT_INSERT)
                 .bind(&delivery.tenant)
                 .bind(&delivery.subscription)
@@ -504,10 +511,15 @@ impl OutboxStore for SqliteStore {
                 == 1;
             if fresh {
                 if let Err(error) = work(&mut tx).await {
-                    tx.rollback().await.map_err(map)?;
-                    return Ok(TransactionalBatchOutcome::RolledBack(
-                        BatchRollback::HandlerFailed { index, error },
-                    ));
+                    // Its receipt and writes go; its lease stays for the caller.
+                    sqlx::Executor::execute(
+                        &mut *tx,
+                        "ROLLBACK TO SAVEPOINT courier_item; RELEASE SAVEPOINT courier_item",
+                    )
+                    .await
+                    .map_err(map)?;
+                    items.push(BatchItem::Failed(error));
+                    continue;
                 }
             }
             let completed = sqlx::query(queries::COMPLETE_ONE)
@@ -524,10 +536,17 @@ impl OutboxStore for SqliteStore {
                     BatchRollback::LeaseLost,
                 ));
             }
-            applied.push(fresh);
+            sqlx::Executor::execute(&mut *tx, "RELEASE SAVEPOINT courier_item")
+                .await
+                .map_err(map)?;
+            items.push(if fresh {
+                BatchItem::Applied
+            } else {
+                BatchItem::AlreadyApplied
+            });
         }
         tx.commit().await.map_err(map)?;
-        Ok(TransactionalBatchOutcome::Committed(applied))
+        Ok(TransactionalBatchOutcome::Committed(items))
     }
 
     async fn prune(&self, older_than: Duration, batch: usize) -> Result<PruneReport, StoreError> {

@@ -28,6 +28,10 @@ pub trait Backend: Send + Sync + 'static {
     /// The store.
     type Store: OutboxStore<Connection: EffectConnection> + DeadLetterStore + courier::AdminStore;
 
+    /// Which database this is (`postgres` or `sqlite`), for the few
+    /// assertions only one of them can make.
+    const KIND: &'static str;
+
     /// Courier over the fresh database.
     fn courier(&self) -> &Courier<Self::Store>;
 
@@ -113,6 +117,7 @@ pub async fn pg_pool(schema: &str, max_connections: u32) -> anyhow::Result<PgPoo
 
 impl Backend for PgFixture {
     type Store = PgStore;
+    const KIND: &'static str = "postgres";
 
     fn courier(&self) -> &Courier<PgStore> {
         &self.courier
@@ -187,6 +192,7 @@ impl SqliteFixture {
 
 impl Backend for SqliteFixture {
     type Store = SqliteStore;
+    const KIND: &'static str = "sqlite";
 
     fn courier(&self) -> &Courier<SqliteStore> {
         &self.courier
@@ -550,11 +556,12 @@ impl<S: OutboxStore> OutboxStore for StalledHeartbeat<S> {
             &'c courier::ClaimedDelivery,
             courier::TxWork<Self::Connection>,
         )>,
+        isolate_failures: bool,
     ) -> impl std::future::Future<
         Output = Result<courier::TransactionalBatchOutcome, courier::StoreError>,
     > + Send
            + 'c {
-        self.inner.run_transactional_batch(batch)
+        self.inner.run_transactional_batch(batch, isolate_failures)
     }
 
     fn announce_idle<'c>(

@@ -236,6 +236,107 @@ async fn a_failing_handler_in_a_transactional_batch_fails_alone<B: Backend>(
     Ok(())
 }
 
+/// Records its effect, except that payload numbers in `refuse` fail
+/// permanently; counts every call.
+#[derive(Clone, Default)]
+struct Refuse {
+    refuse: Vec<i64>,
+    effect: RecordEffect,
+}
+
+impl<C: EffectConnection> courier::TransactionalHandler<C> for Refuse {
+    type Payload = Event;
+
+    async fn handle(&self, message: &Message<Event>, conn: &mut C) -> Result<(), HandlerError> {
+        if self.refuse.contains(&message.payload.n) {
+            self.effect.counter.record(message.id, message.payload.n);
+            return Err(HandlerError::permanent("refused"));
+        }
+        courier::TransactionalHandler::<C>::handle(&self.effect, message, conn).await
+    }
+}
+
+/// One failing handler in a group of 50 costs its batch-mates at most one
+/// rerun (they run again together, each in a savepoint); for a while after,
+/// groups isolate failures from the start, and a failure costs nothing else.
+async fn one_failing_handler_costs_its_batch_mates_at_most_one_rerun<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    backend.create_effects_table().await?;
+    if B::KIND == "postgres" {
+        // The top-level transaction each effect committed in (xmin would
+        // name a savepoint's subtransaction).
+        backend
+            .execute("ALTER TABLE effects ADD COLUMN tx bigint DEFAULT txid_current()")
+            .await?;
+    }
+    let handler = Refuse {
+        refuse: vec![7, 57],
+        ..Refuse::default()
+    };
+    let worker = backend
+        .courier()
+        .worker("ledger")
+        .handle_transactional("order.placed", 1, handler.clone())
+        .concurrency(50)
+        .batch_size(50)
+        .transaction_batch_size(50)
+        .retry_policy(fast_retry(1))
+        .build()
+        .await?;
+    let first = events("acme", "order.placed", 50)?;
+    backend.enqueue_committed(&first).await?;
+    assert_eq!(worker.run_once().await?, 50);
+    let calls = |messages: &[NewMessage]| -> Vec<u32> {
+        messages
+            .iter()
+            .map(|m| handler.effect.counter.calls(m.id))
+            .collect()
+    };
+    let first_calls = calls(&first);
+    assert!(
+        first_calls.iter().all(|c| (1..=2).contains(c)),
+        "a batch-mate ran more than twice: {first_calls:?}"
+    );
+    assert_eq!(backend.scalar("SELECT count(*) FROM effects").await?, 49);
+    let second: Vec<NewMessage> = (50..100)
+        .map(|n| Ok(NewMessage::new("acme", "order.placed", &Event { n })?))
+        .collect::<anyhow::Result<_>>()?;
+    backend.enqueue_committed(&second).await?;
+    assert_eq!(worker.run_once().await?, 50);
+    let second_calls = calls(&second);
+    assert!(
+        second_calls.iter().all(|c| *c == 1),
+        "isolating groups reran a batch-mate: {second_calls:?}"
+    );
+    assert_eq!(pending(&backend).await?, 0, "every delivery settled");
+    assert_eq!(backend.scalar("SELECT count(*) FROM effects").await?, 98);
+    assert_eq!(
+        backend
+            .scalar("SELECT count(*) FROM effects WHERE calls <> 1")
+            .await?,
+        0,
+        "no effect was applied twice"
+    );
+    assert_eq!(backend.scalar("SELECT count(*) FROM receipts").await?, 98);
+    if B::KIND == "postgres" {
+        // Each round's 49 effects committed in one transaction, not one each.
+        assert_eq!(
+            backend
+                .scalar("SELECT count(DISTINCT tx) FROM effects")
+                .await?,
+            2,
+            "the batch-mates of a failure were not rerun together"
+        );
+    }
+    let dead = backend
+        .courier()
+        .dead_letters(&DeadLetterFilter::default(), None, 100)
+        .await?;
+    assert_eq!(dead.items.len(), 2);
+    Ok(())
+}
+
 async fn a_batch_of_transactional_deliveries_commits_once_each<B: Backend>(
     backend: B,
 ) -> anyhow::Result<()> {
@@ -1394,6 +1495,7 @@ backend_tests!(
     idempotent_enqueue_returns_the_first_id,
     every_subscription_applies_every_message_exactly_once,
     a_failing_handler_in_a_transactional_batch_fails_alone,
+    one_failing_handler_costs_its_batch_mates_at_most_one_rerun,
     a_batch_of_transactional_deliveries_commits_once_each,
     the_heartbeat_keeps_a_long_transactional_handler_s_lease,
     poison_payload_dead_letters_with_the_decode_error,

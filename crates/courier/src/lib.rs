@@ -40,7 +40,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use courier_core::{
-    truncate_chars, validate_name, AdminStore, Availability, BatchRollback, ClaimBatch,
+    truncate_chars, validate_name, AdminStore, Availability, BatchItem, BatchRollback, ClaimBatch,
     ClaimParams, ClaimedDelivery, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore,
     DeliveryStats, DeliverySummary, EnqueueOutcome, ErrorEntry, Failure, FailureApplied,
     HandlerError, LeaseRef, Message, MessageFilter, MessagePage, NewMessage, OutboxStore,

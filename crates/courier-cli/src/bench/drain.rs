@@ -21,11 +21,14 @@ const TOPIC: &str = "bench.drain";
 pub(crate) const LOAD_BATCH: u64 = 1000;
 const ORDERING_KEYS: u64 = 1000;
 const TENANTS: u64 = 50;
+/// One message in this many fails in the failing exactly-once case.
+const FAIL_EVERY: u64 = 100;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Case {
     Noop,
     ExactlyOnce,
+    ExactlyOnceFailing,
     TwoSubscriptions,
     OrderingKeys,
     Tenants,
@@ -36,6 +39,7 @@ impl Case {
         match self {
             Self::Noop => "drain.noop",
             Self::ExactlyOnce => "drain.exactly_once",
+            Self::ExactlyOnceFailing => "drain.exactly_once_failing",
             Self::TwoSubscriptions => "drain.two_subscriptions",
             Self::OrderingKeys => "drain.ordering_keys",
             Self::Tenants => "drain.tenants",
@@ -46,6 +50,9 @@ impl Case {
         match self {
             Self::Noop => "no-op handler".to_owned(),
             Self::ExactlyOnce => "exactly-once: tx handler writes row + receipt".to_owned(),
+            Self::ExactlyOnceFailing => {
+                format!("exactly-once, 1 in {FAIL_EVERY} failing (dead-lettered)")
+            }
             Self::TwoSubscriptions => "2 subscriptions on 1 topic (deliveries/s)".to_owned(),
             Self::OrderingKeys => format!("no-op, {ORDERING_KEYS} ordering keys"),
             Self::Tenants => format!("no-op, {TENANTS} tenants"),
@@ -89,6 +96,7 @@ pub(crate) async fn run<F: Fixture>(
     for case in [
         Case::Noop,
         Case::ExactlyOnce,
+        Case::ExactlyOnceFailing,
         Case::TwoSubscriptions,
         Case::OrderingKeys,
         Case::Tenants,
@@ -215,7 +223,13 @@ async fn drain<F: Fixture>(
     for subscription in case.subscriptions() {
         let builder = plan.configure(courier.worker(*subscription));
         let builder = if case == Case::ExactlyOnce {
-            builder.handle_transactional(TOPIC, 1, fixture.effects(Arc::clone(&counter)))
+            builder.handle_transactional(TOPIC, 1, fixture.effects(Arc::clone(&counter), None))
+        } else if case == Case::ExactlyOnceFailing {
+            builder.handle_transactional(
+                TOPIC,
+                1,
+                fixture.effects(Arc::clone(&counter), Some(FAIL_EVERY)),
+            )
         } else {
             let counter = Arc::clone(&counter);
             builder.handle(
@@ -246,7 +260,8 @@ async fn drain<F: Fixture>(
     let finished = tokio::time::timeout(limit, async {
         counter.reached().await;
         loop {
-            let left = fixture.deliveries_left().await?;
+            // Dead letters stay (the failing case makes some on purpose).
+            let left = fixture.deliveries_open().await?;
             if left == 0 {
                 return anyhow::Ok(());
             }
@@ -270,16 +285,25 @@ async fn drain<F: Fixture>(
             );
         }
     }
-    let left = fixture.deliveries_left().await?;
+    let left = fixture.deliveries_open().await?;
     if left != 0 {
         anyhow::bail!("{left} deliveries were left after the drain");
     }
-    if case == Case::ExactlyOnce {
+    let refused = if case == Case::ExactlyOnceFailing {
+        plan.messages.div_ceil(FAIL_EVERY)
+    } else {
+        0
+    };
+    let dead = fixture.deliveries_left().await?;
+    if u64::try_from(dead).ok() != Some(refused) {
+        anyhow::bail!("{dead} deliveries dead-lettered, {refused} expected");
+    }
+    if matches!(case, Case::ExactlyOnce | Case::ExactlyOnceFailing) {
         let effects = fixture.effects_written().await?;
-        if u64::try_from(effects).ok() != Some(plan.messages) {
+        if u64::try_from(effects).ok() != Some(plan.messages - refused) {
             anyhow::bail!(
                 "{effects} effect rows written for {} messages",
-                plan.messages
+                plan.messages - refused
             );
         }
     }

@@ -53,8 +53,10 @@ pub(crate) trait Fixture {
     /// a freshly migrated database, with the `bench_effects` and baseline tables.
     async fn fresh(&mut self) -> anyhow::Result<Courier<Self::Store>>;
 
-    /// The exactly-once handler, counting its calls on `counter`.
-    fn effects(&self, counter: Arc<Counter>) -> Self::Effects;
+    /// The exactly-once handler, counting its calls on `counter`; with
+    /// `fail_every` n, messages whose sequence number is a multiple of n fail
+    /// permanently (their effect is never written).
+    fn effects(&self, counter: Arc<Counter>, fail_every: Option<u64>) -> Self::Effects;
 
     /// Runs one statement (setup, statistics, checks) and returns the first
     /// column of the first row as an integer, if any.
@@ -71,6 +73,14 @@ pub(crate) trait Fixture {
     async fn deliveries_left(&self) -> anyhow::Result<i64> {
         Ok(self
             .scalar("SELECT count(*) FROM {schema}deliveries")
+            .await?
+            .unwrap_or(0))
+    }
+
+    /// Deliveries neither completed nor dead-lettered, in the current database.
+    async fn deliveries_open(&self) -> anyhow::Result<i64> {
+        Ok(self
+            .scalar("SELECT count(*) FROM {schema}deliveries WHERE state <> 'dead'")
             .await?
             .unwrap_or(0))
     }
@@ -165,12 +175,13 @@ impl Fixture for PgBench {
         Ok(courier)
     }
 
-    fn effects(&self, counter: Arc<Counter>) -> PgEffects {
+    fn effects(&self, counter: Arc<Counter>, fail_every: Option<u64>) -> PgEffects {
         PgEffects {
             insert: self
                 .render("INSERT INTO {schema}bench_effects (message_id, tenant) VALUES ($1, $2)")
                 .into(),
             counter,
+            fail_every,
         }
     }
 
@@ -242,6 +253,18 @@ impl Fixture for PgBench {
 pub(crate) struct PgEffects {
     insert: Arc<str>,
     counter: Arc<Counter>,
+    fail_every: Option<u64>,
+}
+
+/// The failure of a message the failing exactly-once case refuses.
+fn refused(counter: &Counter, fail_every: Option<u64>, seq: u64) -> Result<(), HandlerError> {
+    match fail_every {
+        Some(n) if seq % n.max(1) == 0 => {
+            counter.hit();
+            Err(HandlerError::permanent("bench: refused"))
+        }
+        _ => Ok(()),
+    }
 }
 
 impl TransactionalHandler<PgConnection> for PgEffects {
@@ -252,6 +275,7 @@ impl TransactionalHandler<PgConnection> for PgEffects {
         message: &Message<BenchPayload>,
         conn: &mut PgConnection,
     ) -> Result<(), HandlerError> {
+        refused(&self.counter, self.fail_every, message.payload.seq)?;
         sqlx::query(&self.insert)
             .bind(message.id)
             .bind(&message.tenant)
@@ -384,8 +408,11 @@ impl Fixture for SqliteBench {
         Ok(courier)
     }
 
-    fn effects(&self, counter: Arc<Counter>) -> SqliteEffects {
-        SqliteEffects { counter }
+    fn effects(&self, counter: Arc<Counter>, fail_every: Option<u64>) -> SqliteEffects {
+        SqliteEffects {
+            counter,
+            fail_every,
+        }
     }
 
     async fn scalar(&self, sql: &str) -> anyhow::Result<Option<i64>> {
@@ -446,6 +473,7 @@ impl Fixture for SqliteBench {
 /// The exactly-once handler on SQLite.
 pub(crate) struct SqliteEffects {
     counter: Arc<Counter>,
+    fail_every: Option<u64>,
 }
 
 impl TransactionalHandler<SqliteConnection> for SqliteEffects {
@@ -456,6 +484,7 @@ impl TransactionalHandler<SqliteConnection> for SqliteEffects {
         message: &Message<BenchPayload>,
         conn: &mut SqliteConnection,
     ) -> Result<(), HandlerError> {
+        refused(&self.counter, self.fail_every, message.payload.seq)?;
         sqlx::query("INSERT INTO bench_effects (message_id, tenant) VALUES (?1, ?2)")
             .bind(message.id.to_string())
             .bind(&message.tenant)

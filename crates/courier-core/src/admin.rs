@@ -132,6 +132,36 @@ pub struct SubscriptionInfo {
     pub created_at: DateTime<Utc>,
 }
 
+/// A per-tenant rate limit: a token bucket of `burst` tokens refilled at
+/// `per_second`; each claimed delivery takes one. Kept in the database, so it
+/// holds across every worker and process of the subscription.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RateLimit {
+    /// Deliveries per second, sustained.
+    pub per_second: f64,
+    /// Deliveries that may start at once after a quiet spell (≥ 1).
+    pub burst: u32,
+}
+
+impl RateLimit {
+    /// Checks the limit can be followed.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        if !self.per_second.is_finite() || self.per_second <= 0.0 || self.per_second > 1e9 {
+            return Err(ValidationError::new(
+                "rate_limit.per_second",
+                format!("must be above 0 and at most 1e9, got {}", self.per_second),
+            ));
+        }
+        if self.burst == 0 || self.burst > 1_000_000 {
+            return Err(ValidationError::new(
+                "rate_limit.burst",
+                format!("must be between 1 and 1000000, got {}", self.burst),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The operator's read and control operations.
 pub trait AdminStore: Send + Sync {
     /// One message with the state of each subscription's delivery.
@@ -166,6 +196,16 @@ pub trait AdminStore: Send + Sync {
         name: &'c str,
         paused: bool,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'c;
+
+    /// Limits how fast `subscription` starts `tenant`'s deliveries (`None`
+    /// lifts the limit). Deliveries over the limit wait without spending
+    /// attempts; a tenant's bucket starts full.
+    fn set_tenant_rate_limit<'c>(
+        &'c self,
+        subscription: &'c str,
+        tenant: &'c str,
+        limit: Option<RateLimit>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'c;
 
     /// Whether the database answers and its schema is the one this build expects.
     fn ready(&self) -> impl Future<Output = Result<bool, StoreError>> + Send;

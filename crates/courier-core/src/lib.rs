@@ -15,8 +15,8 @@ mod retry;
 mod store;
 
 pub use admin::{
-    AdminStore, DeliveryStats, MessageFilter, MessagePage, StoredMessage, SubscriptionInfo,
-    MAX_MESSAGE_PAGE, MESSAGE_FILTER_STATES,
+    AdminStore, DeliveryStats, MessageFilter, MessagePage, RateLimit, StoredMessage,
+    SubscriptionInfo, MAX_MESSAGE_PAGE, MESSAGE_FILTER_STATES,
 };
 pub use error::{HandlerError, StoreError, ValidationError};
 pub use message::{

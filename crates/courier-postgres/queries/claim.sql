@@ -1,7 +1,8 @@
 -- Claims up to $4 ready deliveries of subscription $1, taking tenants in turn.
 -- Touches: deliveries (locks the claimed rows with FOR UPDATE SKIP LOCKED, sets
 -- them running under a fresh lease token), ordering_locks (one row per claimed
--- delivery with an ordering key), reads messages for the payload.
+-- delivery with an ordering key), tenant_rate_limits (the buckets of limited
+-- tenants it claimed for), reads messages for the payload.
 -- Shape: a loose index scan of deliveries_ready finds up to $3 tenants with
 -- ready work, starting after the cursor $2; each tenant then gets an equal share
 -- of the batch, walked in enqueue order along the same index, so one tenant's
@@ -13,7 +14,8 @@
 -- beside a later one), and runs only if it takes its key's row in
 -- ordering_locks (see `keyed`); the fan-out trigger serialises producers per
 -- key, so enqueue order is commit order. A
--- tenant at its in-flight limit $8 (NULL: none) is skipped without spending attempts.
+-- tenant at its in-flight limit $8 (NULL: none), or out of tokens in its rate
+-- limit (tenant_rate_limits), is skipped without spending attempts.
 -- A paused subscription claims nothing (see `turn`).
 -- Times are the database's: statement_timestamp(), never the worker's clock.
 WITH RECURSIVE tenants AS (
@@ -94,12 +96,18 @@ picked AS MATERIALIZED (
               AND e.state <> 'dead'
               AND (e.id < d.id OR e.state = 'running')))
     ORDER BY d.tenant, d.id
-    LIMIT CASE
-      WHEN $8::int IS NULL THEN s.per_tenant
-      ELSE least(s.per_tenant, greatest(0, $8::int - (
-        SELECT count(*) FROM {schema}.deliveries f
-        WHERE f.subscription = $1 AND f.tenant = t.tenant AND f.state = 'running')::int))
-    END
+    LIMIT least(
+      CASE
+        WHEN $8::int IS NULL THEN s.per_tenant
+        ELSE least(s.per_tenant, greatest(0, $8::int - (
+          SELECT count(*) FROM {schema}.deliveries f
+          WHERE f.subscription = $1 AND f.tenant = t.tenant AND f.state = 'running')::int))
+      END,
+      -- A rate-limited tenant: the whole tokens of its bucket (see `metered`).
+      (SELECT greatest(0, floor(least(b.burst, b.tokens + b.per_second * greatest(0,
+                extract(epoch FROM statement_timestamp() - b.refilled_at)))))::int
+       FROM {schema}.tenant_rate_limits b
+       WHERE b.subscription = $1 AND b.tenant = t.tenant))
     FOR UPDATE OF d SKIP LOCKED
   ) c
 ),
@@ -139,6 +147,19 @@ claimed AS (
                           SELECT delivery_id FROM keyed))
   RETURNING d.id, d.message_id, d.tenant, d.topic, d.schema_version, d.ordering_key,
             d.attempts, d.max_attempts, d.lease_token, d.lease_expires_at
+),
+-- Rate-limited tenants spend a token per delivery claimed. The bucket read
+-- above is the snapshot's; this update waits for any claim updating the same
+-- bucket and refills from its latest version, so concurrent claims may take
+-- the bucket below zero (the next claims then wait for the refill) but the
+-- long-run rate holds.
+metered AS (
+  UPDATE {schema}.tenant_rate_limits b
+  SET tokens = least(b.burst, b.tokens + b.per_second * greatest(0,
+                 extract(epoch FROM statement_timestamp() - b.refilled_at))) - c.n,
+      refilled_at = greatest(b.refilled_at, statement_timestamp())
+  FROM (SELECT cl.tenant, count(*) AS n FROM claimed cl GROUP BY cl.tenant) c
+  WHERE b.subscription = $1 AND b.tenant = c.tenant
 ),
 -- Floor passes: what was enqueued since the previous claim (see below).
 since AS (

@@ -4,7 +4,7 @@
 
 use courier_core::{
     AdminStore, DeadLetterStore, DeliveryStats, DeliverySummary, MessageFilter, MessagePage,
-    StoreError, StoredMessage, SubscriptionInfo,
+    RateLimit, StoreError, StoredMessage, SubscriptionInfo,
 };
 use sqlx::postgres::PgRow;
 use sqlx::Row;
@@ -138,6 +138,28 @@ impl AdminStore for PgStore {
             .await
             .map_err(map)?;
         Ok(result.rows_affected() == 1)
+    }
+
+    async fn set_tenant_rate_limit<'c>(
+        &'c self,
+        subscription: &'c str,
+        tenant: &'c str,
+        limit: Option<RateLimit>,
+    ) -> Result<(), StoreError> {
+        courier_core::validate_name("subscription", subscription)?;
+        courier_core::validate_name("tenant", tenant)?;
+        if let Some(limit) = &limit {
+            limit.validate()?;
+        }
+        sqlx::query(&self.q().tenant_rate_limit_set)
+            .bind(subscription)
+            .bind(tenant)
+            .bind(limit.map(|l| l.per_second))
+            .bind(limit.map(|l| i32::try_from(l.burst).unwrap_or(i32::MAX)))
+            .execute(self.pool())
+            .await
+            .map_err(map)?;
+        Ok(())
     }
 
     async fn ready(&self) -> Result<bool, StoreError> {

@@ -29,10 +29,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "lock_namespaces",
         include_str!("../migrations/0005_lock_namespaces.sql"),
     ),
+    (
+        6,
+        "tenant_rate_limits",
+        include_str!("../migrations/0006_tenant_rate_limits.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 pub(crate) async fn run(pool: &PgPool, schema: &str) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.map_err(map)?;

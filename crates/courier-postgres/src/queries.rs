@@ -48,6 +48,7 @@ queries!(
     subscription_topics_add,
     subscription_upsert,
     subscriptions_list,
+    tenant_rate_limit_set,
 );
 
 impl crate::PgStore {

@@ -5,7 +5,7 @@
 
 use courier_core::{
     AdminStore, DeadLetterStore, DeliveryStats, DeliverySummary, MessageFilter, MessagePage,
-    StoreError, StoredMessage, SubscriptionInfo,
+    RateLimit, StoreError, StoredMessage, SubscriptionInfo,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -130,6 +130,32 @@ impl AdminStore for SqliteStore {
             .await
             .map_err(map)?;
         Ok(result.rows_affected() == 1)
+    }
+
+    async fn set_tenant_rate_limit<'c>(
+        &'c self,
+        subscription: &'c str,
+        tenant: &'c str,
+        limit: Option<RateLimit>,
+    ) -> Result<(), StoreError> {
+        courier_core::validate_name("subscription", subscription)?;
+        courier_core::validate_name("tenant", tenant)?;
+        if let Some(limit) = &limit {
+            limit.validate()?;
+        }
+        let _turn = self.write_turn().await?;
+        let query = match limit {
+            Some(limit) => sqlx::query(queries::TENANT_RATE_LIMIT_SET)
+                .bind(subscription)
+                .bind(tenant)
+                .bind(limit.per_second)
+                .bind(i64::from(limit.burst)),
+            None => sqlx::query(queries::TENANT_RATE_LIMIT_LIFT)
+                .bind(subscription)
+                .bind(tenant),
+        };
+        query.execute(&self.inner.pool).await.map_err(map)?;
+        Ok(())
     }
 
     async fn ready(&self) -> Result<bool, StoreError> {

@@ -15,10 +15,15 @@ use crate::error::map;
 const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "outbox", include_str!("../migrations/0001_outbox.sql")),
     (2, "snoozes", include_str!("../migrations/0002_snoozes.sql")),
+    (
+        3,
+        "tenant_rate_limits",
+        include_str!("../migrations/0003_tenant_rate_limits.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The bookkeeping table, named so that it cannot collide with an
 /// application's own `schema_migrations` in a shared file.

@@ -225,8 +225,13 @@ impl OutboxStore for SqliteStore {
             .await
             .map_err(map)?;
         let mut turn: Vec<(String, i64)> = Vec::with_capacity(tenant_rows.len());
+        let mut tokens: HashMap<String, i64> = HashMap::new();
         for row in &tenant_rows {
-            turn.push((get(row, "tenant")?, get(row, "running")?));
+            let tenant: String = get(row, "tenant")?;
+            if let Some(left) = get::<Option<i64>>(row, "tokens")? {
+                tokens.insert(tenant.clone(), left);
+            }
+            turn.push((tenant, get(row, "running")?));
         }
         // A full turn means more tenants may wait after the last one in it. The
         // cursor moves on even when nothing was claimed from this turn (routes
@@ -244,6 +249,7 @@ impl OutboxStore for SqliteStore {
                     None => share,
                     Some(limit) => share.min((i64::from(limit) - running).max(0)),
                 };
+                let quota = tokens.get(tenant).map_or(quota, |left| quota.min(*left));
                 (quota > 0).then_some((tenant.as_str(), quota))
             })
             .collect();
@@ -274,14 +280,31 @@ impl OutboxStore for SqliteStore {
             query = query.bind("").bind(0_i64);
         }
         let rows = query.fetch_all(&mut *tx).await.map_err(map)?;
-        tx.commit().await.map_err(map)?;
-
         let mut deliveries = Vec::with_capacity(rows.len());
         for row in &rows {
             if let Some(delivery) = rows::claimed(row, &params.subscription)? {
                 deliveries.push(delivery);
             }
         }
+        if !tokens.is_empty() {
+            let mut spent: HashMap<&str, i64> = HashMap::new();
+            for delivery in &deliveries {
+                if tokens.contains_key(&delivery.tenant) {
+                    *spent.entry(delivery.tenant.as_str()).or_insert(0) += 1;
+                }
+            }
+            for (tenant, n) in spent {
+                sqlx::query(queries::TENANT_RATE_SPEND)
+                    .bind(&params.subscription)
+                    .bind(tenant)
+                    .bind(n)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map)?;
+            }
+        }
+        tx.commit().await.map_err(map)?;
+
         deliveries.sort_by_key(|d: &ClaimedDelivery| d.delivery_id);
         Ok(ClaimBatch {
             deliveries,

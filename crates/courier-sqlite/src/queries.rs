@@ -43,6 +43,9 @@ queries!(
     SUBSCRIPTION_TOPICS_ADD => "subscription_topics_add.sql",
     SUBSCRIPTION_UPSERT => "subscription_upsert.sql",
     SUBSCRIPTIONS_LIST => "subscriptions_list.sql",
+    TENANT_RATE_LIMIT_LIFT => "tenant_rate_limit_lift.sql",
+    TENANT_RATE_LIMIT_SET => "tenant_rate_limit_set.sql",
+    TENANT_RATE_SPEND => "tenant_rate_spend.sql",
 );
 
 const CLAIM: &str = include_str!("../queries/claim.sql");

@@ -513,7 +513,122 @@ async fn the_error_history_keeps_the_newest_twenty_on_every_path<B: Backend>(
     Ok(())
 }
 
+/// A tenant limited to 50 deliveries a second starts them at 50/s (± 20 %),
+/// across the whole subscription, while another tenant drains at full speed.
+async fn a_rate_limited_tenant_drains_at_its_rate_beside_a_full_speed_one<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    use courier::AdminStore;
+    let starts: Arc<Mutex<HashMap<String, Vec<Instant>>>> = Arc::default();
+    let recording = || {
+        let starts = Arc::clone(&starts);
+        handler_fn(move |message: Message<Event>| {
+            let starts = Arc::clone(&starts);
+            async move {
+                starts
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(message.tenant.clone())
+                    .or_default()
+                    .push(Instant::now());
+                Ok::<(), HandlerError>(())
+            }
+        })
+    };
+    // Two workers: the bucket is in the database, shared by every claimer.
+    let mut workers = Vec::new();
+    for id in ["w1", "w2"] {
+        workers.push(
+            backend
+                .courier()
+                .worker("sub")
+                .handle("topic", 1, recording())
+                .concurrency(64)
+                .batch_size(32)
+                .poll_interval(Duration::from_millis(20))
+                .worker_id(id)
+                .maintenance(None)
+                .build()
+                .await?,
+        );
+    }
+    let limit = courier::RateLimit {
+        per_second: 50.0,
+        burst: 5,
+    };
+    backend
+        .courier()
+        .store()
+        .set_tenant_rate_limit("sub", "slow", Some(limit))
+        .await?;
+    let mut messages = courier_testkit::events("slow", "topic", 150)?;
+    messages.extend(courier_testkit::events("fast", "topic", 1000)?);
+    backend.enqueue_committed(&messages).await?;
+    let running: Vec<_> = workers.into_iter().map(|w| w.start()).collect();
+    let done = eventually(Duration::from_secs(30), || async {
+        open_deliveries(&backend).await == 0
+    })
+    .await;
+    for worker in running {
+        worker.shutdown().await;
+    }
+    assert!(done, "both tenants drained");
+    let starts = starts.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let span = |tenant: &str| -> anyhow::Result<(usize, Duration)> {
+        let times = starts
+            .get(tenant)
+            .ok_or_else(|| anyhow::anyhow!("{tenant} never ran"))?;
+        let first = times.iter().min().copied().unwrap_or_else(Instant::now);
+        let last = times.iter().max().copied().unwrap_or(first);
+        Ok((times.len(), last - first))
+    };
+    let (slow_count, slow_span) = span("slow")?;
+    let (fast_count, fast_span) = span("fast")?;
+    assert_eq!((slow_count, fast_count), (150, 1000));
+    // After the burst, 145 tokens at 50/s: 2.9 s.
+    let slow_rate = (slow_count - 5) as f64 / slow_span.as_secs_f64();
+    assert!(
+        (40.0..=60.0).contains(&slow_rate),
+        "the limited tenant ran at {slow_rate:.1}/s over {slow_span:?}"
+    );
+    let fast_rate = fast_count as f64 / fast_span.as_secs_f64().max(0.001);
+    assert!(
+        fast_rate > 150.0 && fast_span < slow_span,
+        "the unlimited tenant ran at {fast_rate:.1}/s over {fast_span:?}"
+    );
+    // Lifting the limit is refused for bad input and works for good.
+    let refused = backend
+        .courier()
+        .store()
+        .set_tenant_rate_limit(
+            "sub",
+            "slow",
+            Some(courier::RateLimit {
+                per_second: 0.0,
+                burst: 1,
+            }),
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(courier::StoreError::Invalid(ref e)) if e.field == "rate_limit.per_second"),
+        "{refused:?}"
+    );
+    backend
+        .courier()
+        .store()
+        .set_tenant_rate_limit("sub", "slow", None)
+        .await?;
+    assert_eq!(
+        backend
+            .scalar("SELECT count(*) FROM tenant_rate_limits")
+            .await?,
+        0
+    );
+    Ok(())
+}
+
 backend_tests!(
+    a_rate_limited_tenant_drains_at_its_rate_beside_a_full_speed_one,
     a_handler_whose_lease_cannot_be_extended_stops_before_the_key_moves_on,
     a_hung_handler_is_cancelled_at_its_timeout,
     a_hung_transactional_handler_times_out_and_rolls_back,

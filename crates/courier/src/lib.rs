@@ -44,7 +44,7 @@ pub use courier_core::{
     ClaimParams, ClaimedDelivery, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore,
     DeliveryStats, DeliverySummary, EnqueueOutcome, ErrorEntry, Failure, FailureApplied,
     HandlerError, LeaseRef, Message, MessageFilter, MessagePage, NewMessage, OutboxStore,
-    PruneReport, RescueParams, RetryPolicy, Route, Snooze, StoreError, StoredMessage,
+    PruneReport, RateLimit, RescueParams, RetryPolicy, Route, Snooze, StoreError, StoredMessage,
     SubscriptionInfo, SubscriptionSpec, TransactionalBatchOutcome, TransactionalOutcome, TxWork,
     ValidationError, MAX_ERROR_CHARS, MAX_PAYLOAD_BYTES, MAX_SNOOZES,
 };

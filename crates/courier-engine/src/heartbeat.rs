@@ -75,6 +75,7 @@ pub(crate) async fn run<S: OutboxStore>(
     in_flight: InFlight,
     lease: Duration,
     interval: Duration,
+    grace: Duration,
     stop: CancellationToken,
 ) {
     loop {
@@ -85,7 +86,7 @@ pub(crate) async fn run<S: OutboxStore>(
         // A stuck extension (a hung connection) must not hold up shutdown.
         tokio::select! {
             () = stop.cancelled() => return,
-            _ = beat_once(&store, &subscription, &in_flight, lease, interval) => {}
+            _ = beat_once(&store, &subscription, &in_flight, lease, grace) => {}
         }
     }
 }

@@ -195,10 +195,12 @@ impl WorkerConfig {
             return Err(ValidationError::new("lease", "must be at least 100 ms"));
         }
         if let Some(interval) = self.heartbeat_interval {
-            if interval.is_zero() || interval >= self.lease {
+            // A handler is stopped a margin before its lease could lapse: the
+            // heartbeat must extend well before that.
+            if interval.is_zero() || interval > self.lease / 2 {
                 return Err(ValidationError::new(
                     "heartbeat_interval",
-                    "must be above zero and shorter than the lease",
+                    "must be above zero and at most half the lease",
                 ));
             }
         }
@@ -234,6 +236,12 @@ impl WorkerConfig {
     /// How long before its lease could expire a handler is stopped.
     fn lease_margin(&self) -> Duration {
         (self.lease / LEASE_MARGIN_DIVISOR).min(MAX_LEASE_MARGIN)
+    }
+
+    /// How far past a handler's timeout its lease is still extended, so its
+    /// timeout (not a lapsed lease) ends it and its failure can be written.
+    fn timeout_grace(&self) -> Duration {
+        self.heartbeat().max(self.lease_margin() * 2)
     }
 }
 
@@ -612,7 +620,7 @@ impl<S: OutboxStore> Worker<S> {
             &self.shared.subscription,
             &self.shared.in_flight,
             self.shared.config.lease,
-            self.shared.config.heartbeat(),
+            self.shared.config.timeout_grace(),
         )
         .await
     }
@@ -821,6 +829,7 @@ async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Rec
         shared.in_flight.clone(),
         config.lease,
         config.heartbeat(),
+        config.timeout_grace(),
         services_stop.clone(),
     ));
     let maintenance = config.maintenance.clone().and_then(|maintenance_config| {
@@ -1293,6 +1302,10 @@ async fn execute<S: OutboxStore>(shared: Arc<Shared<S>>, delivery: ClaimedDelive
         };
         metrics::histogram!(HANDLER_SECONDS, "subscription" => shared.subscription.clone(), "topic" => delivery.topic.clone())
             .record(started.elapsed().as_secs_f64());
+        // Its outcome is known: while it waits for the rest of its unit of
+        // work and the settler, its lease is kept (not counted lost if a
+        // committed row is gone, not cut short at its handler's timeout).
+        shared.in_flight.mark_settling(&[delivery.delivery_id]);
         settlement_for(&shared, &delivery, outcome)
     }
     .instrument(span)
@@ -1443,19 +1456,28 @@ async fn run_batch<S: OutboxStore>(
     );
     let batch = deliveries.iter().zip(works).collect();
     let ids: Vec<i64> = deliveries.iter().map(|d| d.delivery_id).collect();
-    // Each handler's timeout is its own work's (see `limited`); the group
-    // as a whole is stopped only if a lease is no longer surely held.
+    // Each handler's timeout is its own work's (see `limited`); the group as
+    // a whole is stopped if a lease is no longer surely held, or once it ran
+    // for the sum of its handlers' timeouts (a handler that ignores
+    // cancellation must not keep the group's leases alive for ever).
+    let group_timeout = deliveries
+        .iter()
+        .map(|d| shared.timeout_of(d))
+        .try_fold(Duration::ZERO, |total, timeout| Some(total + timeout?));
     let outcome = shared
         .guarded(
             &ids,
-            None,
+            group_timeout,
             !S::EXCLUSIVE_TRANSACTIONS,
             AssertUnwindSafe(shared.store.run_transactional_batch(batch, isolate)).catch_unwind(),
         )
         .instrument(span)
         .await;
     match outcome {
-        Err(_) => BatchRun::RolledBack("a lease was no longer held".to_owned()),
+        Err(Stopped::LeaseLost) => BatchRun::RolledBack("a lease was no longer held".to_owned()),
+        Err(Stopped::TimedOut(limit)) => BatchRun::RolledBack(format!(
+            "the group ran for {limit:?}, its handlers' timeouts together"
+        )),
         Ok(Ok(Ok(TransactionalBatchOutcome::Committed(items)))) if items.len() == ids.len() => {
             BatchRun::Committed(items)
         }

@@ -153,12 +153,23 @@ claimed AS (
 -- bucket and refills from its latest version, so concurrent claims may take
 -- the bucket below zero (the next claims then wait for the refill) but the
 -- long-run rate holds.
+-- The buckets are locked in tenant order first, so two claims over
+-- overlapping tenants never deadlock on them.
+buckets AS (
+  SELECT b.tenant
+  FROM {schema}.tenant_rate_limits b
+  WHERE b.subscription = $1 AND b.tenant IN (SELECT cl.tenant FROM claimed cl)
+  ORDER BY b.tenant
+  FOR UPDATE
+),
 metered AS (
   UPDATE {schema}.tenant_rate_limits b
   SET tokens = least(b.burst, b.tokens + b.per_second * greatest(0,
                  extract(epoch FROM statement_timestamp() - b.refilled_at))) - c.n,
       refilled_at = greatest(b.refilled_at, statement_timestamp())
-  FROM (SELECT cl.tenant, count(*) AS n FROM claimed cl GROUP BY cl.tenant) c
+  FROM (SELECT cl.tenant, count(*) AS n FROM claimed cl
+        WHERE cl.tenant IN (SELECT k.tenant FROM buckets k)
+        GROUP BY cl.tenant) c
   WHERE b.subscription = $1 AND b.tenant = c.tenant
 ),
 -- Floor passes: what was enqueued since the previous claim (see below).

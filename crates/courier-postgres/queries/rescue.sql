@@ -3,8 +3,8 @@
 -- between half and all of that: the crash may have been the message's
 -- fault), or dead-letters those that used their last attempt, noting the
 -- expiry in the error history (newest 20 kept) and freeing their ordering
--- keys. Scans the small deliveries_running index; skips rows a completing
--- worker holds locked.
+-- keys (and any orphaned key rows, see `orphans`). Scans the small
+-- deliveries_running index; skips rows a completing worker holds locked.
 WITH expired AS (
   SELECT id FROM {schema}.deliveries
   WHERE state = 'running' AND lease_expires_at <= clock_timestamp()
@@ -38,5 +38,16 @@ unlocked AS (
   WHERE s.ordering_key IS NOT NULL
     AND o.subscription = s.subscription AND o.tenant = s.tenant
     AND o.ordering_key = s.ordering_key AND o.delivery_id = s.id
+),
+-- Rows whose delivery is no longer running: left by a worker of a version
+-- before ordering_locks settling a delivery the 0004 migration had locked,
+-- or by a subscription deleted with its deliveries. Each would block its key
+-- forever. Safe against claims: a claim commits its row and the running
+-- state together, so a snapshot that sees the row sees the delivery running
+-- until a settle deletes both at once.
+orphans AS (
+  DELETE FROM {schema}.ordering_locks o
+  WHERE NOT EXISTS (SELECT 1 FROM {schema}.deliveries d
+                    WHERE d.id = o.delivery_id AND d.state = 'running')
 )
 SELECT count(*) FROM changed

@@ -237,3 +237,32 @@ async fn four_claimers_and_an_operator_retrying_dead_heads_never_overlap_a_key(
     }
     Ok(())
 }
+
+/// A key row whose delivery is no longer running (left by a worker of a
+/// version before ordering_locks, which settles without deleting it) would
+/// block its key for ever; the rescuer's pass removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphaned_key_row_is_swept_by_the_rescuer() -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    let store = pg.courier().store().clone();
+    register(&store).await?;
+    pg.enqueue_committed(&[
+        NewMessage::new("acme", "topic", &Event { n: 1 })?.with_ordering_key("k")
+    ])
+    .await?;
+    pg.execute(
+        "INSERT INTO ordering_locks (subscription, tenant, ordering_key, delivery_id)
+         VALUES ('sub', 'acme', 'k', -1)",
+    )
+    .await?;
+    assert!(
+        store.claim(&claim_params("w")).await?.deliveries.is_empty(),
+        "the orphaned row holds the key"
+    );
+    store
+        .rescue_expired(&courier::RescueParams::at_once(100))
+        .await?;
+    assert_eq!(store.claim(&claim_params("w")).await?.deliveries.len(), 1);
+    assert_eq!(pg.scalar("SELECT count(*) FROM ordering_locks").await?, 1);
+    Ok(())
+}

@@ -327,8 +327,8 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
     /// With `isolate_failures`, each work runs in a savepoint: a failing one
     /// is rolled back alone (its receipt too, and it is not completed) and
     /// the others commit. Without, the first failure rolls back everything
-    /// (cheaper per delivery where a savepoint costs a round trip). A store
-    /// whose savepoints cost nothing may isolate failures either way.
+    /// (cheaper: a savepoint costs a round trip on PostgreSQL and a hand-off
+    /// to SQLite's thread).
     fn run_transactional_batch<'c>(
         &'c self,
         batch: Vec<(&'c ClaimedDelivery, TxWork<Self::Connection>)>,

@@ -1158,6 +1158,12 @@ impl<S: OutboxStore> Shared<S> {
         watch_leases: bool,
         work: F,
     ) -> Result<F::Output, Stopped> {
+        tokio::pin!(work);
+        // Most handlers finish at their first poll (a no-op, an in-memory
+        // effect): they need no timers, tokens or ledger entries.
+        if let Some(output) = futures_util::FutureExt::now_or_never(&mut work) {
+            return Ok(output);
+        }
         let started = tokio::time::Instant::now();
         let timeout_at = timeout.map(|t| started + t);
         let lost = CancellationToken::new();
@@ -1165,7 +1171,6 @@ impl<S: OutboxStore> Shared<S> {
             self.in_flight.started(*id, timeout_at, &lost);
         }
         let margin = self.config.lease_margin();
-        tokio::pin!(work);
         if !watch_leases {
             return match timeout {
                 Some(limit) => tokio::time::timeout(limit, work)

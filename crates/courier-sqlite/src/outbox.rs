@@ -515,14 +515,15 @@ impl OutboxStore for SqliteStore {
                 ));
             }
         }
-        // Savepoints are free here (no round trip): failures are always
-        // isolated, whatever the caller asked.
-        let _ = isolate_failures;
+        // Each savepoint statement is a hand-off to SQLite's thread: taken
+        // only when the caller asks for failures to be isolated.
         let mut items = Vec::with_capacity(batch.len());
-        for (delivery, work) in batch {
-            sqlx::Executor::execute(&mut *tx, "SAVEPOINT courier_item")
-                .await
-                .map_err(map)?;
+        for (index, (delivery, work)) in batch.into_iter().enumerate() {
+            if isolate_failures {
+                sqlx::Executor::execute(&mut *tx, "SAVEPOINT courier_item")
+                    .await
+                    .map_err(map)?;
+            }
             let fresh = sqlx::query(queries::RECEIPT_INSERT)
                 .bind(&delivery.tenant)
                 .bind(&delivery.subscription)
@@ -534,6 +535,12 @@ impl OutboxStore for SqliteStore {
                 == 1;
             if fresh {
                 if let Err(error) = work(&mut tx).await {
+                    if !isolate_failures {
+                        tx.rollback().await.map_err(map)?;
+                        return Ok(TransactionalBatchOutcome::RolledBack(
+                            BatchRollback::HandlerFailed { index, error },
+                        ));
+                    }
                     // Its receipt and writes go; its lease stays for the caller.
                     sqlx::Executor::execute(
                         &mut *tx,
@@ -559,9 +566,11 @@ impl OutboxStore for SqliteStore {
                     BatchRollback::LeaseLost,
                 ));
             }
-            sqlx::Executor::execute(&mut *tx, "RELEASE SAVEPOINT courier_item")
-                .await
-                .map_err(map)?;
+            if isolate_failures {
+                sqlx::Executor::execute(&mut *tx, "RELEASE SAVEPOINT courier_item")
+                    .await
+                    .map_err(map)?;
+            }
             items.push(if fresh {
                 BatchItem::Applied
             } else {

@@ -163,21 +163,29 @@ impl InFlight {
         lost
     }
 
-    /// Notes that these deliveries' outcomes are being written.
-    pub(crate) fn mark_settling(&self, ids: &[i64]) {
+    /// Notes that these claims' outcomes are being written (a delivery
+    /// tracked under another lease since is left alone).
+    pub(crate) fn mark_settling(&self, leases: &[LeaseRef]) {
         let mut held = self.lock();
-        for id in ids {
-            if let Some(entry) = held.get_mut(id) {
-                entry.settling = true;
+        for lease in leases {
+            if let Some(entry) = held.get_mut(&lease.delivery_id) {
+                if entry.lease == *lease {
+                    entry.settling = true;
+                }
             }
         }
     }
 
-    /// Forgets settled deliveries.
-    pub(crate) fn untrack(&self, ids: &[i64]) {
+    /// Forgets settled claims (a delivery claimed again since keeps its new entry).
+    pub(crate) fn untrack(&self, leases: &[LeaseRef]) {
         let mut held = self.lock();
-        for id in ids {
-            held.remove(id);
+        for lease in leases {
+            if held
+                .get(&lease.delivery_id)
+                .is_some_and(|entry| entry.lease == *lease)
+            {
+                held.remove(&lease.delivery_id);
+            }
         }
     }
 }
@@ -229,6 +237,23 @@ mod tests {
         let asked = ledger.to_extend(now, Duration::from_secs(30), Duration::from_secs(1));
         assert_eq!(ledger.extended(now, &asked, &Default::default()), 1);
         assert!(lost.is_cancelled());
+    }
+
+    #[test]
+    fn settling_an_old_claim_leaves_the_delivery_s_new_claim_alone() {
+        let ledger = InFlight::default();
+        let now = Instant::now();
+        let old = delivery(1);
+        let mut new = delivery(1);
+        new.lease_token = uuid::Uuid::new_v4();
+        ledger.track(&old, now, Duration::from_secs(30));
+        ledger.track(&new, now, Duration::from_secs(30));
+        ledger.mark_settling(&[old.lease()]);
+        ledger.untrack(&[old.lease()]);
+        assert_eq!(ledger.len(), 1, "the new claim is still tracked");
+        assert!(ledger.held_until(1).is_some());
+        ledger.untrack(&[new.lease()]);
+        assert_eq!(ledger.len(), 0);
     }
 
     #[test]

@@ -41,21 +41,22 @@ pub(crate) enum Settlement {
     /// The handler never started: hand back without spending the attempt.
     Release { lease: LeaseRef },
     /// Already settled inside the handler's transaction.
-    Committed { delivery_id: i64, topic: String },
+    Committed { lease: LeaseRef, topic: String },
     /// The lease was lost before the outcome could be written.
-    Lost { delivery_id: i64 },
+    Lost { lease: LeaseRef },
 }
 
 impl Settlement {
-    /// The delivery this outcome is about.
-    pub(crate) fn delivery_id(&self) -> i64 {
+    /// The claim this outcome is about (a delivery claimed again later has
+    /// another lease, and the ledger keeps the two apart).
+    pub(crate) fn lease(&self) -> LeaseRef {
         match self {
-            Settlement::Complete { lease, .. } | Settlement::Release { lease } => lease.delivery_id,
-            Settlement::Fail { failure, .. } => failure.lease.delivery_id,
-            Settlement::Snooze { snooze, .. } => snooze.lease.delivery_id,
-            Settlement::Committed { delivery_id, .. } | Settlement::Lost { delivery_id } => {
-                *delivery_id
-            }
+            Settlement::Complete { lease, .. }
+            | Settlement::Release { lease }
+            | Settlement::Committed { lease, .. }
+            | Settlement::Lost { lease } => *lease,
+            Settlement::Fail { failure, .. } => failure.lease,
+            Settlement::Snooze { snooze, .. } => snooze.lease,
         }
     }
 }
@@ -80,10 +81,10 @@ pub(crate) async fn run<S: OutboxStore>(
                 Err(_) => break,
             }
         }
-        let ids: Vec<i64> = batch.iter().map(Settlement::delivery_id).collect();
-        in_flight.mark_settling(&ids);
+        let leases: Vec<LeaseRef> = batch.iter().map(Settlement::lease).collect();
+        in_flight.mark_settling(&leases);
         settle_batch(&store, &subscription, std::mem::take(&mut batch)).await;
-        in_flight.untrack(&ids);
+        in_flight.untrack(&leases);
         settled.notify_one();
     }
 }

@@ -592,7 +592,7 @@ impl<S: OutboxStore> Worker<S> {
             .deliveries;
         let count = batch.len();
         let mut runs = JoinSet::new();
-        let ids: Vec<i64> = batch.iter().map(|d| d.delivery_id).collect();
+        let leases: Vec<LeaseRef> = batch.iter().map(ClaimedDelivery::lease).collect();
         for delivery in &batch {
             self.shared
                 .in_flight
@@ -609,7 +609,7 @@ impl<S: OutboxStore> Worker<S> {
             }
         }
         settle::settle_batch(&self.shared.store, &self.shared.subscription, settlements).await;
-        self.shared.in_flight.untrack(&ids);
+        self.shared.in_flight.untrack(&leases);
         Ok(count)
     }
 
@@ -1104,8 +1104,8 @@ fn spawn_group<S: OutboxStore>(
         task_freed.notify_one();
         // A committed transactional group's rows are already gone: its
         // leases must not count as lost before the settler forgets them.
-        let ids: Vec<i64> = settlements.iter().map(Settlement::delivery_id).collect();
-        in_flight.mark_settling(&ids);
+        let leases: Vec<LeaseRef> = settlements.iter().map(Settlement::lease).collect();
+        in_flight.mark_settling(&leases);
         for settlement in settlements {
             let _ = settle.send(settlement);
         }
@@ -1310,7 +1310,7 @@ async fn execute<S: OutboxStore>(shared: Arc<Shared<S>>, delivery: ClaimedDelive
         // Its outcome is known: while it waits for the rest of its unit of
         // work and the settler, its lease is kept (not counted lost if a
         // committed row is gone, not cut short at its handler's timeout).
-        shared.in_flight.mark_settling(&[delivery.delivery_id]);
+        shared.in_flight.mark_settling(&[delivery.lease()]);
         settlement_for(&shared, &delivery, outcome)
     }
     .instrument(span)
@@ -1357,7 +1357,7 @@ async fn execute_group<S: OutboxStore>(
                 for (delivery, item) in deliveries.into_iter().zip(items) {
                     settlements.push(match item {
                         BatchItem::Applied | BatchItem::AlreadyApplied => Settlement::Committed {
-                            delivery_id: delivery.delivery_id,
+                            lease: delivery.lease(),
                             topic: delivery.topic,
                         },
                         BatchItem::Failed(error) => {
@@ -1577,13 +1577,13 @@ fn settlement_for<S: OutboxStore>(
             topic,
         },
         Outcome::Committed => Settlement::Committed {
-            delivery_id: delivery.delivery_id,
+            lease: delivery.lease(),
             topic,
         },
         Outcome::LeaseLost => {
             tracing::warn!("lease lost; the handler's writes were rolled back");
             Settlement::Lost {
-                delivery_id: delivery.delivery_id,
+                lease: delivery.lease(),
             }
         }
         Outcome::Failed(HandlerError::Snooze { delay, reason }) => {

@@ -107,10 +107,10 @@ async fn a_handler_whose_lease_cannot_be_extended_stops_before_the_key_moves_on<
     );
     // It claims nothing more; its running handler must stop on its own.
     let stopped = tokio::spawn(stuck.shutdown());
+    // The healthy worker's own lease is long: only the stuck one's matters.
     let healthy = WorkerBuilder::new(store.clone(), "sub")
         .handle("topic", 1, slow(runs.clone(), Duration::from_millis(400)))
-        .lease(lease)
-        .heartbeat_interval(Duration::from_millis(100))
+        .lease(Duration::from_secs(3))
         .poll_interval(Duration::from_millis(20))
         .worker_id("healthy")
         .maintenance(Some(MaintenanceConfig {

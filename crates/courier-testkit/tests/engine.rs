@@ -371,15 +371,18 @@ async fn the_heartbeat_keeps_a_long_transactional_handler_s_lease<B: Backend>(
     // lease is checked when the transaction takes the single write lock, and
     // nobody can take the delivery over until it commits.
     backend.create_effects_table().await?;
+    // The handler outlives two and a half leases. The lease is long enough
+    // that a heartbeat slowed by a loaded machine still lands before the
+    // worker would stop the handler (a tenth of the lease early).
     let effect = RecordEffect {
-        delay: Duration::from_millis(1500),
+        delay: Duration::from_millis(3000),
         ..RecordEffect::default()
     };
     let worker = backend
         .courier()
         .worker("sub")
         .handle_transactional("topic", 1, effect.clone())
-        .lease(Duration::from_millis(400))
+        .lease(Duration::from_millis(1200))
         .build()
         .await?
         .start();
@@ -985,12 +988,13 @@ async fn the_heartbeat_keeps_a_long_handler_s_lease<B: Backend>(backend: B) -> a
                 let counter = c.clone();
                 async move {
                     counter.record(message.id, message.payload.n);
-                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    // Two and a half leases (see the transactional twin).
+                    tokio::time::sleep(Duration::from_millis(3000)).await;
                     Ok::<(), HandlerError>(())
                 }
             }),
         )
-        .lease(Duration::from_millis(400))
+        .lease(Duration::from_millis(1200))
         .maintenance(Some(MaintenanceConfig {
             rescue_interval: Duration::from_millis(100),
             ..MaintenanceConfig::default()

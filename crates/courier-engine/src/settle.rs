@@ -146,48 +146,26 @@ pub(crate) async fn settle_batch<S: OutboxStore>(
         }
     }
     if !failures.is_empty() {
-        if let Some(applied) =
-            with_retries("fail", subscription, || store.fail_many(&failures)).await
-        {
-            for result in &applied {
-                let topic = topic_of(result.delivery_id);
-                metrics::counter!(FAILED, "subscription" => subscription.to_owned(), "topic" => topic.clone())
-                    .increment(1);
-                if result.dead {
-                    tracing::warn!(
-                        subscription,
-                        delivery_id = result.delivery_id,
-                        topic,
-                        "dead-lettered"
-                    );
-                    metrics::counter!(DEAD_LETTERED, "subscription" => subscription.to_owned(), "topic" => topic)
-                        .increment(1);
-                }
-            }
-            note_lost(subscription, "fail", failures.len(), applied.len());
-        }
+        let applied = with_retries("fail", subscription, || store.fail_many(&failures)).await;
+        count_returned(
+            subscription,
+            "fail",
+            FAILED,
+            failures.len(),
+            applied,
+            &topic_of,
+        );
     }
     if !snoozes.is_empty() {
-        if let Some(applied) =
-            with_retries("snooze", subscription, || store.snooze_many(&snoozes)).await
-        {
-            for result in &applied {
-                let topic = topic_of(result.delivery_id);
-                metrics::counter!(SNOOZED, "subscription" => subscription.to_owned(), "topic" => topic.clone())
-                    .increment(1);
-                if result.dead {
-                    tracing::warn!(
-                        subscription,
-                        delivery_id = result.delivery_id,
-                        topic,
-                        "dead-lettered after snoozing too often"
-                    );
-                    metrics::counter!(DEAD_LETTERED, "subscription" => subscription.to_owned(), "topic" => topic)
-                        .increment(1);
-                }
-            }
-            note_lost(subscription, "snooze", snoozes.len(), applied.len());
-        }
+        let applied = with_retries("snooze", subscription, || store.snooze_many(&snoozes)).await;
+        count_returned(
+            subscription,
+            "snooze",
+            SNOOZED,
+            snoozes.len(),
+            applied,
+            &topic_of,
+        );
     }
     if !releases.is_empty() {
         if let Some(applied) =
@@ -200,6 +178,38 @@ pub(crate) async fn settle_batch<S: OutboxStore>(
             );
         }
     }
+}
+
+/// Counts what a fail or snooze write applied (`counter` per delivery, and
+/// the dead letters among them) and what it lost.
+fn count_returned(
+    subscription: &str,
+    operation: &'static str,
+    counter: &'static str,
+    asked: usize,
+    applied: Option<Vec<courier_core::FailureApplied>>,
+    topic_of: &dyn Fn(i64) -> String,
+) {
+    let Some(applied) = applied else {
+        return;
+    };
+    for result in &applied {
+        let topic = topic_of(result.delivery_id);
+        metrics::counter!(counter, "subscription" => subscription.to_owned(), "topic" => topic.clone())
+            .increment(1);
+        if result.dead {
+            tracing::warn!(
+                subscription,
+                operation,
+                delivery_id = result.delivery_id,
+                topic,
+                "dead-lettered"
+            );
+            metrics::counter!(DEAD_LETTERED, "subscription" => subscription.to_owned(), "topic" => topic)
+                .increment(1);
+        }
+    }
+    note_lost(subscription, operation, asked, applied.len());
 }
 
 fn note_lost(subscription: &str, operation: &str, asked: usize, applied: usize) {

@@ -229,6 +229,19 @@ fn dead_letter_from_row(row: &PgRow) -> Result<DeadLetter, StoreError> {
     })
 }
 
+/// The `(id, dead)` rows fail.sql and snooze.sql return.
+fn failures_applied(rows: &[PgRow]) -> Result<Vec<FailureApplied>, StoreError> {
+    rows.iter()
+        .map(|row| {
+            Ok(FailureApplied {
+                delivery_id: row.try_get("id")?,
+                dead: row.try_get("dead")?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(map)
+}
+
 fn lease_columns(leases: &[LeaseRef]) -> (Vec<i64>, Vec<Uuid>) {
     leases
         .iter()
@@ -510,15 +523,7 @@ impl OutboxStore for PgStore {
             .await
             .map_err(map)?;
         self.inner.floors.settled(ids, Settled::Returned);
-        rows.iter()
-            .map(|row| {
-                Ok(FailureApplied {
-                    delivery_id: row.try_get("id")?,
-                    dead: row.try_get("dead")?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(map)
+        failures_applied(&rows)
     }
 
     async fn snooze_many<'c>(
@@ -545,15 +550,7 @@ impl OutboxStore for PgStore {
             .await
             .map_err(map)?;
         self.inner.floors.settled(ids, Settled::Returned);
-        rows.iter()
-            .map(|row| {
-                Ok(FailureApplied {
-                    delivery_id: row.try_get("id")?,
-                    dead: row.try_get("dead")?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(map)
+        failures_applied(&rows)
     }
 
     async fn extend_many<'c>(

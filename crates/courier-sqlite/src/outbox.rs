@@ -48,6 +48,26 @@ fn in_request_order(requested: impl Iterator<Item = i64>, applied: &HashSet<i64>
         .collect()
 }
 
+/// The `(id, dead)` rows fail.sql and snooze.sql return, in the order of
+/// `requested` (the caller's), once each.
+fn failures_applied(
+    requested: impl Iterator<Item = i64>,
+    rows: &[sqlx::sqlite::SqliteRow],
+) -> Result<Vec<FailureApplied>, StoreError> {
+    let mut dead_by_id = HashMap::with_capacity(rows.len());
+    for row in rows {
+        dead_by_id.insert(get::<i64>(row, "id")?, get::<i64>(row, "dead")? != 0);
+    }
+    let applied: HashSet<i64> = dead_by_id.keys().copied().collect();
+    Ok(in_request_order(requested, &applied)
+        .into_iter()
+        .map(|delivery_id| FailureApplied {
+            delivery_id,
+            dead: dead_by_id.get(&delivery_id).copied().unwrap_or(false),
+        })
+        .collect())
+}
+
 /// Splits a topic pattern into (pattern, prefix): exact topics have no prefix,
 /// `stem.*` matches topics starting with `stem.`, `*` matches every topic.
 fn pattern_prefix(pattern: &str) -> Result<Option<String>, ValidationError> {
@@ -377,20 +397,7 @@ impl OutboxStore for SqliteStore {
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
-        let mut dead_by_id = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            dead_by_id.insert(get::<i64>(row, "id")?, get::<i64>(row, "dead")? != 0);
-        }
-        let applied: HashSet<i64> = dead_by_id.keys().copied().collect();
-        Ok(
-            in_request_order(failures.iter().map(|f| f.lease.delivery_id), &applied)
-                .into_iter()
-                .map(|delivery_id| FailureApplied {
-                    delivery_id,
-                    dead: dead_by_id.get(&delivery_id).copied().unwrap_or(false),
-                })
-                .collect(),
-        )
+        failures_applied(failures.iter().map(|f| f.lease.delivery_id), &rows)
     }
 
     async fn snooze_many<'c>(
@@ -421,20 +428,7 @@ impl OutboxStore for SqliteStore {
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
-        let mut dead_by_id = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            dead_by_id.insert(get::<i64>(row, "id")?, get::<i64>(row, "dead")? != 0);
-        }
-        let applied: HashSet<i64> = dead_by_id.keys().copied().collect();
-        Ok(
-            in_request_order(snoozes.iter().map(|z| z.lease.delivery_id), &applied)
-                .into_iter()
-                .map(|delivery_id| FailureApplied {
-                    delivery_id,
-                    dead: dead_by_id.get(&delivery_id).copied().unwrap_or(false),
-                })
-                .collect(),
-        )
+        failures_applied(snoozes.iter().map(|z| z.lease.delivery_id), &rows)
     }
 
     async fn extend_many<'c>(

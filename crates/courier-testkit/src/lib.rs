@@ -290,6 +290,17 @@ impl CallCounter {
     }
 }
 
+/// A plain handler that records every call on `counter`.
+pub fn counting(counter: CallCounter) -> impl courier::Handler<Payload = Event> {
+    courier::handler_fn(move |message: Message<Event>| {
+        let counter = counter.clone();
+        async move {
+            counter.record(message.id, message.payload.n);
+            Ok::<(), HandlerError>(())
+        }
+    })
+}
+
 /// A transactional handler that upserts `effects(subscription, message_id)`,
 /// incrementing `calls`: a committed effect applied twice would show `calls = 2`.
 #[derive(Debug, Clone, Default)]

@@ -230,6 +230,48 @@ enum SubscriptionsCommand {
         /// The subscription.
         name: String,
     },
+    /// Create a subscription (or add topics to one). Messages committed after
+    /// this are owed to it; `--replay` also owes it retained older ones.
+    Create {
+        #[command(flatten)]
+        db: DbArgs,
+        /// The subscription.
+        name: String,
+        /// Topic patterns: exact names, `prefix.*`, or `*` (repeatable).
+        #[arg(long = "topic", required = true)]
+        topics: Vec<String>,
+        /// When this creates the subscription, also deliver retained messages:
+        /// `all`, an RFC 3339 time (messages enqueued then or later), or a
+        /// message id (that message and every later one).
+        #[arg(long, value_parser = parse_replay)]
+        replay: Option<courier::Replay>,
+    },
+    /// Stop a subscription receiving topic patterns (exactly as listed);
+    /// deliveries it is already owed stay.
+    RemoveTopics {
+        #[command(flatten)]
+        db: DbArgs,
+        /// The subscription.
+        name: String,
+        /// The patterns to remove.
+        #[arg(required = true)]
+        topics: Vec<String>,
+    },
+}
+
+/// `all`, an RFC 3339 instant, or a message id.
+fn parse_replay(text: &str) -> Result<courier::Replay, String> {
+    if text == "all" {
+        return Ok(courier::Replay::All);
+    }
+    if let Ok(id) = uuid::Uuid::parse_str(text) {
+        return Ok(courier::Replay::FromMessage(id));
+    }
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|at| courier::Replay::Since(at.with_timezone(&chrono::Utc)))
+        .map_err(|_| {
+            format!("{text:?} is neither `all`, an RFC 3339 time (2026-12-01T10:00:00Z) nor a message id")
+        })
 }
 
 #[derive(clap::Args)]
@@ -397,6 +439,41 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             SubscriptionsCommand::Resume { db, name } if db.url.is_some() => {
                 let path = format!("/v1/subscriptions/{name}/resume");
                 ops::print_json(&remote(&db)?.post(&path, serde_json::json!({})).await?)?;
+            }
+            SubscriptionsCommand::Create { db, .. }
+            | SubscriptionsCommand::RemoveTopics { db, .. }
+                if db.url.is_some() =>
+            {
+                anyhow::bail!(
+                    "changing a subscription's topics is not in the HTTP API; \
+                     run it with --database-url against the daemon's database"
+                );
+            }
+            SubscriptionsCommand::Create {
+                db,
+                name,
+                topics,
+                replay,
+            } => {
+                let spec = courier::SubscriptionSpec {
+                    name: name.clone(),
+                    topics,
+                    replay,
+                };
+                let done = db.open().await?.register(&spec).await?;
+                match (done.created, replay.is_some()) {
+                    (true, true) => println!("created {name}, replaying {} retained messages", done.replayed),
+                    (true, false) => println!("created {name}"),
+                    (false, true) => println!(
+                        "{name} exists: added {} topics, replayed nothing (a replay applies only when the subscription is created)",
+                        done.topics_added
+                    ),
+                    (false, false) => println!("{name} exists: added {} topics", done.topics_added),
+                }
+            }
+            SubscriptionsCommand::RemoveTopics { db, name, topics } => {
+                let removed = db.open().await?.remove_topics(&name, &topics).await?;
+                println!("removed {removed} of {} topics from {name}", topics.len());
             }
             SubscriptionsCommand::List { db } => {
                 let rows: Vec<Vec<String>> = db

@@ -9,7 +9,7 @@ use courier::postgres::PgStore;
 use courier::sqlite::SqliteStore;
 use courier::{
     AdminStore, Courier, DeadLetter, DeadLetterFilter, DeadLetterStore, DeliveryStats,
-    EnqueueOutcome, NewMessage, SubscriptionInfo,
+    EnqueueOutcome, NewMessage, OutboxStore, SubscriptionInfo,
 };
 
 use crate::database::{validate_schema, Database};
@@ -85,6 +85,30 @@ impl Store {
             bail!("no subscription named {name:?}");
         }
         Ok(())
+    }
+
+    /// Creates a subscription or adds topics to it (see
+    /// [`OutboxStore::register_subscription`](courier::OutboxStore::register_subscription)).
+    pub async fn register(
+        &self,
+        spec: &courier::SubscriptionSpec,
+    ) -> anyhow::Result<courier::Registration> {
+        Ok(with_store!(self, courier => courier.store().register_subscription(spec).await)?)
+    }
+
+    /// Removes topic patterns from a subscription; fails if it does not exist.
+    pub async fn remove_topics(&self, name: &str, patterns: &[String]) -> anyhow::Result<u64> {
+        let known = self
+            .subscriptions()
+            .await?
+            .into_iter()
+            .any(|s| s.name == name);
+        if !known {
+            bail!("no subscription named {name:?}");
+        }
+        Ok(
+            with_store!(self, courier => courier.store().remove_subscription_topics(name, patterns).await)?,
+        )
     }
 
     /// One page of dead letters.

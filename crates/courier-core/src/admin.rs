@@ -197,6 +197,15 @@ pub trait AdminStore: Send + Sync {
         paused: bool,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'c;
 
+    /// Removes topic patterns (exactly as registered) from a subscription;
+    /// returns how many it had. Messages committed after the removal are no
+    /// longer owed to it; deliveries it is already owed stay.
+    fn remove_subscription_topics<'c>(
+        &'c self,
+        name: &'c str,
+        patterns: &'c [String],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
+
     /// Limits how fast `subscription` starts `tenant`'s deliveries (`None`
     /// lifts the limit). Deliveries over the limit wait without spending
     /// attempts; a tenant's bucket starts full.

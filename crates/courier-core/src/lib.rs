@@ -28,6 +28,6 @@ pub use retry::RetryPolicy;
 pub use store::{
     BatchItem, BatchRollback, ClaimBatch, ClaimParams, Completion, DeadLetter, DeadLetterFilter,
     DeadLetterPage, DeadLetterStore, DeliverySummary, Failure, FailureApplied, LeaseRef,
-    OutboxStore, PruneReport, RescueParams, Route, Snooze, SubscriptionSpec,
+    OutboxStore, PruneReport, Registration, Replay, RescueParams, Route, Snooze, SubscriptionSpec,
     TransactionalBatchOutcome, TransactionalOutcome, TxWork, MAX_SNOOZES,
 };

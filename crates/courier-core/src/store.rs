@@ -33,6 +33,57 @@ pub struct SubscriptionSpec {
     pub name: String,
     /// The topics it receives: exact names, `prefix.*` patterns, or `*` for all.
     pub topics: Vec<String>,
+    /// Retained messages the subscription receives beside those committed
+    /// after its registration. Applies only when the registration creates
+    /// the subscription (like a consumer's first offset); `None`: none.
+    pub replay: Option<Replay>,
+}
+
+impl SubscriptionSpec {
+    /// A subscription receiving `topics`, without replay.
+    pub fn new(
+        name: impl Into<String>,
+        topics: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            topics: topics.into_iter().map(Into::into).collect(),
+            replay: None,
+        }
+    }
+
+    /// The same subscription, created with the retained messages `replay` names.
+    #[must_use]
+    pub fn with_replay(mut self, replay: Replay) -> Self {
+        self.replay = Some(replay);
+        self
+    }
+}
+
+/// Which retained messages a new subscription receives besides those
+/// committed after it was registered. Messages are taken in enqueue order
+/// (`created_at`, then id), only those of the subscription's topics, and
+/// only those not yet pruned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    /// Every retained message.
+    All,
+    /// Messages enqueued at or after this instant (database clock).
+    Since(DateTime<Utc>),
+    /// This message and every message enqueued after it. It must still be
+    /// retained, or registration fails with a validation error.
+    FromMessage(Uuid),
+}
+
+/// What a registration did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Registration {
+    /// Whether the subscription was created by this registration.
+    pub created: bool,
+    /// Topic patterns added (already present ones are not counted).
+    pub topics_added: u64,
+    /// Retained messages delivered by the replay.
+    pub replayed: u64,
 }
 
 /// What a worker asks for when it claims.
@@ -231,11 +282,20 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
         messages: &'c [NewMessage],
     ) -> impl Future<Output = Result<Vec<EnqueueOutcome>, StoreError>> + Send + 'c;
 
-    /// Creates the subscription or adds topics to it; never removes topics.
+    /// Creates the subscription or adds topics to it; never removes topics
+    /// (see [`AdminStore::remove_subscription_topics`](crate::AdminStore::remove_subscription_topics)).
+    ///
+    /// Takes effect in commit order: every message whose transaction commits
+    /// after the registration is owed to the subscription, every message
+    /// committed before it is not (unless replayed). A producer in a
+    /// REPEATABLE READ or SERIALIZABLE transaction whose snapshot predates a
+    /// registration that committed before its insert gets a serialization
+    /// failure (SQLSTATE 40001) and retries, rather than a message silently
+    /// missing its new subscription.
     fn register_subscription<'c>(
         &'c self,
         spec: &'c SubscriptionSpec,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'c;
+    ) -> impl Future<Output = Result<Registration, StoreError>> + Send + 'c;
 
     /// Claims up to `params.limit` ready deliveries, taking tenants in turn.
     fn claim<'c>(
@@ -358,6 +418,23 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
         older_than: Duration,
         batch: usize,
     ) -> impl Future<Output = Result<PruneReport, StoreError>> + Send;
+
+    /// Takes or renews the database's maintenance lease for `holder` until
+    /// `lease` from now (database clock); returns whether `holder` leads.
+    /// Another holder's lease is taken over only after it expired, so one
+    /// worker per database runs the rescuer and the pruner.
+    fn lead_maintenance<'c>(
+        &'c self,
+        holder: &'c str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'c;
+
+    /// Gives up `holder`'s maintenance lease (nothing if it does not lead),
+    /// so another worker takes over at its next try.
+    fn resign_maintenance<'c>(
+        &'c self,
+        holder: &'c str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'c;
 }
 
 /// Which dead letters an operation concerns.

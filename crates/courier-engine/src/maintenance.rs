@@ -6,10 +6,15 @@
 //! receipts and fully delivered messages older than the retention; dead
 //! letters and their messages are kept until an operator acts.
 //!
-//! Both are safe to run in every process at once: each write is a short
-//! statement that skips rows others hold. A failed pass is logged and tried
-//! again at the next pass: after the interval, or after up to ten intervals
-//! when the last pass was slow (see [`Maintenance::run`]).
+//! They run on one elected worker per database: before each rescue pass a
+//! runner takes or renews the database's maintenance lease
+//! ([`OutboxStore::lead_maintenance`]), and only the leader rescues and
+//! prunes; the others try again each interval and take over once a leader
+//! that stopped resigned or one that died let its lease run out. Two leaders
+//! at once (a lease that lapsed during a slow pass) is harmless: each write
+//! is a short statement that skips rows others hold. A failed pass is logged
+//! and tried again at the next pass: after the interval, or after up to ten
+//! intervals when the last pass was slow (see [`Maintenance::run`]).
 
 use std::time::Duration;
 
@@ -28,6 +33,9 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const DEFAULT_PRUNE_INTERVAL: Duration = Duration::from_secs(60);
 /// Rows per rescue or prune statement, by default.
 pub const DEFAULT_BATCH: usize = 1000;
+/// How long the maintenance leader's lease lasts, by default: a leader that
+/// died is replaced within this plus one rescue interval.
+pub const DEFAULT_LEADER_LEASE: Duration = Duration::from_secs(15);
 
 /// When and how much maintenance runs.
 #[derive(Debug, Clone)]
@@ -43,6 +51,9 @@ pub struct MaintenanceConfig {
     /// How rescued deliveries are spaced out before their next attempt (its
     /// `base` and `cap`; the crash may have been the message's fault).
     pub rescue_backoff: RetryPolicy,
+    /// How long a leader's lease lasts without renewal; at least twice the
+    /// rescue interval (the leader renews it before each rescue pass).
+    pub leader_lease: Duration,
 }
 
 impl Default for MaintenanceConfig {
@@ -53,6 +64,7 @@ impl Default for MaintenanceConfig {
             prune_interval: DEFAULT_PRUNE_INTERVAL,
             batch: DEFAULT_BATCH,
             rescue_backoff: RetryPolicy::default(),
+            leader_lease: DEFAULT_LEADER_LEASE,
         }
     }
 }
@@ -78,6 +90,15 @@ impl MaintenanceConfig {
                 format!("must be between 1 and 100000, got {}", self.batch),
             ));
         }
+        if self.leader_lease < self.rescue_interval * 2 {
+            return Err(ValidationError::new(
+                "maintenance.leader_lease",
+                format!(
+                    "must be at least twice the rescue interval ({:?}), got {:?}",
+                    self.rescue_interval, self.leader_lease
+                ),
+            ));
+        }
         self.rescue_backoff
             .validate()
             .map_err(|error| ValidationError::new("maintenance.rescue_backoff", error.to_string()))
@@ -89,13 +110,38 @@ impl MaintenanceConfig {
 pub struct Maintenance<S> {
     store: S,
     config: MaintenanceConfig,
+    holder: String,
 }
 
 impl<S: OutboxStore> Maintenance<S> {
-    /// Maintenance of `store` per `config`.
+    /// Maintenance of `store` per `config`, competing for leadership under
+    /// a name of its own.
     pub fn new(store: S, config: MaintenanceConfig) -> Result<Self, ValidationError> {
         config.validate()?;
-        Ok(Self { store, config })
+        let holder = format!("{}-{}", std::process::id(), uuid::Uuid::now_v7());
+        Ok(Self {
+            store,
+            config,
+            holder,
+        })
+    }
+
+    /// The name this runner holds the maintenance lease under.
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// Takes or renews the database's maintenance lease; returns whether
+    /// this runner leads (see [`OutboxStore::lead_maintenance`]).
+    pub async fn lead(&self) -> Result<bool, StoreError> {
+        self.store
+            .lead_maintenance(&self.holder, self.config.leader_lease)
+            .await
+    }
+
+    /// Gives up the lease if this runner holds it.
+    pub async fn resign(&self) -> Result<(), StoreError> {
+        self.store.resign_maintenance(&self.holder).await
     }
 
     /// Rescues every expired lease now; returns how many deliveries moved.
@@ -141,27 +187,32 @@ impl<S: OutboxStore> Maintenance<S> {
         Ok(total)
     }
 
-    /// Runs both on their intervals until `stop` fires. A pass that took long
-    /// (its scans walk row versions an old snapshot elsewhere keeps alive)
-    /// spaces the next one out to [`COST_RATIO`] times its duration, up to
-    /// [`MAX_SPACING`] intervals, so upkeep takes a small share of the
-    /// database's time.
+    /// Runs both on their intervals until `stop` fires, while this runner
+    /// leads (it tries for the lease before every rescue pass, and resigns
+    /// when stopped). A pass that took long (its scans walk row versions an
+    /// old snapshot elsewhere keeps alive) spaces the next one out to
+    /// [`COST_RATIO`] times its duration, up to [`MAX_SPACING`] intervals, so
+    /// upkeep takes a small share of the database's time.
     pub async fn run(self, stop: CancellationToken) {
         // Both run once at start, as a restarted worker should.
         let mut next_rescue = tokio::time::Instant::now();
         let mut next_prune = next_rescue;
+        let mut leading = false;
         loop {
             tokio::select! {
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => break,
                 () = tokio::time::sleep_until(next_rescue) => {
                     let started = tokio::time::Instant::now();
-                    if let Err(error) = self.rescue_once().await {
-                        metrics::counter!(STORE_ERRORS, "operation" => "rescue").increment(1);
-                        tracing::warn!(%error, "rescue pass failed");
+                    leading = self.elect(leading).await;
+                    if leading {
+                        if let Err(error) = self.rescue_once().await {
+                            metrics::counter!(STORE_ERRORS, "operation" => "rescue").increment(1);
+                            tracing::warn!(%error, "rescue pass failed");
+                        }
                     }
                     next_rescue = next_pass(started, started.elapsed(), self.config.rescue_interval);
                 }
-                () = tokio::time::sleep_until(next_prune) => {
+                () = tokio::time::sleep_until(next_prune), if leading => {
                     let started = tokio::time::Instant::now();
                     if let Err(error) = self.prune_once().await {
                         metrics::counter!(STORE_ERRORS, "operation" => "prune").increment(1);
@@ -169,6 +220,28 @@ impl<S: OutboxStore> Maintenance<S> {
                     }
                     next_prune = next_pass(started, started.elapsed(), self.config.prune_interval);
                 }
+            }
+        }
+        if leading {
+            if let Err(error) = self.resign().await {
+                tracing::warn!(%error, "could not resign the maintenance lease; it runs out on its own");
+            }
+        }
+    }
+
+    /// One election: whether this runner leads now (`was`: before).
+    async fn elect(&self, was: bool) -> bool {
+        match self.lead().await {
+            Ok(now) => {
+                if now != was {
+                    tracing::info!(holder = %self.holder, leading = now, "maintenance leadership changed");
+                }
+                now
+            }
+            Err(error) => {
+                metrics::counter!(STORE_ERRORS, "operation" => "lead_maintenance").increment(1);
+                tracing::warn!(%error, "could not renew the maintenance lease; pausing maintenance");
+                false
             }
         }
     }

@@ -524,6 +524,7 @@ impl<S: OutboxStore> WorkerBuilder<S> {
             .register_subscription(&SubscriptionSpec {
                 name: self.subscription.clone(),
                 topics,
+                replay: None,
             })
             .await?;
         Ok(Worker {

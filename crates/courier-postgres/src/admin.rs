@@ -140,6 +140,31 @@ impl AdminStore for PgStore {
         Ok(result.rows_affected() == 1)
     }
 
+    async fn remove_subscription_topics<'c>(
+        &'c self,
+        name: &'c str,
+        patterns: &'c [String],
+    ) -> Result<u64, StoreError> {
+        courier_core::validate_name("subscription", name)?;
+        let mut tx = self.pool().begin().await.map_err(map)?;
+        self.lock_fan_out(&mut tx).await?;
+        let removed = sqlx::query(&self.q().subscription_topics_remove)
+            .bind(name)
+            .bind(patterns)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map)?
+            .len();
+        if removed > 0 {
+            sqlx::query(&self.q().fan_out_epoch_bump)
+                .execute(&mut *tx)
+                .await
+                .map_err(map)?;
+        }
+        tx.commit().await.map_err(map)?;
+        Ok(u64::try_from(removed).unwrap_or(u64::MAX))
+    }
+
     async fn set_tenant_rate_limit<'c>(
         &'c self,
         subscription: &'c str,

@@ -26,8 +26,9 @@ use courier_core::{
     truncate_chars, Availability, BatchItem, BatchRollback, ClaimBatch, ClaimParams,
     ClaimedDelivery, Completion, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore,
     DeliverySummary, EnqueueOutcome, ErrorEntry, Failure, FailureApplied, LeaseRef, NewMessage,
-    OutboxStore, PruneReport, RescueParams, Snooze, StoreError, SubscriptionSpec,
-    TransactionalBatchOutcome, TxWork, ValidationError, MAX_ERROR_CHARS, MAX_SNOOZES,
+    OutboxStore, PruneReport, Registration, Replay, RescueParams, Snooze, StoreError,
+    SubscriptionSpec, TransactionalBatchOutcome, TxWork, ValidationError, MAX_ERROR_CHARS,
+    MAX_SNOOZES,
 };
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::Arguments;
@@ -41,6 +42,15 @@ pub use notifier::PgNotifier;
 use error::map;
 use floors::{Claimed, Floors, Found, LaneKey, Pass, Planned, Settled};
 use queries::Queries;
+
+/// A turn of no tenant (no tenant has the empty name).
+const NO_TENANT: &[String] = &[String::new()];
+
+/// How long a registration tries for the fan-out lock before it queues for it.
+const FAN_OUT_TRY_FOR: Duration = Duration::from_secs(2);
+
+/// The longest a registration then waits for producers to let it have the lock.
+const FAN_OUT_WAIT_AT_MOST: Duration = Duration::from_secs(30);
 
 /// The schema Courier's tables live in unless another is chosen.
 pub const DEFAULT_SCHEMA: &str = "courier";
@@ -422,7 +432,7 @@ impl OutboxStore for PgStore {
     async fn register_subscription<'c>(
         &'c self,
         spec: &'c SubscriptionSpec,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Registration, StoreError> {
         courier_core::validate_name("subscription", &spec.name)?;
         let mut patterns = Vec::with_capacity(spec.topics.len());
         let mut prefixes = Vec::with_capacity(spec.topics.len());
@@ -430,20 +440,74 @@ impl OutboxStore for PgStore {
             prefixes.push(pattern_prefix(pattern)?);
             patterns.push(pattern.as_str());
         }
-        let mut tx = self.inner.pool.begin().await.map_err(map)?;
-        sqlx::query(&self.q().subscription_upsert)
+        let unchanged: bool = sqlx::query_scalar(&self.q().subscription_registered)
             .bind(&spec.name)
-            .execute(&mut *tx)
+            .bind(&patterns)
+            .fetch_one(&self.inner.pool)
             .await
             .map_err(map)?;
-        sqlx::query(&self.q().subscription_topics_add)
+        if unchanged {
+            // A worker restarting: nothing to change, so no lock to take.
+            return Ok(Registration::default());
+        }
+        let mut tx = self.inner.pool.begin().await.map_err(map)?;
+        self.lock_fan_out(&mut tx).await?;
+        let created = !sqlx::query(&self.q().subscription_upsert)
+            .bind(&spec.name)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map)?
+            .is_empty();
+        let added = sqlx::query(&self.q().subscription_topics_add)
             .bind(&spec.name)
             .bind(&patterns)
             .bind(&prefixes)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map)?
+            .len();
+        sqlx::query(&self.q().fan_out_epoch_bump)
             .execute(&mut *tx)
             .await
             .map_err(map)?;
-        tx.commit().await.map_err(map)
+        let replayed = match spec.replay.filter(|_| created) {
+            None => 0,
+            Some(replay) => {
+                let (from_time, from_id) = match replay {
+                    Replay::All => (None, Uuid::nil()),
+                    Replay::Since(at) => (Some(at), Uuid::nil()),
+                    Replay::FromMessage(id) => {
+                        let at: Option<DateTime<Utc>> =
+                            sqlx::query_scalar(&self.q().message_created_at)
+                                .bind(id)
+                                .fetch_optional(&mut *tx)
+                                .await
+                                .map_err(map)?;
+                        let at = at.ok_or_else(|| {
+                            ValidationError::new(
+                                "replay",
+                                format!("message {id} is not retained, so there is nothing to replay from"),
+                            )
+                        })?;
+                        (Some(at), id)
+                    }
+                };
+                sqlx::query(&self.q().subscription_replay)
+                    .bind(&spec.name)
+                    .bind(from_time)
+                    .bind(from_id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map)?
+                    .rows_affected()
+            }
+        };
+        tx.commit().await.map_err(map)?;
+        Ok(Registration {
+            created,
+            topics_added: u64::try_from(added).unwrap_or(u64::MAX),
+            replayed,
+        })
     }
 
     async fn claim<'c>(&'c self, params: &'c ClaimParams) -> Result<ClaimBatch, StoreError> {
@@ -745,6 +809,29 @@ impl OutboxStore for PgStore {
             .rows_affected();
         Ok(PruneReport { messages, receipts })
     }
+
+    async fn lead_maintenance<'c>(
+        &'c self,
+        holder: &'c str,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let rows = sqlx::query(&self.q().leader_elect)
+            .bind(holder)
+            .bind(millis(lease))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn resign_maintenance<'c>(&'c self, holder: &'c str) -> Result<(), StoreError> {
+        sqlx::query(&self.q().leader_resign)
+            .bind(holder)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        Ok(())
+    }
 }
 
 impl DeadLetterStore for PgStore {
@@ -847,6 +934,72 @@ impl DeadLetterStore for PgStore {
 }
 
 impl PgStore {
+    /// Takes the fan-out lock exclusively in `tx` (see fan_out_lock_try.sql):
+    /// tries for up to [`FAN_OUT_TRY_FOR`] without queueing ahead of
+    /// producers, then waits for it, at most [`FAN_OUT_WAIT_AT_MOST`].
+    pub(crate) async fn lock_fan_out(&self, tx: &mut PgConnection) -> Result<(), StoreError> {
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_millis(2);
+        while started.elapsed() < FAN_OUT_TRY_FOR {
+            let taken: bool = sqlx::query_scalar(&self.q().fan_out_lock_try)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(map)?;
+            if taken {
+                return Ok(());
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+        // Producers kept it busy all along: queue for it, bounded.
+        sqlx::query(&self.q().lock_timeout_set)
+            .bind(format!("{}ms", FAN_OUT_WAIT_AT_MOST.as_millis()))
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?;
+        sqlx::query(&self.q().fan_out_lock)
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?;
+        Ok(())
+    }
+
+    /// The claim statement for `planned`, serving `given` tenants above
+    /// `floors` (none: discover tenants after the cursor).
+    fn claim_query<'q>(
+        &'q self,
+        params: &'q ClaimParams,
+        planned: &'q Planned,
+        limit: i32,
+        in_flight_limit: Option<i32>,
+        given: &'q [String],
+        floors: &'q [i64],
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, PgArguments> {
+        let topics: Vec<&str> = params.routes.iter().map(|r| r.topic.as_str()).collect();
+        let versions: Vec<i32> = params.routes.iter().map(|r| r.schema_version).collect();
+        let budgets: Vec<i32> = params.routes.iter().map(|r| r.max_attempts).collect();
+        let uniform = uniform_budget(&budgets);
+        sqlx::query(&self.q().claim)
+            .bind(&params.subscription)
+            .bind(planned.cursor(&params.tenant_cursor))
+            .bind(limit)
+            .bind(limit)
+            .bind(topics)
+            .bind(versions)
+            .bind(budgets)
+            .bind(in_flight_limit)
+            .bind(millis(params.lease))
+            .bind(&params.worker_id)
+            .bind(Uuid::new_v4())
+            .bind(uniform)
+            .bind(given)
+            .bind(floors)
+            .bind(match planned.pass {
+                Pass::Full => 0,
+                Pass::Floor { .. } => planned.discover_above,
+            })
+    }
+
     /// One claim statement, scanning as `pass` says; records what it found
     /// in the lane's floors.
     async fn claim_pass(
@@ -857,9 +1010,6 @@ impl PgStore {
     ) -> Result<ClaimBatch, StoreError> {
         let pass = &planned.pass;
         let limit = i32::try_from(params.limit).unwrap_or(i32::MAX);
-        let topics: Vec<&str> = params.routes.iter().map(|r| r.topic.as_str()).collect();
-        let versions: Vec<i32> = params.routes.iter().map(|r| r.schema_version).collect();
-        let budgets: Vec<i32> = params.routes.iter().map(|r| r.max_attempts).collect();
         let in_flight_limit = params
             .tenant_in_flight_limit
             .map(|l| i32::try_from(l).unwrap_or(i32::MAX));
@@ -870,43 +1020,43 @@ impl PgStore {
                 tenants, floors, ..
             } => (tenants, floors),
         };
-        let claim = sqlx::query(&self.q().claim)
-            .bind(&params.subscription)
-            .bind(planned.cursor(&params.tenant_cursor))
-            .bind(limit)
-            .bind(limit)
-            .bind(&topics)
-            .bind(&versions)
-            .bind(&budgets)
-            .bind(in_flight_limit)
-            .bind(millis(params.lease))
-            .bind(&params.worker_id)
-            .bind(Uuid::new_v4())
-            .bind(uniform_budget(&budgets))
-            .bind(given)
-            .bind(floors)
-            .bind(match pass {
-                Pass::Full => 0,
-                Pass::Floor { .. } => planned.discover_above,
-            });
-        let rows = if in_flight_limit.is_some() {
-            // Counting a tenant's running deliveries is only exact if no other
-            // claim of this subscription is in flight: take turns, so each
-            // claim's snapshot includes the previous claim's rows.
-            let mut tx = self.inner.pool.begin().await.map_err(map)?;
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-                .bind(format!(
-                    "{}:in-flight:{}",
-                    self.inner.schema, params.subscription
-                ))
-                .execute(&mut *tx)
+        let rows = match in_flight_limit {
+            None => self
+                .claim_query(params, planned, limit, in_flight_limit, given, floors)
+                .fetch_all(&self.inner.pool)
                 .await
-                .map_err(map)?;
-            let rows = claim.fetch_all(&mut *tx).await.map_err(map)?;
-            tx.commit().await.map_err(map)?;
-            rows
-        } else {
-            claim.fetch_all(&self.inner.pool).await.map_err(map)?
+                .map_err(map)?,
+            Some(_) => {
+                // Exact per-tenant counts: take the locks of the tenants this
+                // claim serves first (see claim_in_flight_lock.sql), then
+                // claim for exactly those tenants under a fresh snapshot.
+                let mut tx = self.inner.pool.begin().await.map_err(map)?;
+                let locked: Vec<String> = sqlx::query_scalar(&self.q().claim_in_flight_lock)
+                    .bind(&params.subscription)
+                    .bind(planned.cursor(&params.tenant_cursor))
+                    .bind(given)
+                    .bind(limit)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(map)?;
+                let zeros;
+                let (given, floors): (&[String], &[i64]) = match pass {
+                    Pass::Floor { .. } => (given, floors),
+                    // No tenant has the empty name: a turn of none.
+                    Pass::Full if locked.is_empty() => (NO_TENANT, &[0]),
+                    Pass::Full => {
+                        zeros = vec![0; locked.len()];
+                        (&locked, &zeros)
+                    }
+                };
+                let rows = self
+                    .claim_query(params, planned, limit, in_flight_limit, given, floors)
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(map)?;
+                tx.commit().await.map_err(map)?;
+                rows
+            }
         };
         let took = started.elapsed();
         let mut turn: Vec<String> = Vec::new();

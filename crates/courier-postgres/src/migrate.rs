@@ -34,10 +34,20 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "tenant_rate_limits",
         include_str!("../migrations/0006_tenant_rate_limits.sql"),
     ),
+    (
+        7,
+        "fan_out_in_commit_order",
+        include_str!("../migrations/0007_fan_out_in_commit_order.sql"),
+    ),
+    (
+        8,
+        "maintenance_leader",
+        include_str!("../migrations/0008_maintenance_leader.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 8;
 
 pub(crate) async fn run(pool: &PgPool, schema: &str) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.map_err(map)?;

@@ -1,4 +1,5 @@
--- Adds topic patterns to subscription ?1; existing patterns are kept as they are.
+-- Adds topic patterns to subscription ?1; existing patterns are kept as they
+-- are; returns the patterns added.
 -- ?2 is a JSON array of [pattern, prefix] (prefix null for an exact topic, ''
 -- for `*`, 'stem.' for `stem.*`). Touches: subscription_topics (insert).
 -- Locks: runs in register_subscription's BEGIN IMMEDIATE transaction.
@@ -6,3 +7,4 @@
 INSERT INTO subscription_topics (subscription, pattern, prefix)
 SELECT ?1, value ->> 0, value ->> 1 FROM json_each(?2) WHERE true
 ON CONFLICT (subscription, pattern) DO NOTHING
+RETURNING pattern

@@ -4,8 +4,8 @@
 //! one snapshot and never waits for the writer (WAL).
 
 use courier_core::{
-    AdminStore, DeadLetterStore, DeliveryStats, DeliverySummary, MessageFilter, MessagePage,
-    RateLimit, StoreError, StoredMessage, SubscriptionInfo,
+    validate_name, AdminStore, DeadLetterStore, DeliveryStats, DeliverySummary, MessageFilter,
+    MessagePage, RateLimit, StoreError, StoredMessage, SubscriptionInfo,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -130,6 +130,24 @@ impl AdminStore for SqliteStore {
             .await
             .map_err(map)?;
         Ok(result.rows_affected() == 1)
+    }
+
+    async fn remove_subscription_topics<'c>(
+        &'c self,
+        name: &'c str,
+        patterns: &'c [String],
+    ) -> Result<u64, StoreError> {
+        validate_name("subscription", name)?;
+        let _turn = self.write_turn().await?;
+        let patterns = Value::from(patterns.to_vec()).to_string();
+        let removed = sqlx::query(queries::SUBSCRIPTION_TOPICS_REMOVE)
+            .bind(name)
+            .bind(patterns)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?
+            .len();
+        Ok(u64::try_from(removed).unwrap_or(u64::MAX))
     }
 
     async fn set_tenant_rate_limit<'c>(

@@ -20,10 +20,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "tenant_rate_limits",
         include_str!("../migrations/0003_tenant_rate_limits.sql"),
     ),
+    (
+        4,
+        "maintenance_leader",
+        include_str!("../migrations/0004_maintenance_leader.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// The bookkeeping table, named so that it cannot collide with an
 /// application's own `schema_migrations` in a shared file.

@@ -6,8 +6,9 @@ use std::time::Duration;
 use courier_core::{
     truncate_chars, validate_name, Availability, BatchItem, BatchRollback, ClaimBatch, ClaimParams,
     ClaimedDelivery, Completion, EnqueueOutcome, Failure, FailureApplied, LeaseRef, NewMessage,
-    OutboxStore, PruneReport, RescueParams, Snooze, StoreError, SubscriptionSpec,
-    TransactionalBatchOutcome, TxWork, ValidationError, MAX_ERROR_CHARS, MAX_SNOOZES,
+    OutboxStore, PruneReport, Registration, Replay, RescueParams, Snooze, StoreError,
+    SubscriptionSpec, TransactionalBatchOutcome, TxWork, ValidationError, MAX_ERROR_CHARS,
+    MAX_SNOOZES,
 };
 use serde_json::{json, Value};
 use sqlx::{Connection, SqliteConnection};
@@ -195,26 +196,69 @@ impl OutboxStore for SqliteStore {
     async fn register_subscription<'c>(
         &'c self,
         spec: &'c SubscriptionSpec,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Registration, StoreError> {
         let _turn = self.write_turn().await?;
         validate_name("subscription", &spec.name)?;
         let mut topics = Vec::with_capacity(spec.topics.len());
         for pattern in &spec.topics {
             topics.push(json!([pattern, pattern_prefix(pattern)?]));
         }
+        // One writer at a time: producers commit wholly before or after this.
         let mut tx = self.begin().await?;
-        sqlx::query(queries::SUBSCRIPTION_UPSERT)
+        let created = !sqlx::query(queries::SUBSCRIPTION_UPSERT)
             .bind(&spec.name)
-            .execute(&mut *tx)
+            .fetch_all(&mut *tx)
             .await
-            .map_err(map)?;
-        sqlx::query(queries::SUBSCRIPTION_TOPICS_ADD)
+            .map_err(map)?
+            .is_empty();
+        let added = sqlx::query(queries::SUBSCRIPTION_TOPICS_ADD)
             .bind(&spec.name)
             .bind(Value::Array(topics).to_string())
-            .execute(&mut *tx)
+            .fetch_all(&mut *tx)
             .await
-            .map_err(map)?;
-        tx.commit().await.map_err(map)
+            .map_err(map)?
+            .len();
+        let replayed = match spec.replay.filter(|_| created) {
+            None => 0,
+            Some(replay) => {
+                let (from_time, from_id) = match replay {
+                    Replay::All => (None, String::new()),
+                    Replay::Since(at) => (Some(at.timestamp_millis()), String::new()),
+                    Replay::FromMessage(id) => {
+                        let id = id.to_string();
+                        let at: Option<i64> = sqlx::query_scalar(queries::MESSAGE_CREATED_AT)
+                            .bind(&id)
+                            .fetch_optional(&mut *tx)
+                            .await
+                            .map_err(map)?;
+                        let at = at.ok_or_else(|| {
+                            ValidationError::new(
+                                "replay",
+                                format!("message {id} is not retained, so there is nothing to replay from"),
+                            )
+                        })?;
+                        (Some(at), id)
+                    }
+                };
+                sqlx::query(queries::SUBSCRIPTION_REPLAY)
+                    .bind(&spec.name)
+                    .bind(from_time)
+                    .bind(from_id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map)?
+                    .rows_affected()
+            }
+        };
+        tx.commit().await.map_err(map)?;
+        if replayed > 0 {
+            self.wake();
+        }
+        Ok(Registration {
+            created,
+            topics_added: u64::try_from(added).unwrap_or(u64::MAX),
+            replayed,
+        })
     }
 
     async fn claim<'c>(&'c self, params: &'c ClaimParams) -> Result<ClaimBatch, StoreError> {
@@ -593,5 +637,30 @@ impl OutboxStore for SqliteStore {
             .map_err(map)?
             .rows_affected();
         Ok(PruneReport { messages, receipts })
+    }
+
+    async fn lead_maintenance<'c>(
+        &'c self,
+        holder: &'c str,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let _turn = self.write_turn().await?;
+        let rows = sqlx::query(queries::LEADER_ELECT)
+            .bind(holder)
+            .bind(millis(lease))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn resign_maintenance<'c>(&'c self, holder: &'c str) -> Result<(), StoreError> {
+        let _turn = self.write_turn().await?;
+        sqlx::query(queries::LEADER_RESIGN)
+            .bind(holder)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        Ok(())
     }
 }

@@ -44,6 +44,7 @@ impl Db {
             .register_subscription(&SubscriptionSpec {
                 name: name.to_owned(),
                 topics: topics.iter().map(|t| (*t).to_owned()).collect(),
+                replay: None,
             })
             .await?;
         Ok(())
@@ -212,6 +213,7 @@ async fn invalid_messages_store_nothing() -> TestResult {
         .register_subscription(&SubscriptionSpec {
             name: "s".into(),
             topics: vec!["a*".into()],
+            replay: None,
         })
         .await;
     assert!(matches!(refused, Err(StoreError::Invalid(_))));
@@ -1302,6 +1304,7 @@ async fn a_busy_database_is_a_transient_error() -> TestResult {
         .register_subscription(&SubscriptionSpec {
             name: "s".into(),
             topics: vec!["t".into()],
+            replay: None,
         })
         .await
         .err()
@@ -1312,6 +1315,7 @@ async fn a_busy_database_is_a_transient_error() -> TestResult {
         .register_subscription(&SubscriptionSpec {
             name: "s".into(),
             topics: vec!["t".into()],
+            replay: None,
         })
         .await?;
     Ok(())

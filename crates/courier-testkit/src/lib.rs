@@ -70,6 +70,12 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Shortens every lease on the database so the next expiry check sees them expired.
     fn expire_leases(&self) -> impl std::future::Future<Output = anyhow::Result<u64>> + Send;
+
+    /// Another store over the same database with a pool (and memory) of its
+    /// own, as another process would have.
+    fn another_store(
+        &self,
+    ) -> impl std::future::Future<Output = anyhow::Result<Self::Store>> + Send;
 }
 
 /// A fresh PostgreSQL schema holding Courier's tables and the test's own.
@@ -158,6 +164,13 @@ impl Backend for PgFixture {
         )
         .await
     }
+
+    async fn another_store(&self) -> anyhow::Result<PgStore> {
+        Ok(PgStore::with_schema(
+            pg_pool(&self.schema, 4).await?,
+            &self.schema,
+        )?)
+    }
 }
 
 /// A fresh SQLite database file in a temporary directory.
@@ -232,6 +245,14 @@ impl Backend for SqliteFixture {
             "UPDATE deliveries SET lease_expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) - 1000 WHERE state = 'running'",
         )
         .await
+    }
+
+    async fn another_store(&self) -> anyhow::Result<SqliteStore> {
+        let path = self
+            .path
+            .to_str()
+            .ok_or_else(|| anyhow::anyhow!("temporary path is not UTF-8"))?;
+        Ok(SqliteStore::new(courier::sqlite::connect(path, 4).await?))
     }
 }
 
@@ -489,7 +510,8 @@ impl<S: OutboxStore> OutboxStore for StalledHeartbeat<S> {
     fn register_subscription<'c>(
         &'c self,
         spec: &'c courier::SubscriptionSpec,
-    ) -> impl std::future::Future<Output = Result<(), courier::StoreError>> + Send + 'c {
+    ) -> impl std::future::Future<Output = Result<courier::Registration, courier::StoreError>> + Send + 'c
+    {
         self.inner.register_subscription(spec)
     }
 
@@ -582,6 +604,21 @@ impl<S: OutboxStore> OutboxStore for StalledHeartbeat<S> {
         idle: bool,
     ) -> impl std::future::Future<Output = Result<bool, courier::StoreError>> + Send + 'c {
         self.inner.announce_idle(subscription, worker_id, idle)
+    }
+
+    fn lead_maintenance<'c>(
+        &'c self,
+        holder: &'c str,
+        lease: Duration,
+    ) -> impl std::future::Future<Output = Result<bool, courier::StoreError>> + Send + 'c {
+        self.inner.lead_maintenance(holder, lease)
+    }
+
+    fn resign_maintenance<'c>(
+        &'c self,
+        holder: &'c str,
+    ) -> impl std::future::Future<Output = Result<(), courier::StoreError>> + Send + 'c {
+        self.inner.resign_maintenance(holder)
     }
 
     fn prune(

@@ -462,6 +462,7 @@ async fn list_subscriptions_shows_patterns_and_paused<B: Backend>(
         .register_subscription(&SubscriptionSpec {
             name: "audit".into(),
             topics: vec!["order.*".into(), "*".into()],
+            replay: None,
         })
         .await?;
     assert!(store.set_subscription_paused("audit", true).await?);

@@ -377,6 +377,7 @@ async fn register<B: Backend>(backend: &B) -> anyhow::Result<()> {
         .register_subscription(&courier::SubscriptionSpec {
             name: "sub".into(),
             topics: vec!["topic".into()],
+            replay: None,
         })
         .await?;
     Ok(())

@@ -31,6 +31,7 @@ async fn register(store: &PgStore) -> anyhow::Result<()> {
         .register_subscription(&courier::SubscriptionSpec {
             name: "sub".into(),
             topics: vec!["topic".into()],
+            replay: None,
         })
         .await?;
     Ok(())

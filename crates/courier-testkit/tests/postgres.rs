@@ -56,6 +56,7 @@ async fn a_plain_sql_insert_is_delivered_to_every_matching_subscription() -> any
         &courier::SubscriptionSpec {
             name: "wildcard".into(),
             topics: vec!["invoice.*".into()],
+            replay: None,
         },
     )
     .await?;
@@ -64,6 +65,7 @@ async fn a_plain_sql_insert_is_delivered_to_every_matching_subscription() -> any
         &courier::SubscriptionSpec {
             name: "all".into(),
             topics: vec!["*".into()],
+            replay: None,
         },
     )
     .await?;
@@ -214,6 +216,7 @@ async fn eight_workers_in_two_processes_apply_each_message_once_per_subscription
             &courier::SubscriptionSpec {
                 name: name.into(),
                 topics: vec!["order.placed".into()],
+                replay: None,
             },
         )
         .await?;

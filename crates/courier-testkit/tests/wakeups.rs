@@ -74,6 +74,7 @@ async fn no_tenant_or_key_text_takes_courier_s_own_locks() -> anyhow::Result<()>
         .register_subscription(&courier::SubscriptionSpec {
             name: "sub".into(),
             topics: vec!["topic".into()],
+            replay: None,
         })
         .await?;
     // A topic `sub` does not receive: the producer shares none of its locks

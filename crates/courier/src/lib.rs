@@ -44,9 +44,9 @@ pub use courier_core::{
     ClaimParams, ClaimedDelivery, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore,
     DeliveryStats, DeliverySummary, EnqueueOutcome, ErrorEntry, Failure, FailureApplied,
     HandlerError, LeaseRef, Message, MessageFilter, MessagePage, NewMessage, OutboxStore,
-    PruneReport, RateLimit, RescueParams, RetryPolicy, Route, Snooze, StoreError, StoredMessage,
-    SubscriptionInfo, SubscriptionSpec, TransactionalBatchOutcome, TransactionalOutcome, TxWork,
-    ValidationError, MAX_ERROR_CHARS, MAX_PAYLOAD_BYTES, MAX_SNOOZES,
+    PruneReport, RateLimit, Registration, Replay, RescueParams, RetryPolicy, Route, Snooze,
+    StoreError, StoredMessage, SubscriptionInfo, SubscriptionSpec, TransactionalBatchOutcome,
+    TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS, MAX_PAYLOAD_BYTES, MAX_SNOOZES,
 };
 pub use courier_engine::{
     handler_fn, EngineError, Handler, Maintenance, MaintenanceConfig, TransactionalHandler, Worker,

@@ -288,16 +288,13 @@ impl App {
 
     /// Registers the subscription without running it, so messages wait for it.
     async fn register(&self) -> anyhow::Result<()> {
-        let spec = courier::SubscriptionSpec {
-            name: SUBSCRIPTION.into(),
-            topics: vec![TOPIC.into()],
-        };
+        let spec = courier::SubscriptionSpec::new(SUBSCRIPTION, [TOPIC]);
         match self {
             App::Postgres(courier, _) => {
-                courier::OutboxStore::register_subscription(courier.store(), &spec).await?
+                courier::OutboxStore::register_subscription(courier.store(), &spec).await?;
             }
             App::Sqlite(courier, _) => {
-                courier::OutboxStore::register_subscription(courier.store(), &spec).await?
+                courier::OutboxStore::register_subscription(courier.store(), &spec).await?;
             }
         }
         Ok(())

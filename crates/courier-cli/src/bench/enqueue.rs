@@ -86,6 +86,7 @@ pub(crate) async fn run<F: Fixture>(
             .register_subscription(&SubscriptionSpec {
                 name: "bench_enqueue".to_owned(),
                 topics: vec![TOPIC.to_owned()],
+                replay: None,
             })
             .await?;
         let result = timed(plan, &case.id(), case, move |seq| {

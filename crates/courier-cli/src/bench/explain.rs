@@ -68,6 +68,7 @@ pub(crate) async fn run<F: Fixture>(
         .register_subscription(&SubscriptionSpec {
             name: SUBSCRIPTION.to_owned(),
             topics: vec![TOPIC.to_owned()],
+            replay: None,
         })
         .await?;
     let count = plan.explain_messages;

@@ -538,9 +538,12 @@ impl OutboxStore for PgStore {
                 return Err(error);
             }
         };
-        if planned.pass != Pass::Full && batch.deliveries.is_empty() {
-            // Nothing above the floors: scan from the first entries before
-            // reporting that there is nothing (the caller may go idle on it).
+        // A lap's pass scans after the lap's cursor, not the caller's.
+        let elsewhere = planned.cursor(&params.tenant_cursor) != params.tenant_cursor;
+        if batch.deliveries.is_empty() && (planned.pass != Pass::Full || elsewhere) {
+            // Nothing above the floors, or after the lap's cursor: scan after
+            // the caller's cursor from the first entries before reporting
+            // that there is nothing (the caller may go idle on it).
             return self.claim_pass(params, &lane, &planned.fallback()).await;
         }
         Ok(batch)

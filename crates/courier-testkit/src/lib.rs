@@ -3,7 +3,9 @@
 //!
 //! [`Backend`] is what the engine suite is written against; it is implemented
 //! by [`PgFixture`] and [`SqliteFixture`], and `backend_tests!` generates each
-//! test once per backend.
+//! test once per backend. [`StoreFixture`] is what the store conformance
+//! suite ([`store_suite`]) is written against; `store_conformance_tests!`
+//! expands it for one backend.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,6 +18,9 @@ use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool, SqliteConnection, SqlitePool};
 use uuid::Uuid;
+
+pub mod store_suite;
+pub use store_suite::{HeldSnapshot, StoreFixture, SuiteConnection};
 
 /// The PostgreSQL server tests use: `DATABASE_URL`, or the project machines' default.
 pub fn database_url() -> String {
@@ -159,7 +164,8 @@ impl Backend for PgFixture {
     }
 
     async fn expire_leases(&self) -> anyhow::Result<u64> {
-        self.execute(
+        Backend::execute(
+            self,
             "UPDATE deliveries SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE state = 'running'",
         )
         .await
@@ -241,7 +247,8 @@ impl Backend for SqliteFixture {
     }
 
     async fn expire_leases(&self) -> anyhow::Result<u64> {
-        self.execute(
+        Backend::execute(
+            self,
             "UPDATE deliveries SET lease_expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) - 1000 WHERE state = 'running'",
         )
         .await

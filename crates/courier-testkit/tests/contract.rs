@@ -1,15 +1,16 @@
 //! The engine contract under faults, on every backend: handlers stop when
 //! their lease can no longer be kept, hung handlers time out, snoozes spend
-//! no attempts, and every write about a claim is fenced by its lease on the
-//! database clock.
+//! no attempts, and a tenant's rate limit holds across workers. The store's
+//! own fences (lease token and clock, rescue backoff, the bounds on snoozes
+//! and error history) are in the store conformance suite, `tests/store.rs`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use courier::{
-    handler_fn, DeadLetterStore, HandlerError, LeaseRef, MaintenanceConfig, Message, NewMessage,
-    OutboxStore, RescueParams, RetryPolicy, WorkerBuilder,
+    handler_fn, DeadLetterStore, HandlerError, MaintenanceConfig, Message, NewMessage, RetryPolicy,
+    WorkerBuilder,
 };
 use courier_testkit::{backend_tests, eventually, Backend, Event, StalledHeartbeat};
 
@@ -322,198 +323,6 @@ async fn snoozes_spend_no_attempts<B: Backend>(backend: B) -> anyhow::Result<()>
     Ok(())
 }
 
-/// The bound on snoozes: past it, a snooze spends the attempt like a failure.
-async fn a_delivery_past_the_snooze_bound_spends_its_attempt<B: Backend>(
-    backend: B,
-) -> anyhow::Result<()> {
-    let store = backend.courier().store();
-    register(&backend).await?;
-    backend
-        .enqueue_committed(&[NewMessage::new("acme", "topic", &Event { n: 1 })?])
-        .await?;
-    let claimed = store.claim(&claim_params(1)).await?.deliveries;
-    let snooze = |lease: LeaseRef| courier::Snooze {
-        lease,
-        delay: Duration::ZERO,
-        reason: "over quota".into(),
-    };
-    let applied = store.snooze_many(&[snooze(claimed[0].lease())]).await?;
-    assert_eq!(applied.len(), 1);
-    assert!(!applied[0].dead, "a snooze within the bound puts it back");
-    assert_eq!(
-        backend
-            .scalar("SELECT CAST(attempts AS BIGINT) FROM deliveries")
-            .await?,
-        0
-    );
-    backend
-        .execute(&format!(
-            "UPDATE deliveries SET snoozes = {}",
-            courier::MAX_SNOOZES
-        ))
-        .await?;
-    let again = store.claim(&claim_params(1)).await?.deliveries;
-    let applied = store.snooze_many(&[snooze(again[0].lease())]).await?;
-    assert!(
-        applied[0].dead,
-        "past the bound the snooze spent the only attempt"
-    );
-    let letter = store
-        .get_dead_letter(again[0].delivery_id)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("no dead letter"))?;
-    assert_eq!(letter.attempts, 1);
-    assert_eq!(
-        letter.errors.last().map(|e| e.message.as_str()),
-        Some("snoozed 1000 times already: over quota")
-    );
-    Ok(())
-}
-
-async fn register<B: Backend>(backend: &B) -> anyhow::Result<()> {
-    backend
-        .courier()
-        .store()
-        .register_subscription(&courier::SubscriptionSpec {
-            name: "sub".into(),
-            topics: vec!["topic".into()],
-            replay: None,
-        })
-        .await?;
-    Ok(())
-}
-
-fn claim_params(max_attempts: i32) -> courier::ClaimParams {
-    courier::ClaimParams {
-        subscription: "sub".into(),
-        routes: vec![courier::Route {
-            topic: "topic".into(),
-            schema_version: 1,
-            max_attempts,
-        }],
-        limit: 10,
-        lease: Duration::from_secs(30),
-        worker_id: "w".into(),
-        tenant_cursor: String::new(),
-        tenant_in_flight_limit: None,
-    }
-}
-
-/// A zombie still holds the right token but its lease expired on the
-/// database clock (no rescue has run): complete, fail, snooze, extend and
-/// release are all refused.
-async fn a_zombie_with_the_right_token_is_refused_by_the_clock<B: Backend>(
-    backend: B,
-) -> anyhow::Result<()> {
-    let store = backend.courier().store();
-    register(&backend).await?;
-    backend
-        .enqueue_committed(&courier_testkit::events("acme", "topic", 1)?)
-        .await?;
-    let claimed = store.claim(&claim_params(10)).await?.deliveries;
-    let lease = claimed[0].lease();
-    backend.expire_leases().await?;
-    assert!(store.complete_many(&[lease]).await?.is_empty(), "complete");
-    let failure = courier::Failure {
-        lease,
-        error: "late".into(),
-        retry_in: Some(Duration::ZERO),
-    };
-    assert!(store.fail_many(&[failure]).await?.is_empty(), "fail");
-    let snooze = courier::Snooze {
-        lease,
-        delay: Duration::ZERO,
-        reason: "late".into(),
-    };
-    assert!(store.snooze_many(&[snooze]).await?.is_empty(), "snooze");
-    assert!(
-        store
-            .extend_many(&[lease], Duration::from_secs(30))
-            .await?
-            .is_empty(),
-        "extend"
-    );
-    assert!(store.release_many(&[lease]).await?.is_empty(), "release");
-    // Still the zombie's claim, untouched, for the rescuer.
-    assert_eq!(
-        backend
-            .scalar("SELECT count(*) FROM deliveries WHERE state = 'running' AND attempts = 1")
-            .await?,
-        1
-    );
-    assert_eq!(store.rescue_expired(&RescueParams::at_once(10)).await?, 1);
-    Ok(())
-}
-
-/// Rescued deliveries wait a backoff before their next attempt.
-async fn rescued_deliveries_wait_a_backoff<B: Backend>(backend: B) -> anyhow::Result<()> {
-    let store = backend.courier().store();
-    register(&backend).await?;
-    backend
-        .enqueue_committed(&courier_testkit::events("acme", "topic", 1)?)
-        .await?;
-    store.claim(&claim_params(10)).await?;
-    backend.expire_leases().await?;
-    let params = RescueParams {
-        limit: 10,
-        backoff_base: Duration::from_secs(60),
-        backoff_cap: Duration::from_secs(300),
-    };
-    assert_eq!(store.rescue_expired(&params).await?, 1);
-    assert!(
-        store.claim(&claim_params(10)).await?.deliveries.is_empty(),
-        "a rescued delivery is not offered again at once"
-    );
-    Ok(())
-}
-
-/// The error history keeps the newest 20 entries, whether the attempts
-/// failed or expired and were rescued, back to the queue or to the dead.
-async fn the_error_history_keeps_the_newest_twenty_on_every_path<B: Backend>(
-    backend: B,
-) -> anyhow::Result<()> {
-    let store = backend.courier().store();
-    register(&backend).await?;
-    let message = backend
-        .enqueue_committed(&courier_testkit::events("acme", "topic", 1)?)
-        .await?[0]
-        .id;
-    let history = || async {
-        let deliveries = store.message_deliveries(message).await?;
-        anyhow::Ok(deliveries.first().map_or(0, |d| d.errors.len()))
-    };
-    let budget = 100;
-    for attempt in 1..=25 {
-        let claimed = store.claim(&claim_params(budget)).await?.deliveries;
-        anyhow::ensure!(claimed.len() == 1, "attempt {attempt} was claimed");
-        if attempt % 2 == 0 {
-            let failure = courier::Failure {
-                lease: claimed[0].lease(),
-                error: format!("failed {attempt}"),
-                retry_in: Some(Duration::ZERO),
-            };
-            assert_eq!(store.fail_many(&[failure]).await?.len(), 1);
-        } else {
-            backend.expire_leases().await?;
-            assert_eq!(store.rescue_expired(&RescueParams::at_once(10)).await?, 1);
-        }
-    }
-    assert_eq!(history().await?, 20);
-    // The last attempt expires and is rescued to the dead letters.
-    let claimed = store.claim(&claim_params(26)).await?.deliveries;
-    anyhow::ensure!(claimed.len() == 1);
-    backend.expire_leases().await?;
-    assert_eq!(store.rescue_expired(&RescueParams::at_once(10)).await?, 1);
-    let letter = store
-        .get_dead_letter(claimed[0].delivery_id)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("the last attempt dead-lettered"))?;
-    assert_eq!(letter.errors.len(), 20);
-    assert_eq!(letter.errors.first().map(|e| e.attempt), Some(7));
-    assert_eq!(letter.errors.last().map(|e| e.attempt), Some(26));
-    Ok(())
-}
-
 /// A tenant limited to 50 deliveries a second starts them at 50/s (± 20 %),
 /// across the whole subscription, while another tenant drains at full speed.
 async fn a_rate_limited_tenant_drains_at_its_rate_beside_a_full_speed_one<B: Backend>(
@@ -634,8 +443,4 @@ backend_tests!(
     a_hung_handler_is_cancelled_at_its_timeout,
     a_hung_transactional_handler_times_out_and_rolls_back,
     snoozes_spend_no_attempts,
-    a_delivery_past_the_snooze_bound_spends_its_attempt,
-    a_zombie_with_the_right_token_is_refused_by_the_clock,
-    rescued_deliveries_wait_a_backoff,
-    the_error_history_keeps_the_newest_twenty_on_every_path,
 );

@@ -1,12 +1,15 @@
 //! PostgreSQL-only promises: the SQL contract for non-Rust producers,
-//! LISTEN/NOTIFY wake-ups that survive a killed connection, and workers in
-//! separate processes racing over one outbox.
+//! LISTEN/NOTIFY wake-ups that survive a killed connection, workers in
+//! separate processes racing over one outbox, migrations started together,
+//! and the claim's index walks (floors under a held snapshot). The store
+//! traits' promises, lease fences included, are in the store conformance
+//! suite (`tests/store.rs`).
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use courier::{handler_fn, HandlerError, Message, NewMessage};
-use courier_testkit::{events, eventually, Backend, CallCounter, Event, PgFixture, RecordEffect};
+use courier::{handler_fn, HandlerError, Message};
+use courier_testkit::{events, eventually, Backend, CallCounter, Event, PgFixture};
 
 fn counting(counter: CallCounter) -> impl courier::Handler<Payload = Event> {
     handler_fn(move |message: Message<Event>| {
@@ -293,97 +296,6 @@ async fn migrations_run_once_when_many_processes_start_together() -> anyhow::Res
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_schema_newer_than_this_build_is_refused() -> anyhow::Result<()> {
-    let pg = PgFixture::new().await?;
-    pg.execute("INSERT INTO schema_migrations (version, name) VALUES (999, 'future')")
-        .await?;
-    let result = pg.courier().migrate().await;
-    assert!(
-        matches!(
-            result,
-            Err(courier::StoreError::SchemaTooNew { found: 999, .. })
-        ),
-        "{result:?}"
-    );
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn invalid_messages_are_refused_before_anything_is_stored() -> anyhow::Result<()> {
-    let pg = PgFixture::new().await?;
-    let good = NewMessage::new("acme", "topic", &Event { n: 1 })?;
-    let bad = NewMessage::new("acme", "topic", &Event { n: 2 })?.with_ordering_key("");
-    let result = pg.enqueue_committed(&[good, bad]).await;
-    assert!(result.is_err());
-    assert_eq!(pg.scalar("SELECT count(*) FROM messages").await?, 0);
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zombie_completion_is_refused_after_lease_expiry() -> anyhow::Result<()> {
-    // A worker partitioned from its heartbeats while its transactional handler
-    // runs: another worker takes the delivery over, the zombie's completion is
-    // refused and its writes roll back. (SQLite has no such zombie: the
-    // handler's transaction holds the single write lock, so nobody can take
-    // the delivery over; see courier-sqlite's store tests.)
-    let backend = PgFixture::new().await?;
-    backend.create_effects_table().await?;
-    let zombie_effect = RecordEffect {
-        delay: Duration::from_millis(1500),
-        ..RecordEffect::default()
-    };
-    let zombie = backend
-        .courier()
-        .worker("ledger")
-        .handle_transactional("order.placed", 1, zombie_effect.clone())
-        .lease(Duration::from_millis(300))
-        .maintenance(None)
-        .build()
-        .await?;
-    backend
-        .enqueue_committed(&events("acme", "order.placed", 1)?)
-        .await?;
-    // run_once runs no heartbeat: this worker behaves like a partitioned one.
-    let zombie_run = tokio::spawn(async move { zombie.run_once().await });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let maintenance = backend
-        .courier()
-        .maintenance(courier_testkit::rescue_at_once())?;
-    let rescued = maintenance.rescue_once().await?;
-    let rescuer = backend.courier().worker("ledger");
-    let healthy_effect = RecordEffect::default();
-    let healthy = rescuer
-        .handle_transactional("order.placed", 1, healthy_effect.clone())
-        .maintenance(None)
-        .build()
-        .await?;
-    assert_eq!(rescued, 1, "the expired lease must be rescued");
-    assert_eq!(healthy.run_once().await?, 1);
-    zombie_run.await??;
-    assert_eq!(
-        zombie_effect.counter.total(),
-        1,
-        "the zombie ran its handler"
-    );
-    assert_eq!(
-        healthy_effect.counter.total(),
-        1,
-        "the rescuer ran its handler"
-    );
-    assert_eq!(backend.scalar("SELECT count(*) FROM effects").await?, 1);
-    assert_eq!(
-        backend
-            .scalar("SELECT CAST(max(calls) AS BIGINT) FROM effects")
-            .await?,
-        1,
-        "the zombie's write must have rolled back"
-    );
-    assert_eq!(backend.scalar("SELECT count(*) FROM receipts").await?, 1);
-    assert_eq!(backend.scalar("SELECT count(*) FROM deliveries").await?, 0);
-    Ok(())
-}
-
 /// Waits up to `limit` for a notification on `listener`.
 async fn notified(listener: &mut sqlx::postgres::PgListener, limit: Duration) -> bool {
     matches!(
@@ -650,10 +562,7 @@ async fn claims_under_a_held_snapshot_start_past_the_deliveries_already_done() -
     let pg = PgFixture::new().await?;
     let courier = pg.courier();
     register_sub(&pg).await?;
-    let mut holder = pg.pool.acquire().await?;
-    sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
-        .execute(&mut *holder)
-        .await?;
+    let holder = courier_testkit::StoreFixture::hold_snapshot(&pg).await?;
     for chunk in events("t", "topic", 3_000)?.chunks(1000) {
         pg.enqueue_committed(chunk).await?;
     }
@@ -684,7 +593,7 @@ async fn claims_under_a_held_snapshot_start_past_the_deliveries_already_done() -
     // And the store itself claims the new ones.
     let batch = courier::OutboxStore::claim(store, &claim_params(250)).await?;
     assert_eq!(batch.deliveries.len(), 10);
-    sqlx::raw_sql("ROLLBACK").execute(&mut *holder).await?;
+    holder.close().await?;
     Ok(())
 }
 

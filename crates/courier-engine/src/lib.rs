@@ -8,11 +8,12 @@
 //! transaction with its receipt and completion, so their effect happens once.
 //!
 //! Modules, one service each: `config` (settings, defaults and their
-//! checks), [`handler`] (typed handlers and decoding), `worker` (the
-//! builder, fetch loop and executor), `settle` (batched completion),
-//! `heartbeat` (lease extension), `in_flight` (the lease ledger they share),
-//! [`maintenance`] (rescuer and pruner).
+//! checks), `builder` (handler registration), [`handler`] (typed handlers
+//! and decoding), `worker` (the fetch loop and executor), `settle` (batched
+//! completion), `heartbeat` (lease extension), `in_flight` (the lease ledger
+//! they share), [`maintenance`] (rescuer and pruner).
 
+mod builder;
 mod config;
 pub mod handler;
 mod heartbeat;
@@ -22,6 +23,7 @@ mod metrics_names;
 mod settle;
 mod worker;
 
+pub use builder::WorkerBuilder;
 pub use config::{
     WorkerConfig, CATCH_ALL_TOPIC, CATCH_ALL_VERSION, DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY,
     DEFAULT_HANDLER_TIMEOUT, DEFAULT_LEASE, DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_TIMEOUT,
@@ -29,7 +31,7 @@ pub use config::{
 };
 pub use handler::{handler_fn, Handler, TransactionalHandler};
 pub use maintenance::{Maintenance, MaintenanceConfig};
-pub use worker::{Worker, WorkerBuilder, WorkerHandle};
+pub use worker::{Worker, WorkerHandle};
 
 /// Why a worker could not be built or started.
 #[derive(Debug, thiserror::Error)]

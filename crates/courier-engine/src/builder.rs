@@ -17,9 +17,10 @@ use courier_core::{OutboxStore, RetryPolicy, Route, SubscriptionSpec, Validation
 use tokio::sync::watch;
 
 use crate::config::{WorkerConfig, CATCH_ALL_TOPIC, CATCH_ALL_VERSION};
+use crate::executor::{RouteTable, Routes};
 use crate::handler::{ErasedHandler, PlainRoute, TransactionalRoute};
 use crate::maintenance::MaintenanceConfig;
-use crate::worker::{RouteTable, Routes, Worker};
+use crate::worker::Worker;
 use crate::{EngineError, Handler, TransactionalHandler};
 
 /// Configures a worker: its subscription, handlers and settings.

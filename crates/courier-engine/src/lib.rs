@@ -9,12 +9,14 @@
 //!
 //! Modules, one service each: `config` (settings, defaults and their
 //! checks), `builder` (handler registration), [`handler`] (typed handlers
-//! and decoding), `worker` (the fetch loop and executor), `settle` (batched
+//! and decoding), `executor` (running handlers under their leases), `worker`
+//! (the fetch loop, and what wires the services together), `settle` (batched
 //! completion), `heartbeat` (lease extension), `in_flight` (the lease ledger
 //! they share), [`maintenance`] (rescuer and pruner).
 
 mod builder;
 mod config;
+mod executor;
 pub mod handler;
 mod heartbeat;
 mod in_flight;

@@ -8,15 +8,16 @@
 //! transaction with its receipt and completion, so their effect happens once.
 //!
 //! Modules, one service each: `config` (settings, defaults and their
-//! checks), `builder` (handler registration), [`handler`] (typed handlers
-//! and decoding), `executor` (running handlers under their leases), `worker`
-//! (the fetch loop, and what wires the services together), `settle` (batched
-//! completion), `heartbeat` (lease extension), `in_flight` (the lease ledger
-//! they share), [`maintenance`] (rescuer and pruner).
+//! checks), `builder` (handler registration), [`handler`] (typed handlers and
+//! decoding), `fetcher` (the claim loop), `executor` (running handlers under
+//! their leases), `settle` (batched completion), `heartbeat` (lease
+//! extension), `in_flight` (the lease ledger they share), `worker` (wires
+//! them together, start and shutdown), [`maintenance`] (rescuer and pruner).
 
 mod builder;
 mod config;
 mod executor;
+mod fetcher;
 pub mod handler;
 mod heartbeat;
 mod in_flight;

@@ -7,11 +7,17 @@
 //! the lease token. Transactional handlers run inside the delivery's database
 //! transaction with its receipt and completion, so their effect happens once.
 //!
-//! Modules, one service each: [`handler`] (typed handlers and decoding),
-//! `worker` (the fetch loop and executor), `settle` (batched completion),
-//! `heartbeat` (lease extension), `in_flight` (the lease ledger they share),
-//! [`maintenance`] (rescuer and pruner).
+//! Modules, one service each: `config` (settings, defaults and their
+//! checks), `builder` (handler registration), [`handler`] (typed handlers and
+//! decoding), `fetcher` (the claim loop), `executor` (running handlers under
+//! their leases), `settle` (batched completion), `heartbeat` (lease
+//! extension), `in_flight` (the lease ledger they share), `worker` (wires
+//! them together, start and shutdown), [`maintenance`] (rescuer and pruner).
 
+mod builder;
+mod config;
+mod executor;
+mod fetcher;
 pub mod handler;
 mod heartbeat;
 mod in_flight;
@@ -20,13 +26,15 @@ mod metrics_names;
 mod settle;
 mod worker;
 
+pub use builder::WorkerBuilder;
+pub use config::{
+    WorkerConfig, CATCH_ALL_TOPIC, CATCH_ALL_VERSION, DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY,
+    DEFAULT_HANDLER_TIMEOUT, DEFAULT_LEASE, DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_TIMEOUT,
+    DEFAULT_TRANSACTION_BATCH_SIZE,
+};
 pub use handler::{handler_fn, Handler, TransactionalHandler};
 pub use maintenance::{Maintenance, MaintenanceConfig};
-pub use worker::{
-    Worker, WorkerBuilder, WorkerConfig, WorkerHandle, CATCH_ALL_TOPIC, CATCH_ALL_VERSION,
-    DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_HANDLER_TIMEOUT, DEFAULT_LEASE,
-    DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TRANSACTION_BATCH_SIZE,
-};
+pub use worker::{Worker, WorkerHandle};
 
 /// Why a worker could not be built or started.
 #[derive(Debug, thiserror::Error)]

@@ -6,581 +6,101 @@
 //! claimed but not started when shutdown begins is handed back with its
 //! attempt refunded.
 //!
-//! The fetch loop claims at most as many deliveries as it has free handler
-//! slots, so nothing waits in memory under a ticking lease. While claims come
-//! back non-empty it claims again at once (no sleeping through a backlog);
-//! when a claim is empty it waits for a wake-up (PostgreSQL NOTIFY, or the
-//! SQLite store's in-process signal), a freed slot, or the poll interval.
+//! A running worker is a set of services wired here around one lease ledger
+//! ([`InFlight`]): the fetcher (`fetcher`, claims) adds what it claims, the
+//! executor (`executor`, handlers) watches the leases of what runs, the
+//! heartbeat (`heartbeat`) extends them, the settler (`settle`) writes
+//! outcomes and forgets them; maintenance (rescuer and pruner) runs beside
+//! them if configured.
 //!
-//! Failure: a handler error or panic is a failed attempt; a store error while
-//! claiming backs off and retries; a crash of the whole process leaves its
-//! leases to expire, after which any worker's rescuer returns them.
-//! Shutdown stops claiming, lets running handlers finish until the deadline,
-//! then aborts the rest and records them as failed attempts to retry at once.
+//! Failure: a crash of the whole process leaves its leases to expire, after
+//! which any worker's rescuer returns them. Shutdown stops claiming, lets
+//! running handlers finish until the deadline, then aborts the rest and
+//! records them as failed attempts to retry at once; it returns once every
+//! outcome was written (or given up on, see `settle`) and every service task
+//! ended.
 
-use std::collections::HashMap;
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
-use courier_core::{
-    BatchItem, BatchRollback, ClaimBatch, ClaimParams, ClaimedDelivery, Failure, HandlerError,
-    LeaseRef, OutboxStore, RetryPolicy, Route, Snooze, StoreError, SubscriptionSpec,
-    TransactionalBatchOutcome, TransactionalOutcome, TxWork, ValidationError,
-};
-use futures_util::stream::FuturesUnordered;
-use futures_util::{FutureExt, StreamExt};
-use tokio::sync::{mpsc, watch, Notify, Semaphore};
+use courier_core::{ClaimParams, ClaimedDelivery, LeaseRef, OutboxStore, Route, StoreError};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
-use crate::handler::{ErasedHandler, PlainRoute, Prepared, TransactionalRoute};
+use crate::config::WorkerConfig;
+use crate::executor::{Executor, Routes};
+use crate::fetcher::{self, Fetcher};
 use crate::heartbeat;
 use crate::in_flight::InFlight;
-use crate::maintenance::{Maintenance, MaintenanceConfig};
-use crate::metrics_names::{
-    CLAIMED, HANDLERS_STOPPED, HANDLER_SECONDS, PICKUP_SECONDS, STORE_ERRORS, TIMED_OUT,
-};
-use crate::settle::{self, Settlement};
-use crate::{EngineError, Handler, TransactionalHandler};
-
-/// The route topic that stands for every topic a subscription receives
-/// (stores treat a route with this topic and version 0 as a wildcard).
-pub const CATCH_ALL_TOPIC: &str = "*";
-/// The route version that stands for every schema version.
-pub const CATCH_ALL_VERSION: i32 = 0;
-
-/// How long a worker runs transactional deliveries one per transaction after
-/// a group of them rolled back for a lost lease or a store error, and how
-/// long its groups isolate failures in savepoints after a handler failed in
-/// one. Handlers whose writes meet on the same rows
-/// can deadlock when several groups run at once (PostgreSQL then aborts one
-/// group after a second); one transaction per delivery cannot wait on another
-/// while holding a lock it needs, so the worker falls back to that for a
-/// while instead of deadlocking group after group.
-const BATCHING_PAUSE: Duration = Duration::from_secs(10);
-
-/// Claims a worker keeps in flight at once, so one is on its way while
-/// another's deliveries start.
-const CLAIMS_IN_FLIGHT: usize = 2;
-/// Claimed deliveries whose outcome is not yet written, at most, as a multiple
-/// of the concurrency. Handler slots free when a handler returns; when the
-/// database writes outcomes more slowly than handlers produce them, claiming
-/// pauses here instead of piling up deliveries whose leases the heartbeat
-/// must keep extending (and may lose).
-const UNSETTLED_PER_SLOT: usize = 2;
-/// How often an idle worker that announced its idleness announces it again.
-/// The announcement lives in an unlogged table: a PostgreSQL crash or
-/// failover empties it (and drops the LISTEN connection), after which
-/// producers would stop waking the worker until it went busy and idle again.
-/// Each refresh is one small write to an unlogged table and one claim.
-const IDLE_REFRESH: Duration = Duration::from_millis(500);
-/// Handlers running at once, by default.
-pub const DEFAULT_CONCURRENCY: usize = 64;
-/// Deliveries per claim, by default.
-pub const DEFAULT_BATCH_SIZE: usize = 100;
-/// Transactional deliveries run in one database transaction, by default.
-pub const DEFAULT_TRANSACTION_BATCH_SIZE: usize = 64;
-/// Lease length, by default.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-/// How long an idle worker waits between claims without a wake-up, by default.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
-/// How long shutdown waits for running handlers, by default.
-pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long one handler may run before it is cancelled and its attempt
-/// fails, by default (River's default too).
-pub const DEFAULT_HANDLER_TIMEOUT: Duration = Duration::from_secs(60);
-/// A handler is stopped this share of the lease (at most
-/// [`MAX_LEASE_MARGIN`]) before its lease could expire, so it has stopped
-/// before anyone else can claim its delivery or the next of its ordering key.
-const LEASE_MARGIN_DIVISOR: u32 = 10;
-/// The most a handler is stopped before its lease could expire.
-const MAX_LEASE_MARGIN: Duration = Duration::from_secs(1);
-
-/// How a worker runs.
-#[derive(Debug, Clone)]
-pub struct WorkerConfig {
-    /// Handlers running at once.
-    pub concurrency: usize,
-    /// The most deliveries claimed in one round trip.
-    pub batch_size: usize,
-    /// The most transactional deliveries of one claim that run in one
-    /// database transaction, one after another, committing together (1: each
-    /// in its own). If one fails, the transaction rolls back and the others
-    /// run again together, each in a savepoint, so a failure costs its
-    /// batch-mates at most one rerun (a transactional handler may be called
-    /// twice for one attempt; its writes commit once); for 10 s after, groups
-    /// run every handler in a savepoint from the start (a round trip each on
-    /// PostgreSQL). After a rollback for another reason (a lost lease, a
-    /// deadlock) the worker runs one delivery per transaction for 10 s, since
-    /// handlers whose writes meet on the same rows deadlock across groups.
-    /// Lower it for slow transactional handlers: a group holds its locks
-    /// until it commits.
-    pub transaction_batch_size: usize,
-    /// How long a claim lasts without a heartbeat (database clock).
-    pub lease: Duration,
-    /// Time between heartbeats; a third of the lease if `None`.
-    pub heartbeat_interval: Option<Duration>,
-    /// Time between claims when idle and no wake-up arrives.
-    pub poll_interval: Duration,
-    /// The most deliveries of one tenant running at once in this subscription.
-    pub tenant_in_flight_limit: Option<u32>,
-    /// How long shutdown waits for running handlers.
-    pub shutdown_timeout: Duration,
-    /// How long one handler may run before it is cancelled and its attempt
-    /// fails with `timeout after …` (`None`: no limit). The heartbeat never
-    /// extends a lease past a handler's timeout (plus the time to write its
-    /// outcome), so a hung handler cannot hold its slot and its ordering key.
-    pub handler_timeout: Option<Duration>,
-    /// The retry policy for topics without one of their own.
-    pub retry: RetryPolicy,
-    /// Who this worker is, in leases and logs.
-    pub worker_id: String,
-    /// Rescuer and pruner run by this worker; `None` leaves them to another process.
-    pub maintenance: Option<MaintenanceConfig>,
-}
-
-impl Default for WorkerConfig {
-    fn default() -> Self {
-        Self {
-            concurrency: DEFAULT_CONCURRENCY,
-            batch_size: DEFAULT_BATCH_SIZE,
-            transaction_batch_size: DEFAULT_TRANSACTION_BATCH_SIZE,
-            lease: DEFAULT_LEASE,
-            heartbeat_interval: None,
-            poll_interval: DEFAULT_POLL_INTERVAL,
-            tenant_in_flight_limit: None,
-            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
-            handler_timeout: Some(DEFAULT_HANDLER_TIMEOUT),
-            retry: RetryPolicy::default(),
-            worker_id: default_worker_id(),
-            maintenance: Some(MaintenanceConfig::default()),
-        }
-    }
-}
-
-fn default_worker_id() -> String {
-    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".to_owned());
-    let suffix = uuid::Uuid::new_v4().simple().to_string();
-    format!("{host}-{}-{}", std::process::id(), &suffix[..8])
-}
-
-impl WorkerConfig {
-    /// Checks every field, naming the one refused.
-    pub fn validate(&self) -> Result<(), ValidationError> {
-        if self.concurrency == 0 || self.concurrency > 10_000 {
-            return Err(ValidationError::new(
-                "concurrency",
-                format!("must be between 1 and 10000, got {}", self.concurrency),
-            ));
-        }
-        if self.batch_size == 0 || self.batch_size > 10_000 {
-            return Err(ValidationError::new(
-                "batch_size",
-                format!("must be between 1 and 10000, got {}", self.batch_size),
-            ));
-        }
-        if self.transaction_batch_size == 0 || self.transaction_batch_size > 10_000 {
-            return Err(ValidationError::new(
-                "transaction_batch_size",
-                format!(
-                    "must be between 1 and 10000, got {}",
-                    self.transaction_batch_size
-                ),
-            ));
-        }
-        if self.lease < Duration::from_millis(100) {
-            return Err(ValidationError::new("lease", "must be at least 100 ms"));
-        }
-        if let Some(interval) = self.heartbeat_interval {
-            // A handler is stopped a margin before its lease could lapse: the
-            // heartbeat must extend well before that.
-            if interval.is_zero() || interval > self.lease / 2 {
-                return Err(ValidationError::new(
-                    "heartbeat_interval",
-                    "must be above zero and at most half the lease",
-                ));
-            }
-        }
-        if self.poll_interval.is_zero() {
-            return Err(ValidationError::new("poll_interval", "must be above zero"));
-        }
-        if self.tenant_in_flight_limit == Some(0) {
-            return Err(ValidationError::new(
-                "tenant_in_flight_limit",
-                "must be at least 1",
-            ));
-        }
-        if self.handler_timeout.is_some_and(|t| t.is_zero()) {
-            return Err(ValidationError::new(
-                "handler_timeout",
-                "must be above zero (None for no limit)",
-            ));
-        }
-        if self.worker_id.is_empty() || self.worker_id.len() > 200 {
-            return Err(ValidationError::new("worker_id", "must be 1 to 200 bytes"));
-        }
-        self.retry.validate()?;
-        if let Some(maintenance) = &self.maintenance {
-            maintenance.validate()?;
-        }
-        Ok(())
-    }
-
-    fn heartbeat(&self) -> Duration {
-        self.heartbeat_interval.unwrap_or(self.lease / 3)
-    }
-
-    /// How long before its lease could expire a handler is stopped.
-    fn lease_margin(&self) -> Duration {
-        (self.lease / LEASE_MARGIN_DIVISOR).min(MAX_LEASE_MARGIN)
-    }
-
-    /// How far past a handler's timeout its lease is still extended, so its
-    /// timeout (not a lapsed lease) ends it and its failure can be written.
-    fn timeout_grace(&self) -> Duration {
-        self.heartbeat().max(self.lease_margin() * 2)
-    }
-}
-
-type RouteTable<C> = HashMap<(String, i32), Arc<dyn ErasedHandler<C>>>;
-
-/// Configures a worker: its subscription, handlers and settings.
-pub struct WorkerBuilder<S: OutboxStore> {
-    store: S,
-    subscription: String,
-    routes: RouteTable<S::Connection>,
-    duplicate_route: Option<(String, i32)>,
-    catch_all_topics: Vec<String>,
-    policies: HashMap<String, RetryPolicy>,
-    timeouts: HashMap<String, Option<Duration>>,
-    config: WorkerConfig,
-    wake: Option<watch::Receiver<u64>>,
-}
-
-impl<S: OutboxStore> WorkerBuilder<S> {
-    /// A worker for `subscription` over `store`, with default settings.
-    pub fn new(store: S, subscription: impl Into<String>) -> Self {
-        Self {
-            store,
-            subscription: subscription.into(),
-            routes: HashMap::new(),
-            duplicate_route: None,
-            catch_all_topics: Vec::new(),
-            policies: HashMap::new(),
-            timeouts: HashMap::new(),
-            config: WorkerConfig::default(),
-            wake: None,
-        }
-    }
-
-    fn route(
-        mut self,
-        topic: String,
-        version: i32,
-        handler: Arc<dyn ErasedHandler<S::Connection>>,
-    ) -> Self {
-        match self.routes.entry((topic, version)) {
-            std::collections::hash_map::Entry::Occupied(taken) => {
-                self.duplicate_route = Some(taken.key().clone());
-            }
-            std::collections::hash_map::Entry::Vacant(free) => {
-                free.insert(handler);
-            }
-        }
-        self
-    }
-
-    /// Handles `topic` at `schema_version` with `handler` (effects outside the database).
-    pub fn handle<H: Handler>(
-        self,
-        topic: impl Into<String>,
-        schema_version: i32,
-        handler: H,
-    ) -> Self {
-        self.route(
-            topic.into(),
-            schema_version,
-            Arc::new(PlainRoute(Arc::new(handler))),
-        )
-    }
-
-    /// Handles every message the subscription receives, whatever its topic or
-    /// schema version, with one handler (a relay to a webhook or a stream).
-    /// `topics` are the subscription's patterns: exact topics, `prefix.*`, or `*`.
-    pub fn handle_all<H: Handler>(mut self, topics: Vec<String>, handler: H) -> Self {
-        self.catch_all_topics.extend(topics);
-        self.route(
-            CATCH_ALL_TOPIC.to_owned(),
-            CATCH_ALL_VERSION,
-            Arc::new(PlainRoute(Arc::new(handler))),
-        )
-    }
-
-    /// Handles `topic` at `schema_version` inside the delivery's transaction,
-    /// so the effect, the receipt and the completion commit together.
-    pub fn handle_transactional<H: TransactionalHandler<S::Connection>>(
-        self,
-        topic: impl Into<String>,
-        schema_version: i32,
-        handler: H,
-    ) -> Self {
-        self.route(
-            topic.into(),
-            schema_version,
-            Arc::new(TransactionalRoute(Arc::new(handler))),
-        )
-    }
-
-    /// Replaces every setting at once.
-    pub fn config(mut self, config: WorkerConfig) -> Self {
-        self.config = config;
-        self
-    }
-
-    /// Handlers running at once.
-    pub fn concurrency(mut self, concurrency: usize) -> Self {
-        self.config.concurrency = concurrency;
-        self
-    }
-
-    /// The most deliveries claimed in one round trip.
-    pub fn batch_size(mut self, batch_size: usize) -> Self {
-        self.config.batch_size = batch_size;
-        self
-    }
-
-    /// The most transactional deliveries run in one database transaction
-    /// (see [`WorkerConfig::transaction_batch_size`]).
-    pub fn transaction_batch_size(mut self, size: usize) -> Self {
-        self.config.transaction_batch_size = size;
-        self
-    }
-
-    /// How long a claim lasts without a heartbeat.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.config.lease = lease;
-        self
-    }
-
-    /// Time between heartbeats (a third of the lease by default).
-    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
-        self.config.heartbeat_interval = Some(interval);
-        self
-    }
-
-    /// Time between claims when idle and no wake-up arrives.
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.config.poll_interval = interval;
-        self
-    }
-
-    /// The most deliveries of one tenant running at once.
-    pub fn tenant_in_flight_limit(mut self, limit: u32) -> Self {
-        self.config.tenant_in_flight_limit = Some(limit);
-        self
-    }
-
-    /// How long shutdown waits for running handlers.
-    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
-        self.config.shutdown_timeout = timeout;
-        self
-    }
-
-    /// How long one handler may run before it is cancelled and its attempt
-    /// fails (`None`: no limit; 60 s by default).
-    pub fn handler_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.config.handler_timeout = timeout;
-        self
-    }
-
-    /// The handler timeout for one topic (`None`: no limit).
-    pub fn topic_handler_timeout(
-        mut self,
-        topic: impl Into<String>,
-        timeout: Option<Duration>,
-    ) -> Self {
-        self.timeouts.insert(topic.into(), timeout);
-        self
-    }
-
-    /// The retry policy for topics without one of their own.
-    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
-        self.config.retry = policy;
-        self
-    }
-
-    /// The retry policy for one topic.
-    pub fn topic_retry_policy(mut self, topic: impl Into<String>, policy: RetryPolicy) -> Self {
-        self.policies.insert(topic.into(), policy);
-        self
-    }
-
-    /// Who this worker is, in leases and logs.
-    pub fn worker_id(mut self, id: impl Into<String>) -> Self {
-        self.config.worker_id = id.into();
-        self
-    }
-
-    /// Maintenance run by this worker (`None`: none).
-    pub fn maintenance(mut self, maintenance: Option<MaintenanceConfig>) -> Self {
-        self.config.maintenance = maintenance;
-        self
-    }
-
-    /// Wakes the idle worker whenever this counter changes.
-    pub fn wake_on(mut self, wake: watch::Receiver<u64>) -> Self {
-        self.wake = Some(wake);
-        self
-    }
-
-    /// Validates the configuration and registers the subscription with the
-    /// topics of its handlers (topics are added, never removed).
-    pub async fn build(self) -> Result<Worker<S>, EngineError> {
-        courier_core::validate_name("subscription", &self.subscription)?;
-        self.config.validate()?;
-        if let Some((topic, version)) = self.duplicate_route {
-            return Err(ValidationError::new(
-                "handlers",
-                format!("two handlers for topic {topic:?} version {version}"),
-            )
-            .into());
-        }
-        if self.routes.is_empty() {
-            return Err(
-                ValidationError::new("handlers", "a worker needs at least one handler").into(),
-            );
-        }
-        let mut claim_routes = Vec::with_capacity(self.routes.len());
-        for (topic, version) in self.routes.keys() {
-            if topic == CATCH_ALL_TOPIC && *version == CATCH_ALL_VERSION {
-                claim_routes.push(Route {
-                    topic: topic.clone(),
-                    schema_version: *version,
-                    max_attempts: self.config.retry.max_attempts,
-                });
-                continue;
-            }
-            courier_core::validate_name("topic", topic)?;
-            if *version < 1 {
-                return Err(ValidationError::new(
-                    "schema_version",
-                    format!("must be at least 1, got {version} for topic {topic:?}"),
-                )
-                .into());
-            }
-            let policy = self
-                .policies
-                .get(topic)
-                .copied()
-                .unwrap_or(self.config.retry);
-            claim_routes.push(Route {
-                topic: topic.clone(),
-                schema_version: *version,
-                max_attempts: policy.max_attempts,
-            });
-        }
-        for (topic, policy) in &self.policies {
-            policy.validate()?;
-            if !claim_routes.iter().any(|r| &r.topic == topic) {
-                return Err(ValidationError::new(
-                    "retry",
-                    format!("a policy names topic {topic:?}, which has no handler"),
-                )
-                .into());
-            }
-        }
-        for (topic, timeout) in &self.timeouts {
-            if timeout.is_some_and(|t| t.is_zero()) {
-                return Err(ValidationError::new(
-                    "handler_timeout",
-                    format!(
-                        "the timeout of topic {topic:?} must be above zero (None for no limit)"
-                    ),
-                )
-                .into());
-            }
-            if !claim_routes.iter().any(|r| &r.topic == topic) {
-                return Err(ValidationError::new(
-                    "handler_timeout",
-                    format!("a timeout names topic {topic:?}, which has no handler"),
-                )
-                .into());
-            }
-        }
-        claim_routes
-            .sort_by(|a, b| (&a.topic, a.schema_version).cmp(&(&b.topic, b.schema_version)));
-        let mut topics: Vec<String> = claim_routes
-            .iter()
-            .filter(|r| r.topic != CATCH_ALL_TOPIC)
-            .map(|r| r.topic.clone())
-            .collect();
-        topics.extend(self.catch_all_topics.iter().cloned());
-        topics.sort();
-        topics.dedup();
-        self.store
-            .register_subscription(&SubscriptionSpec {
-                name: self.subscription.clone(),
-                topics,
-                replay: None,
-            })
-            .await?;
-        Ok(Worker {
-            shared: Arc::new(Shared {
-                store: self.store,
-                subscription: self.subscription,
-                routes: self.routes,
-                policies: self.policies,
-                timeouts: self.timeouts,
-                claim_routes,
-                config: self.config,
-                in_flight: InFlight::default(),
-                stopping: CancellationToken::new(),
-                batching_paused_until: Mutex::new(None),
-                isolating_until: Mutex::new(None),
-            }),
-            wake: self.wake,
-        })
-    }
-}
-
-struct Shared<S: OutboxStore> {
-    store: S,
-    subscription: String,
-    routes: RouteTable<S::Connection>,
-    policies: HashMap<String, RetryPolicy>,
-    timeouts: HashMap<String, Option<Duration>>,
-    claim_routes: Vec<Route>,
-    config: WorkerConfig,
-    in_flight: InFlight,
-    stopping: CancellationToken,
-    /// Until when transactional deliveries run one per transaction, after a
-    /// group rolled back (see [`BATCHING_PAUSE`]).
-    batching_paused_until: Mutex<Option<Instant>>,
-    /// Until when transactional groups run each handler in a savepoint,
-    /// after a handler failed in a group (see [`BATCHING_PAUSE`]).
-    isolating_until: Mutex<Option<Instant>>,
-}
+use crate::maintenance::Maintenance;
+use crate::settle;
 
 /// A configured worker, registered with the store, not yet running.
 pub struct Worker<S: OutboxStore> {
-    shared: Arc<Shared<S>>,
+    store: S,
+    subscription: String,
+    config: WorkerConfig,
+    /// A full-batch claim from the first tenant.
+    claim: ClaimParams,
+    in_flight: InFlight,
+    /// Cancelled when shutdown begins.
+    stopping: CancellationToken,
+    executor: Arc<Executor<S>>,
     wake: Option<watch::Receiver<u64>>,
 }
 
 /// A running worker; [`WorkerHandle::shutdown`] stops it gracefully.
 pub struct WorkerHandle {
     stop: CancellationToken,
-    fetcher: tokio::task::JoinHandle<()>,
+    task: tokio::task::JoinHandle<()>,
     worker_id: String,
 }
 
 impl<S: OutboxStore> Worker<S> {
+    /// Wires a worker's services over one lease ledger, from a configuration
+    /// the builder checked: claims for `claim_routes`, runs `routes`.
+    pub(crate) fn assemble(
+        store: S,
+        subscription: String,
+        config: WorkerConfig,
+        claim_routes: Vec<Route>,
+        routes: Routes<S::Connection>,
+        wake: Option<watch::Receiver<u64>>,
+    ) -> Self {
+        let in_flight = InFlight::default();
+        let stopping = CancellationToken::new();
+        let claim = ClaimParams {
+            subscription: subscription.clone(),
+            routes: claim_routes,
+            limit: config.batch_size,
+            lease: config.lease,
+            worker_id: config.worker_id.clone(),
+            tenant_cursor: String::new(),
+            tenant_in_flight_limit: config.tenant_in_flight_limit,
+        };
+        let executor = Arc::new(Executor::new(
+            store.clone(),
+            subscription.clone(),
+            routes,
+            &config,
+            in_flight.clone(),
+            stopping.clone(),
+        ));
+        Self {
+            store,
+            subscription,
+            config,
+            claim,
+            in_flight,
+            stopping,
+            executor,
+            wake,
+        }
+    }
+
     /// The subscription this worker serves.
     pub fn subscription(&self) -> &str {
-        &self.shared.subscription
+        &self.subscription
     }
 
     /// Claims one batch, runs every handler to completion and settles the
@@ -588,20 +108,17 @@ impl<S: OutboxStore> Worker<S> {
     /// and tools that want deterministic steps instead of a running loop.
     pub async fn run_once(&self) -> Result<usize, StoreError> {
         let claim_sent = tokio::time::Instant::now();
-        let batch = claim(&self.shared, &self.shared.claim_params())
-            .await?
-            .deliveries;
+        let batch = fetcher::claim(&self.store, &self.claim).await?.deliveries;
         let count = batch.len();
         let mut runs = JoinSet::new();
         let leases: Vec<LeaseRef> = batch.iter().map(ClaimedDelivery::lease).collect();
         for delivery in &batch {
-            self.shared
-                .in_flight
-                .track(delivery, claim_sent, self.shared.config.lease);
+            self.in_flight
+                .track(delivery, claim_sent, self.config.lease);
         }
-        for group in self.shared.groups(batch) {
-            let shared = Arc::clone(&self.shared);
-            runs.spawn(async move { execute_group(shared, group).await });
+        for group in self.executor.groups(batch) {
+            let executor = Arc::clone(&self.executor);
+            runs.spawn(async move { executor.execute_group(group).await });
         }
         let mut settlements = Vec::with_capacity(count);
         while let Some(result) = runs.join_next().await {
@@ -609,19 +126,19 @@ impl<S: OutboxStore> Worker<S> {
                 settlements.extend(group);
             }
         }
-        settle::settle_batch(&self.shared.store, &self.shared.subscription, settlements).await;
-        self.shared.in_flight.untrack(&leases);
+        settle::settle_batch(&self.store, &self.subscription, settlements).await;
+        self.in_flight.untrack(&leases);
         Ok(count)
     }
 
     /// Runs one heartbeat now; returns how many leases were found lost.
     pub async fn heartbeat_once(&self) -> usize {
         heartbeat::beat_once(
-            &self.shared.store,
-            &self.shared.subscription,
-            &self.shared.in_flight,
-            self.shared.config.lease,
-            self.shared.config.timeout_grace(),
+            &self.store,
+            &self.subscription,
+            &self.in_flight,
+            self.config.lease,
+            self.config.timeout_grace(),
         )
         .await
     }
@@ -629,14 +146,96 @@ impl<S: OutboxStore> Worker<S> {
     /// Starts the fetch loop, heartbeat, settler and (if configured)
     /// maintenance on the current tokio runtime.
     pub fn start(self) -> WorkerHandle {
-        let stop = self.shared.stopping.clone();
-        let worker_id = self.shared.config.worker_id.clone();
-        let fetcher = tokio::spawn(run(self.shared, self.wake));
+        let stop = self.stopping.clone();
+        let worker_id = self.config.worker_id.clone();
+        let task = tokio::spawn(self.run());
         WorkerHandle {
             stop,
-            fetcher,
+            task,
             worker_id,
         }
+    }
+
+    /// The services, until shutdown completes.
+    async fn run(self) {
+        let config = &self.config;
+        let (settle_tx, settle_rx) = mpsc::unbounded_channel();
+        let settled = Arc::new(Notify::new());
+        let settler = tokio::spawn(settle::run(
+            self.store.clone(),
+            self.subscription.clone(),
+            settle_rx,
+            self.in_flight.clone(),
+            Arc::clone(&settled),
+        ));
+        let services_stop = CancellationToken::new();
+        let heartbeat = tokio::spawn(heartbeat::run(
+            self.store.clone(),
+            self.subscription.clone(),
+            self.in_flight.clone(),
+            config.lease,
+            config.heartbeat(),
+            config.timeout_grace(),
+            services_stop.clone(),
+        ));
+        let maintenance = config.maintenance.clone().and_then(|maintenance_config| {
+            Maintenance::new(self.store.clone(), maintenance_config)
+                .map(|m| tokio::spawn(m.run(services_stop.clone())))
+                .ok()
+        });
+        let mut fetcher = Fetcher::new(
+            self.store.clone(),
+            Arc::clone(&self.executor),
+            self.in_flight.clone(),
+            self.claim.clone(),
+            config,
+            settle_tx,
+            settled,
+        );
+        let mut running: JoinSet<()> = JoinSet::new();
+        tracing::info!(
+            subscription = self.subscription,
+            worker_id = config.worker_id,
+            "worker started"
+        );
+
+        fetcher.run(self.wake, &self.stopping, &mut running).await;
+
+        // Shutdown: let running handlers finish up to the deadline.
+        let deadline = tokio::time::sleep(config.shutdown_timeout);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                () = &mut deadline => break,
+                next = running.join_next() => if next.is_none() { break },
+            }
+        }
+        if !running.is_empty() {
+            tracing::warn!(
+                subscription = self.subscription,
+                unfinished = running.len(),
+                "shutdown deadline passed; recording unfinished handlers as failed attempts"
+            );
+            // Each aborted task's guard records its failed attempt.
+            running.abort_all();
+            while running.join_next().await.is_some() {}
+        }
+        // Dropping the fetcher closes the settler's queue: it ends once it
+        // wrote what is queued.
+        fetcher.finish().await;
+        if let Err(error) = settler.await {
+            tracing::error!(%error, "settler ended abnormally");
+        }
+        services_stop.cancel();
+        let _ = heartbeat.await;
+        if let Some(maintenance) = maintenance {
+            let _ = maintenance.await;
+        }
+        tracing::info!(
+            subscription = self.subscription,
+            worker_id = config.worker_id,
+            "worker stopped"
+        );
     }
 }
 
@@ -650,978 +249,13 @@ impl WorkerHandle {
     /// settles every outcome and returns when the worker has stopped.
     pub async fn shutdown(self) {
         self.stop.cancel();
-        if let Err(error) = self.fetcher.await {
+        if let Err(error) = self.task.await {
             tracing::error!(%error, "worker task ended abnormally");
         }
     }
 
     /// Whether the worker has stopped (after shutdown, or a fatal error).
     pub fn is_finished(&self) -> bool {
-        self.fetcher.is_finished()
-    }
-}
-
-/// Records a failed attempt if a delivery's task ends without an outcome:
-/// a panic outside the handler, or an abort at the shutdown deadline.
-struct OutcomeGuard {
-    settle: mpsc::UnboundedSender<Settlement>,
-    lease: LeaseRef,
-    topic: String,
-    settled: bool,
-}
-
-impl Drop for OutcomeGuard {
-    fn drop(&mut self) {
-        if !self.settled {
-            let _ = self.settle.send(Settlement::Fail {
-                failure: Failure {
-                    lease: self.lease,
-                    error: "the handler did not finish (worker shutdown deadline, or a panic outside the handler)".to_owned(),
-                    retry_in: Some(Duration::ZERO),
-                },
-                topic: std::mem::take(&mut self.topic),
-            });
-        }
-    }
-}
-
-impl<S: OutboxStore> Shared<S> {
-    /// The handler for a delivery's topic and version, else the catch-all.
-    fn route_of(
-        &self,
-        delivery: &ClaimedDelivery,
-    ) -> Option<&Arc<dyn ErasedHandler<S::Connection>>> {
-        self.routes
-            .get(&(delivery.topic.clone(), delivery.schema_version))
-            .or_else(|| {
-                self.routes
-                    .get(&(CATCH_ALL_TOPIC.to_owned(), CATCH_ALL_VERSION))
-            })
-    }
-
-    /// Decodes a delivery for its handler; a missing handler or a panic
-    /// while decoding is an error, not a crash.
-    fn prepare(&self, delivery: &ClaimedDelivery) -> Result<Prepared<S::Connection>, HandlerError> {
-        let Some(route) = self.route_of(delivery) else {
-            return Err(HandlerError::permanent(format!(
-                "no handler for {} v{}",
-                delivery.topic, delivery.schema_version
-            )));
-        };
-        std::panic::catch_unwind(AssertUnwindSafe(|| route.prepare(delivery))).unwrap_or_else(
-            |panic| {
-                Err(HandlerError::retry(format!(
-                    "decoding the payload panicked: {}",
-                    panic_message(panic.as_ref())
-                )))
-            },
-        )
-    }
-
-    /// Splits a claimed batch into units of work: each plain delivery on its
-    /// own, transactional ones in groups of up to `transaction_batch_size`.
-    fn groups(&self, deliveries: Vec<ClaimedDelivery>) -> Vec<Vec<ClaimedDelivery>> {
-        let size = if self.batching_paused() {
-            1
-        } else {
-            self.config.transaction_batch_size
-        };
-        let mut groups = Vec::new();
-        let mut transactional = Vec::new();
-        for delivery in deliveries {
-            if size > 1
-                && self
-                    .route_of(&delivery)
-                    .is_some_and(|r| r.is_transactional())
-            {
-                transactional.push(delivery);
-                if transactional.len() == size {
-                    groups.push(std::mem::take(&mut transactional));
-                }
-            } else {
-                groups.push(vec![delivery]);
-            }
-        }
-        if !transactional.is_empty() {
-            groups.push(transactional);
-        }
-        groups
-    }
-
-    /// Whether a recent rollback paused transactional groups.
-    fn batching_paused(&self) -> bool {
-        let guard = self
-            .batching_paused_until
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        guard.is_some_and(|until| Instant::now() < until)
-    }
-
-    /// Whether a recent handler failure made groups isolate failures.
-    fn isolating_failures(&self) -> bool {
-        let guard = self
-            .isolating_until
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        guard.is_some_and(|until| Instant::now() < until)
-    }
-
-    /// Runs each handler of a group in a savepoint for [`BATCHING_PAUSE`].
-    fn isolate_failures_for_a_while(&self) {
-        let mut guard = self
-            .isolating_until
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *guard = Some(Instant::now() + BATCHING_PAUSE);
-    }
-
-    /// Runs transactional deliveries one per transaction for [`BATCHING_PAUSE`].
-    fn pause_batching(&self) {
-        let mut guard = self
-            .batching_paused_until
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *guard = Some(Instant::now() + BATCHING_PAUSE);
-    }
-
-    /// A full-batch claim from the first tenant; the fetch loop builds it once
-    /// and then only moves its limit and tenant cursor.
-    fn claim_params(&self) -> ClaimParams {
-        ClaimParams {
-            subscription: self.subscription.clone(),
-            routes: self.claim_routes.clone(),
-            limit: self.config.batch_size,
-            lease: self.config.lease,
-            worker_id: self.config.worker_id.clone(),
-            tenant_cursor: String::new(),
-            tenant_in_flight_limit: self.config.tenant_in_flight_limit,
-        }
-    }
-}
-
-async fn claim<S: OutboxStore>(
-    shared: &Shared<S>,
-    params: &ClaimParams,
-) -> Result<ClaimBatch, StoreError> {
-    let batch = shared.store.claim(params).await?;
-    if !batch.deliveries.is_empty() {
-        metrics::counter!(CLAIMED, "subscription" => shared.subscription.clone())
-            .increment(u64::try_from(batch.deliveries.len()).unwrap_or(u64::MAX));
-    }
-    Ok(batch)
-}
-
-/// The fetch loop, with the services it owns, until shutdown completes.
-async fn run<S: OutboxStore>(shared: Arc<Shared<S>>, mut wake: Option<watch::Receiver<u64>>) {
-    let config = &shared.config;
-    let (settle_tx, settle_rx) = mpsc::unbounded_channel();
-    let settled = Arc::new(Notify::new());
-    let settler = tokio::spawn(settle::run(
-        shared.store.clone(),
-        shared.subscription.clone(),
-        settle_rx,
-        shared.in_flight.clone(),
-        Arc::clone(&settled),
-    ));
-    let services_stop = CancellationToken::new();
-    let heartbeat = tokio::spawn(heartbeat::run(
-        shared.store.clone(),
-        shared.subscription.clone(),
-        shared.in_flight.clone(),
-        config.lease,
-        config.heartbeat(),
-        config.timeout_grace(),
-        services_stop.clone(),
-    ));
-    let maintenance = config.maintenance.clone().and_then(|maintenance_config| {
-        Maintenance::new(shared.store.clone(), maintenance_config)
-            .map(|m| tokio::spawn(m.run(services_stop.clone())))
-            .ok()
-    });
-
-    let slots = Arc::new(Semaphore::new(config.concurrency));
-    let freed = Arc::new(Notify::new());
-    let threshold = (config.batch_size.min(config.concurrency) / 4).max(1);
-    let mut running: JoinSet<()> = JoinSet::new();
-    // Claims in flight, each holding the handler slots it may fill.
-    let mut claims = FuturesUnordered::new();
-    let mut params = shared.claim_params();
-    let mut cursor = String::new();
-    // A lap is a run of claims from the first tenant to the last; the loop
-    // goes idle only after a whole lap found nothing.
-    let mut lap_claimed = false;
-    let mut idle = false;
-    // Whether this worker has told producers it is idle (so they notify), and
-    // whether the store uses such announcements at all.
-    let mut announced = false;
-    let mut announcing = true;
-    let mut withdrawing: Option<tokio::task::JoinHandle<()>> = None;
-    let mut error_backoff = Duration::from_millis(50);
-    let mut backoff_until: Option<tokio::time::Instant> = None;
-    tracing::info!(
-        subscription = shared.subscription,
-        worker_id = config.worker_id,
-        "worker started"
-    );
-
-    while !shared.stopping.is_cancelled() {
-        while running.try_join_next().is_some() {}
-        // Keep up to CLAIMS_IN_FLIGHT claims going while slots are free, so
-        // the next batch is on its way while this one runs.
-        let unsettled_cap = config
-            .concurrency
-            .saturating_mul(UNSETTLED_PER_SLOT)
-            .max(config.batch_size);
-        let backlogged = shared.in_flight.len() >= unsettled_cap;
-        while !idle && !backlogged && backoff_until.is_none() && claims.len() < CLAIMS_IN_FLIGHT {
-            let free = slots.available_permits();
-            if free < threshold {
-                break;
-            }
-            let limit = free.min(config.batch_size);
-            let Ok(reserved) =
-                Arc::clone(&slots).try_acquire_many_owned(u32::try_from(limit).unwrap_or(u32::MAX))
-            else {
-                break;
-            };
-            if cursor.is_empty() {
-                lap_claimed = false;
-            }
-            params.limit = limit;
-            params.tenant_cursor.clone_from(&cursor);
-            let claim_params = params.clone();
-            let claim_shared = Arc::clone(&shared);
-            let after_announcing = announced;
-            claims.push(async move {
-                let sent = tokio::time::Instant::now();
-                let result = claim(&claim_shared, &claim_params).await;
-                (result, reserved, after_announcing, sent)
-            });
-        }
-        let woken = async {
-            match wake.as_mut() {
-                Some(receiver) => {
-                    if receiver.changed().await.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
-        let backoff = async {
-            match backoff_until {
-                Some(until) => tokio::time::sleep_until(until).await,
-                None => std::future::pending::<()>().await,
-            }
-        };
-        tokio::select! {
-            () = shared.stopping.cancelled() => break,
-            Some((result, mut reserved, after_announcing, claim_sent)) = claims.next(), if !claims.is_empty() => match result {
-                Ok(ClaimBatch { deliveries, next_tenant_cursor }) => {
-                    error_backoff = Duration::from_millis(50);
-                    let claimed = deliveries.len();
-                    lap_claimed |= claimed > 0;
-                    // Work found or tenants left in the lap: claim again at
-                    // once. Nothing in a whole lap: announce idleness (so
-                    // producers notify), claim once more, then idle until woken.
-                    if claimed > 0 {
-                        idle = false;
-                        if announced {
-                            announced = false;
-                            withdrawing = Some(tokio::spawn(withdraw(Arc::clone(&shared))));
-                        }
-                    } else if next_tenant_cursor.is_empty() && !lap_claimed {
-                        if after_announcing || !announcing {
-                            idle = true;
-                        } else if !announced {
-                            if let Some(pending) = withdrawing.take() {
-                                let _ = pending.await;
-                            }
-                            match shared
-                                .store
-                                .announce_idle(&shared.subscription, &config.worker_id, true)
-                                .await
-                            {
-                                Ok(true) => announced = true,
-                                Ok(false) => {
-                                    announcing = false;
-                                    idle = true;
-                                }
-                                Err(error) => {
-                                    metrics::counter!(STORE_ERRORS, "operation" => "announce_idle").increment(1);
-                                    tracing::warn!(subscription = shared.subscription, %error, "could not announce idleness; polling until the next try");
-                                    idle = true;
-                                }
-                            }
-                        }
-                    }
-                    cursor = next_tenant_cursor;
-                    for group in shared.groups(deliveries) {
-                        spawn_group(&shared, group, claim_sent, &mut reserved, &settle_tx, &freed, &mut running);
-                    }
-                    // Unused reserved slots go back with `reserved`.
-                }
-                Err(error) => {
-                    metrics::counter!(STORE_ERRORS, "operation" => "claim").increment(1);
-                    tracing::warn!(subscription = shared.subscription, %error, "claim failed; backing off");
-                    backoff_until = Some(tokio::time::Instant::now() + error_backoff);
-                    error_backoff = (error_backoff * 2).min(Duration::from_secs(5));
-                }
-            },
-            () = backoff, if backoff_until.is_some() => backoff_until = None,
-            // Too few free slots for a claim: wait for a handler to finish.
-            () = freed.notified(), if !idle && !backlogged && claims.is_empty() => {}
-            // Too many outcomes waiting to be written: wait for the settler.
-            () = settled.notified(), if !idle && backlogged && claims.is_empty() => {}
-            // Idle: wait for a wake-up, a settled delivery (it may release
-            // the next of its ordering key) or the poll interval.
-            () = woken, if idle => idle = false,
-            () = settled.notified(), if idle => idle = false,
-            () = tokio::time::sleep(config.poll_interval), if idle => idle = false,
-            // Announce again (the announcement may have been lost with the
-            // database's unlogged tables), then claim once more: a producer
-            // that committed while it was missing did not wake us.
-            () = tokio::time::sleep(IDLE_REFRESH), if idle && announced => {
-                if let Err(error) = shared
-                    .store
-                    .announce_idle(&shared.subscription, &config.worker_id, true)
-                    .await
-                {
-                    metrics::counter!(STORE_ERRORS, "operation" => "announce_idle").increment(1);
-                    tracing::debug!(subscription = shared.subscription, %error, "could not refresh the idle announcement");
-                }
-                idle = false;
-            }
-        }
-    }
-
-    // Claims still in flight finish; what they took is handed back unstarted.
-    while let Some((result, _reserved, _, _)) = claims.next().await {
-        if let Ok(batch) = result {
-            for delivery in batch.deliveries {
-                let _ = settle_tx.send(Settlement::Release {
-                    lease: delivery.lease(),
-                });
-            }
-        }
-    }
-
-    // Shutdown: let running handlers finish up to the deadline.
-    let deadline = tokio::time::sleep(config.shutdown_timeout);
-    tokio::pin!(deadline);
-    loop {
-        tokio::select! {
-            () = &mut deadline => break,
-            next = running.join_next() => if next.is_none() { break },
-        }
-    }
-    if !running.is_empty() {
-        tracing::warn!(
-            subscription = shared.subscription,
-            unfinished = running.len(),
-            "shutdown deadline passed; recording unfinished handlers as failed attempts"
-        );
-        // Each aborted task's guard records its failed attempt.
-        running.abort_all();
-        while running.join_next().await.is_some() {}
-    }
-    if let Some(pending) = withdrawing.take() {
-        let _ = pending.await;
-    }
-    if announced {
-        withdraw(Arc::clone(&shared)).await;
-    }
-    drop(settle_tx);
-    if let Err(error) = settler.await {
-        tracing::error!(%error, "settler ended abnormally");
-    }
-    services_stop.cancel();
-    let _ = heartbeat.await;
-    if let Some(maintenance) = maintenance {
-        let _ = maintenance.await;
-    }
-    tracing::info!(
-        subscription = shared.subscription,
-        worker_id = config.worker_id,
-        "worker stopped"
-    );
-}
-
-/// Tells producers this worker is busy again (they need not wake it).
-async fn withdraw<S: OutboxStore>(shared: Arc<Shared<S>>) {
-    if let Err(error) = shared
-        .store
-        .announce_idle(&shared.subscription, &shared.config.worker_id, false)
-        .await
-    {
-        metrics::counter!(STORE_ERRORS, "operation" => "announce_idle").increment(1);
-        tracing::warn!(subscription = shared.subscription, %error, "could not withdraw the idle announcement; producers keep notifying");
-    }
-}
-
-/// Starts one unit of work on the slots it takes from `reserved`; its
-/// outcomes go to the settler, and a task that ends without them (a panic,
-/// an abort at the shutdown deadline) records failed attempts instead.
-fn spawn_group<S: OutboxStore>(
-    shared: &Arc<Shared<S>>,
-    group: Vec<ClaimedDelivery>,
-    claim_sent: tokio::time::Instant,
-    reserved: &mut tokio::sync::OwnedSemaphorePermit,
-    settle_tx: &mpsc::UnboundedSender<Settlement>,
-    freed: &Arc<Notify>,
-    running: &mut JoinSet<()>,
-) {
-    let Some(permit) = reserved.split(group.len()) else {
-        // Cannot happen: a claim takes no more than the slots it reserved.
-        for delivery in group {
-            let _ = settle_tx.send(Settlement::Release {
-                lease: delivery.lease(),
-            });
-        }
-        return;
-    };
-    let mut guards = Vec::with_capacity(group.len());
-    for delivery in &group {
-        shared
-            .in_flight
-            .track(delivery, claim_sent, shared.config.lease);
-        guards.push(OutcomeGuard {
-            settle: settle_tx.clone(),
-            lease: delivery.lease(),
-            topic: delivery.topic.clone(),
-            settled: false,
-        });
-    }
-    let task_shared = Arc::clone(shared);
-    let task_freed = Arc::clone(freed);
-    let in_flight = shared.in_flight.clone();
-    let settle = settle_tx.clone();
-    running.spawn(async move {
-        let settlements = execute_group(task_shared, group).await;
-        for guard in &mut guards {
-            guard.settled = true;
-        }
-        drop(permit);
-        task_freed.notify_one();
-        // A committed transactional group's rows are already gone: its
-        // leases must not count as lost before the settler forgets them.
-        let leases: Vec<LeaseRef> = settlements.iter().map(Settlement::lease).collect();
-        in_flight.mark_settling(&leases);
-        for settlement in settlements {
-            let _ = settle.send(settlement);
-        }
-    });
-}
-
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(text) = panic.downcast_ref::<&str>() {
-        (*text).to_owned()
-    } else if let Some(text) = panic.downcast_ref::<String>() {
-        text.clone()
-    } else {
-        "non-string panic payload".to_owned()
-    }
-}
-
-enum Outcome {
-    Succeeded,
-    Committed,
-    LeaseLost,
-    Failed(HandlerError),
-}
-
-/// Why a handler was stopped before it finished.
-enum Stopped {
-    /// Its lease (or one of its group's) was no longer surely held.
-    LeaseLost,
-    /// It ran past its timeout.
-    TimedOut(Duration),
-}
-
-impl<S: OutboxStore> Shared<S> {
-    /// The handler timeout of a delivery's topic.
-    fn timeout_of(&self, delivery: &ClaimedDelivery) -> Option<Duration> {
-        self.timeouts
-            .get(&delivery.topic)
-            .copied()
-            .unwrap_or(self.config.handler_timeout)
-    }
-
-    /// Runs `work` for the deliveries `ids` while all their leases are surely
-    /// held (if `watch_leases`) and, if `timeout` is given, for at most that long. Dropping `work`
-    /// cancels it (a transactional handler's transaction rolls back), so a
-    /// handler never runs past the point where another worker could take its
-    /// delivery or the next message of its ordering key.
-    async fn guarded<F: Future>(
-        &self,
-        ids: &[i64],
-        timeout: Option<Duration>,
-        watch_leases: bool,
-        work: F,
-    ) -> Result<F::Output, Stopped> {
-        tokio::pin!(work);
-        // Most handlers finish at their first poll (a no-op, an in-memory
-        // effect): they need no timers, tokens or ledger entries.
-        if let Some(output) = futures_util::FutureExt::now_or_never(&mut work) {
-            return Ok(output);
-        }
-        let started = tokio::time::Instant::now();
-        let timeout_at = timeout.map(|t| started + t);
-        let lost = CancellationToken::new();
-        for id in ids {
-            self.in_flight.started(*id, timeout_at, &lost);
-        }
-        let margin = self.config.lease_margin();
-        if !watch_leases {
-            return match timeout {
-                Some(limit) => tokio::time::timeout(limit, work)
-                    .await
-                    .map_err(|_| Stopped::TimedOut(limit)),
-                None => Ok(work.await),
-            };
-        }
-        loop {
-            let held_until = ids
-                .iter()
-                .map(|id| self.in_flight.held_until(*id))
-                .try_fold(None::<tokio::time::Instant>, |earliest, until| {
-                    let until = until?;
-                    Some(Some(earliest.map_or(until, |e| e.min(until))))
-                })
-                .flatten();
-            let Some(held_until) = held_until else {
-                return Err(Stopped::LeaseLost);
-            };
-            let stop_at = held_until.checked_sub(margin).unwrap_or(held_until);
-            let wake_at = timeout_at.map_or(stop_at, |t| t.min(stop_at));
-            tokio::select! {
-                biased;
-                output = &mut work => return Ok(output),
-                () = lost.cancelled() => return Err(Stopped::LeaseLost),
-                () = tokio::time::sleep_until(wake_at) => {
-                    let now = tokio::time::Instant::now();
-                    if let (Some(at), Some(limit)) = (timeout_at, timeout) {
-                        if now >= at {
-                            return Err(Stopped::TimedOut(limit));
-                        }
-                    }
-                    // Otherwise the lease may have been extended meanwhile: look again.
-                    let extended = ids
-                        .iter()
-                        .filter_map(|id| self.in_flight.held_until(*id))
-                        .min()
-                        .is_some_and(|until| until.checked_sub(margin).unwrap_or(until) > now);
-                    if !extended {
-                        return Err(Stopped::LeaseLost);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The outcome of a handler that was stopped.
-fn stopped_outcome<S: OutboxStore>(shared: &Shared<S>, stopped: Stopped) -> Outcome {
-    match stopped {
-        Stopped::LeaseLost => {
-            metrics::counter!(HANDLERS_STOPPED, "subscription" => shared.subscription.clone())
-                .increment(1);
-            tracing::warn!("lease no longer held; the handler was stopped");
-            Outcome::LeaseLost
-        }
-        Stopped::TimedOut(limit) => {
-            metrics::counter!(TIMED_OUT, "subscription" => shared.subscription.clone())
-                .increment(1);
-            Outcome::Failed(HandlerError::retry(format!("timeout after {limit:?}")))
-        }
-    }
-}
-
-/// Runs one delivery's handler and turns its outcome into a settlement.
-async fn execute<S: OutboxStore>(shared: Arc<Shared<S>>, delivery: ClaimedDelivery) -> Settlement {
-    if shared.stopping.is_cancelled() {
-        return Settlement::Release {
-            lease: delivery.lease(),
-        };
-    }
-    let span = tracing::info_span!(
-        "courier.deliver",
-        subscription = %shared.subscription,
-        message_id = %delivery.message_id,
-        tenant = %delivery.tenant,
-        topic = %delivery.topic,
-        attempt = delivery.attempt,
-    );
-    async move {
-        record_pickup(&shared, &delivery);
-        let started = Instant::now();
-        let ids = [delivery.delivery_id];
-        let timeout = shared.timeout_of(&delivery);
-        let outcome = match shared.prepare(&delivery) {
-            Err(error) => Outcome::Failed(error),
-            Ok(Prepared::Plain(future)) => match shared
-                .guarded(&ids, timeout, true, AssertUnwindSafe(future).catch_unwind())
-                .await
-            {
-                Err(stopped) => stopped_outcome(&shared, stopped),
-                Ok(Ok(Ok(()))) => Outcome::Succeeded,
-                Ok(Ok(Err(error))) => Outcome::Failed(error),
-                Ok(Err(panic)) => Outcome::Failed(HandlerError::retry(format!(
-                    "handler panicked: {}",
-                    panic_message(panic.as_ref())
-                ))),
-            },
-            Ok(Prepared::Transactional(work)) => {
-                // The timeout is the work's own (see `limited`): a timed-out
-                // handler rolls back and its attempt fails.
-                let work = limited(timeout, work);
-                match shared
-                    .guarded(
-                        &ids,
-                        timeout,
-                        !S::EXCLUSIVE_TRANSACTIONS,
-                        AssertUnwindSafe(shared.store.run_transactional(&delivery, work))
-                            .catch_unwind(),
-                    )
-                    .await
-                {
-                    Err(Stopped::TimedOut(limit)) => {
-                        stopped_outcome(&shared, Stopped::TimedOut(limit))
-                    }
-                    Err(Stopped::LeaseLost) => stopped_outcome(&shared, Stopped::LeaseLost),
-                    Ok(Ok(Ok(
-                        TransactionalOutcome::Applied | TransactionalOutcome::AlreadyApplied,
-                    ))) => Outcome::Committed,
-                    Ok(Ok(Ok(TransactionalOutcome::LeaseLost))) => Outcome::LeaseLost,
-                    Ok(Ok(Ok(TransactionalOutcome::HandlerFailed(error)))) => {
-                        Outcome::Failed(error)
-                    }
-                    Ok(Ok(Err(error))) => Outcome::Failed(HandlerError::retry(format!(
-                        "store error around the handler's transaction: {error}"
-                    ))),
-                    Ok(Err(panic)) => Outcome::Failed(HandlerError::retry(format!(
-                        "handler panicked: {}",
-                        panic_message(panic.as_ref())
-                    ))),
-                }
-            }
-        };
-        metrics::histogram!(HANDLER_SECONDS, "subscription" => shared.subscription.clone(), "topic" => delivery.topic.clone())
-            .record(started.elapsed().as_secs_f64());
-        // Its outcome is known: while it waits for the rest of its unit of
-        // work and the settler, its lease is kept (not counted lost if a
-        // committed row is gone, not cut short at its handler's timeout).
-        shared.in_flight.mark_settling(&[delivery.lease()]);
-        settlement_for(&shared, &delivery, outcome)
-    }
-    .instrument(span)
-    .await
-}
-
-/// Runs a unit of work from [`Shared::groups`]: one delivery on its own, or
-/// transactional deliveries in one transaction. Normally the group runs
-/// without savepoints (a savepoint costs a round trip per delivery on
-/// PostgreSQL): if a handler fails, the transaction rolls back, the failed
-/// handler's error is its outcome, and the others run again together, each in
-/// a savepoint of their own, so one failure costs its batch-mates one rerun;
-/// groups then keep isolating failures for [`BATCHING_PAUSE`]. When a group
-/// rolls back for another reason (a lease lost, a store error such as a
-/// deadlock, a panic), its deliveries run again each in its own transaction,
-/// and so do groups for [`BATCHING_PAUSE`].
-async fn execute_group<S: OutboxStore>(
-    shared: Arc<Shared<S>>,
-    mut group: Vec<ClaimedDelivery>,
-) -> Vec<Settlement> {
-    // In enqueue order, which is also the order every multi-row write locks
-    // deliveries in (see InFlight::to_extend), so two never deadlock.
-    group.sort_unstable_by_key(|d| d.delivery_id);
-    if group.len() < 2 || shared.stopping.is_cancelled() {
-        return execute_each(shared, group).await;
-    }
-    let mut settlements = Vec::with_capacity(group.len());
-    let mut isolate = shared.isolating_failures();
-    let mut first_run = true;
-    loop {
-        let (deliveries, works, singles) = transactional_works(&shared, group, first_run);
-        first_run = false;
-        for delivery in singles {
-            // Not decodable (or not transactional): the single path reports it.
-            settlements.push(execute(Arc::clone(&shared), delivery).await);
-        }
-        if deliveries.len() < 2 {
-            drop(works);
-            settlements.extend(execute_each(shared, deliveries).await);
-            return settlements;
-        }
-        match run_batch(&shared, &deliveries, works, isolate).await {
-            BatchRun::Committed(items) => {
-                for (delivery, item) in deliveries.into_iter().zip(items) {
-                    settlements.push(match item {
-                        BatchItem::Applied | BatchItem::AlreadyApplied => Settlement::Committed {
-                            lease: delivery.lease(),
-                            topic: delivery.topic,
-                        },
-                        BatchItem::Failed(error) => {
-                            settlement_for(&shared, &delivery, Outcome::Failed(error))
-                        }
-                    });
-                }
-                return settlements;
-            }
-            BatchRun::HandlerFailed { index, error } if !isolate && index < deliveries.len() => {
-                shared.isolate_failures_for_a_while();
-                let mut rest = deliveries;
-                let failed = rest.remove(index);
-                settlements.push(settlement_for(&shared, &failed, Outcome::Failed(error)));
-                // The others again, together, each in its own savepoint.
-                group = rest;
-                isolate = true;
-            }
-            BatchRun::HandlerFailed { .. } => {
-                return rolled_back(shared, deliveries, "rolled back".to_owned(), settlements)
-                    .await;
-            }
-            BatchRun::RolledBack(reason) => {
-                return rolled_back(shared, deliveries, reason, settlements).await;
-            }
-        }
-    }
-}
-
-/// A group's transaction rolled back for a reason other than a handler's
-/// failure: every delivery runs again in its own transaction.
-async fn rolled_back<S: OutboxStore>(
-    shared: Arc<Shared<S>>,
-    deliveries: Vec<ClaimedDelivery>,
-    reason: String,
-    mut settlements: Vec<Settlement>,
-) -> Vec<Settlement> {
-    shared.pause_batching();
-    tracing::warn!(
-        subscription = shared.subscription,
-        deliveries = deliveries.len(),
-        reason,
-        "transactional batch rolled back; running each delivery on its own"
-    );
-    settlements.extend(execute_each(shared, deliveries).await);
-    settlements
-}
-
-/// Splits `group` into transactional deliveries with their prepared work and
-/// the deliveries the single path must run (not decodable, not transactional).
-fn transactional_works<S: OutboxStore>(
-    shared: &Shared<S>,
-    group: Vec<ClaimedDelivery>,
-    first_run: bool,
-) -> (
-    Vec<ClaimedDelivery>,
-    Vec<TxWork<S::Connection>>,
-    Vec<ClaimedDelivery>,
-) {
-    let mut deliveries = Vec::with_capacity(group.len());
-    let mut works = Vec::with_capacity(group.len());
-    let mut singles = Vec::new();
-    for delivery in group {
-        match shared.prepare(&delivery) {
-            Ok(Prepared::Transactional(work)) => {
-                if first_run {
-                    record_pickup(shared, &delivery);
-                }
-                let work = limited(shared.timeout_of(&delivery), work);
-                works.push(timed(shared, &delivery, work));
-                deliveries.push(delivery);
-            }
-            Ok(Prepared::Plain(_)) | Err(_) => singles.push(delivery),
-        }
-    }
-    (deliveries, works, singles)
-}
-
-/// How one transactional batch went.
-enum BatchRun {
-    /// Committed; per delivery, in order, what became of it.
-    Committed(Vec<BatchItem>),
-    /// Rolled back because this handler failed (not isolating failures).
-    HandlerFailed { index: usize, error: HandlerError },
-    /// Rolled back for this reason (lease lost, store error, panic).
-    RolledBack(String),
-}
-
-/// Runs `works` for `deliveries` in one transaction while their leases are held.
-async fn run_batch<S: OutboxStore>(
-    shared: &Shared<S>,
-    deliveries: &[ClaimedDelivery],
-    works: Vec<TxWork<S::Connection>>,
-    isolate: bool,
-) -> BatchRun {
-    let span = tracing::info_span!(
-        "courier.deliver_batch",
-        subscription = %shared.subscription,
-        deliveries = deliveries.len(),
-        isolate,
-    );
-    let batch = deliveries.iter().zip(works).collect();
-    let ids: Vec<i64> = deliveries.iter().map(|d| d.delivery_id).collect();
-    // Each handler's timeout is its own work's (see `limited`); the group as
-    // a whole is stopped if a lease is no longer surely held, or once it ran
-    // for the sum of its handlers' timeouts (a handler that ignores
-    // cancellation must not keep the group's leases alive for ever).
-    let group_timeout = deliveries
-        .iter()
-        .map(|d| shared.timeout_of(d))
-        .try_fold(Duration::ZERO, |total, timeout| Some(total + timeout?));
-    let outcome = shared
-        .guarded(
-            &ids,
-            group_timeout,
-            !S::EXCLUSIVE_TRANSACTIONS,
-            AssertUnwindSafe(shared.store.run_transactional_batch(batch, isolate)).catch_unwind(),
-        )
-        .instrument(span)
-        .await;
-    match outcome {
-        Err(Stopped::LeaseLost) => BatchRun::RolledBack("a lease was no longer held".to_owned()),
-        Err(Stopped::TimedOut(limit)) => BatchRun::RolledBack(format!(
-            "the group ran for {limit:?}, its handlers' timeouts together"
-        )),
-        Ok(Ok(Ok(TransactionalBatchOutcome::Committed(items)))) if items.len() == ids.len() => {
-            BatchRun::Committed(items)
-        }
-        Ok(Ok(Ok(TransactionalBatchOutcome::Committed(_)))) => {
-            BatchRun::RolledBack("the store reported a different number of outcomes".to_owned())
-        }
-        Ok(Ok(Ok(TransactionalBatchOutcome::RolledBack(BatchRollback::HandlerFailed {
-            index,
-            error,
-        })))) => BatchRun::HandlerFailed { index, error },
-        Ok(Ok(Ok(TransactionalBatchOutcome::RolledBack(BatchRollback::LeaseLost)))) => {
-            BatchRun::RolledBack("a lease was lost".to_owned())
-        }
-        Ok(Ok(Err(error))) => BatchRun::RolledBack(format!("store error: {error}")),
-        Ok(Err(panic)) => BatchRun::RolledBack(format!(
-            "a handler panicked: {}",
-            panic_message(panic.as_ref())
-        )),
-    }
-}
-
-/// Runs each delivery on its own, at once.
-async fn execute_each<S: OutboxStore>(
-    shared: Arc<Shared<S>>,
-    deliveries: Vec<ClaimedDelivery>,
-) -> Vec<Settlement> {
-    futures_util::future::join_all(
-        deliveries
-            .into_iter()
-            .map(|delivery| execute(Arc::clone(&shared), delivery)),
-    )
-    .await
-}
-
-/// Records how long a first attempt waited between enqueue and handler start.
-fn record_pickup<S: OutboxStore>(shared: &Shared<S>, delivery: &ClaimedDelivery) {
-    if delivery.attempt != 1 {
-        return;
-    }
-    if let Ok(pickup) = (chrono::Utc::now() - delivery.enqueued_at).to_std() {
-        metrics::histogram!(PICKUP_SECONDS, "subscription" => shared.subscription.clone())
-            .record(pickup.as_secs_f64());
-    }
-}
-
-/// Wraps transactional work so that it fails with `timeout after …` once it
-/// has run for `timeout` (its writes then roll back with the transaction).
-fn limited<C: Send + 'static>(timeout: Option<Duration>, work: TxWork<C>) -> TxWork<C> {
-    let Some(limit) = timeout else {
-        return work;
-    };
-    crate::handler::transactional_work(move |conn: &mut C| {
-        Box::pin(async move {
-            match tokio::time::timeout(limit, work(conn)).await {
-                Ok(result) => result,
-                Err(_) => {
-                    metrics::counter!(TIMED_OUT).increment(1);
-                    Err(HandlerError::retry(format!("timeout after {limit:?}")))
-                }
-            }
-        }) as futures_util::future::BoxFuture<'_, Result<(), HandlerError>>
-    })
-}
-
-/// Wraps transactional work so its own run time is recorded as handler time.
-fn timed<S: OutboxStore>(
-    shared: &Shared<S>,
-    delivery: &ClaimedDelivery,
-    work: TxWork<S::Connection>,
-) -> TxWork<S::Connection> {
-    let histogram = metrics::histogram!(HANDLER_SECONDS, "subscription" => shared.subscription.clone(), "topic" => delivery.topic.clone());
-    crate::handler::transactional_work(move |conn: &mut S::Connection| {
-        Box::pin(async move {
-            let started = Instant::now();
-            let result = work(conn).await;
-            histogram.record(started.elapsed().as_secs_f64());
-            result
-        }) as futures_util::future::BoxFuture<'_, Result<(), HandlerError>>
-    })
-}
-
-/// The settlement that records a finished delivery's outcome.
-fn settlement_for<S: OutboxStore>(
-    shared: &Shared<S>,
-    delivery: &ClaimedDelivery,
-    outcome: Outcome,
-) -> Settlement {
-    let topic = delivery.topic.clone();
-    match outcome {
-        Outcome::Succeeded => Settlement::Complete {
-            lease: delivery.lease(),
-            topic,
-        },
-        Outcome::Committed => Settlement::Committed {
-            lease: delivery.lease(),
-            topic,
-        },
-        Outcome::LeaseLost => {
-            tracing::warn!("lease lost; the handler's writes were rolled back");
-            Settlement::Lost {
-                lease: delivery.lease(),
-            }
-        }
-        Outcome::Failed(HandlerError::Snooze { delay, reason }) => {
-            tracing::debug!(delay_ms = delay.as_millis(), reason, "handler snoozed");
-            Settlement::Snooze {
-                snooze: Snooze {
-                    lease: delivery.lease(),
-                    delay,
-                    reason: reason.replace('\0', "\u{FFFD}"),
-                },
-                topic,
-            }
-        }
-        Outcome::Failed(error) => {
-            let policy = shared
-                .policies
-                .get(&delivery.topic)
-                .copied()
-                .unwrap_or(shared.config.retry);
-            let retry_in = match &error {
-                HandlerError::Permanent(_) => None,
-                HandlerError::RetryAfter { delay, .. } => Some(*delay),
-                HandlerError::Retry(_) => Some(policy.backoff(delivery.attempt)),
-                // Handled above.
-                HandlerError::Snooze { delay, .. } => Some(*delay),
-            };
-            tracing::warn!(error = %error, permanent = retry_in.is_none(), "handler failed");
-            Settlement::Fail {
-                failure: Failure {
-                    lease: delivery.lease(),
-                    // PostgreSQL text cannot hold NUL; one such error must
-                    // not sink the batch it is written with.
-                    error: error.to_string().replace('\0', "\u{FFFD}"),
-                    retry_in,
-                },
-                topic,
-            }
-        }
+        self.task.is_finished()
     }
 }

@@ -174,7 +174,30 @@ async fn a_removed_topic_is_no_longer_owed_but_what_was_owed_stays<B: Backend>(
     Ok(())
 }
 
+async fn a_worker_that_creates_its_subscription_can_replay_what_was_retained<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    enqueue_each(&backend, "topic", &[1, 2, 3]).await?;
+    let counter = courier_testkit::CallCounter::default();
+    let worker = backend
+        .courier()
+        .worker("sub")
+        .handle("topic", 1, courier_testkit::counting(counter.clone()))
+        .replay(Replay::All)
+        .maintenance(None)
+        .build()
+        .await?
+        .start();
+    enqueue_each(&backend, "topic", &[4]).await?;
+    let all = eventually(Duration::from_secs(10), || async { counter.total() == 4 }).await;
+    worker.shutdown().await;
+    assert!(all, "handled {} of 3 replayed and 1 new", counter.total());
+    assert_eq!(counter.distinct(), 4, "each once");
+    Ok(())
+}
+
 backend_tests!(
+    a_worker_that_creates_its_subscription_can_replay_what_was_retained,
     a_new_subscription_replays_retained_messages_from_an_id_or_a_time,
     a_replay_from_a_message_that_is_not_retained_is_refused_and_creates_nothing,
     a_removed_topic_is_no_longer_owed_but_what_was_owed_stays,

@@ -146,7 +146,7 @@ impl AdminStore for PgStore {
     }
 
     async fn ready(&self) -> Result<bool, StoreError> {
-        sqlx::query("SELECT 1")
+        sqlx::query(&self.q().ping)
             .execute(self.pool())
             .await
             .map_err(map)?;

@@ -10,7 +10,7 @@
 //! Failure: when the planned pass fails, its plan is abandoned in the floors
 //! and the error goes to the caller. With a tenant in-flight limit the
 //! statement runs in a transaction behind an advisory lock per subscription
-//! (see `claim_pass`), so a claim cut off mid-way rolls back and
+//! (`claim_in_flight_lock.sql`), so a claim cut off mid-way rolls back and
 //! frees the lock with its transaction.
 
 use courier_core::{ClaimBatch, ClaimParams, StoreError};
@@ -117,7 +117,7 @@ impl PgStore {
             // claim of this subscription is in flight: take turns, so each
             // claim's snapshot includes the previous claim's rows.
             let mut tx = self.inner.pool.begin().await.map_err(map)?;
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            sqlx::query(&self.q().claim_in_flight_lock)
                 .bind(format!(
                     "{}:in-flight:{}",
                     self.inner.schema, params.subscription

@@ -145,7 +145,7 @@ impl PgStore {
 
     /// The schema version in the database (0 before the first migration).
     pub async fn schema_version(&self) -> Result<i64, StoreError> {
-        migrate::current(&self.inner.pool, &self.inner.schema).await
+        migrate::current(&self.inner.pool, self.q(), &self.inner.schema).await
     }
 
     /// Enqueues one message on the caller's connection (inside their transaction).

@@ -44,7 +44,7 @@ impl OutboxStore for PgStore {
     const EXCLUSIVE_TRANSACTIONS: bool = false;
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        migrate::run(&self.inner.pool, &self.inner.schema).await
+        migrate::run(&self.inner.pool, self.q(), &self.inner.schema).await
     }
 
     async fn enqueue_batch<'c>(
@@ -325,12 +325,14 @@ impl OutboxStore for PgStore {
                 // One round trip per delivery: the previous savepoint is
                 // released and the next one taken in the same message.
                 let sql = if savepoint_open {
-                    "RELEASE SAVEPOINT courier_item; SAVEPOINT courier_item"
+                    &self.q().batch_savepoint_next
                 } else {
-                    "SAVEPOINT courier_item"
+                    &self.q().batch_savepoint
                 };
                 // A plain string runs as a simple query: two statements, one message.
-                sqlx::Executor::execute(&mut *tx, sql).await.map_err(map)?;
+                sqlx::Executor::execute(&mut *tx, sql.as_str())
+                    .await
+                    .map_err(map)?;
                 savepoint_open = true;
             }
             match work(&mut tx).await {
@@ -340,7 +342,7 @@ impl OutboxStore for PgStore {
                     items.push(BatchItem::Applied);
                 }
                 Err(error) if isolate_failures => {
-                    sqlx::Executor::execute(&mut *tx, "ROLLBACK TO SAVEPOINT courier_item")
+                    sqlx::Executor::execute(&mut *tx, self.q().batch_savepoint_rollback.as_str())
                         .await
                         .map_err(map)?;
                     failed_messages.push(delivery.message_id);

@@ -6,8 +6,8 @@ use std::time::Duration;
 use courier_core::{
     truncate_chars, BatchItem, BatchRollback, ClaimBatch, ClaimParams, ClaimedDelivery, Completion,
     EnqueueOutcome, Failure, FailureApplied, LeaseRef, NewMessage, OutboxStore, PruneReport,
-    RescueParams, Snooze, StoreError, SubscriptionSpec, TransactionalBatchOutcome, TxWork,
-    ValidationError, MAX_ERROR_CHARS, MAX_SNOOZES,
+    RescueParams, Snooze, StoreError, SubscriptionSpec, TransactionalBatchOutcome,
+    TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS, MAX_SNOOZES,
 };
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
@@ -285,6 +285,17 @@ impl OutboxStore for PgStore {
             .first()
             .and_then(|n| u64::try_from(*n).ok())
             .unwrap_or(0))
+    }
+
+    async fn run_transactional<'c>(
+        &'c self,
+        delivery: &'c ClaimedDelivery,
+        work: TxWork<PgConnection>,
+    ) -> Result<TransactionalOutcome, StoreError> {
+        let outcome = self
+            .run_transactional_batch(vec![(delivery, work)], false)
+            .await?;
+        Ok(courier_core::single_transactional_outcome(outcome))
     }
 
     async fn run_transactional_batch<'c>(

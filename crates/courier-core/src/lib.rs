@@ -26,8 +26,8 @@ pub use message::{
 pub use names::{validate_name, NAME_MAX_LEN};
 pub use retry::RetryPolicy;
 pub use store::{
-    BatchItem, BatchRollback, ClaimBatch, ClaimParams, Completion, DeadLetter, DeadLetterFilter,
-    DeadLetterPage, DeadLetterStore, DeliverySummary, Failure, FailureApplied, LeaseRef,
-    OutboxStore, PruneReport, Registration, Replay, RescueParams, Route, Snooze, SubscriptionSpec,
-    TransactionalBatchOutcome, TransactionalOutcome, TxWork, MAX_SNOOZES,
+    single_transactional_outcome, BatchItem, BatchRollback, ClaimBatch, ClaimParams, Completion,
+    DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliverySummary, Failure,
+    FailureApplied, LeaseRef, OutboxStore, PruneReport, Registration, Replay, RescueParams, Route,
+    Snooze, SubscriptionSpec, TransactionalBatchOutcome, TransactionalOutcome, TxWork, MAX_SNOOZES,
 };

@@ -240,6 +240,30 @@ pub enum BatchRollback {
     LeaseLost,
 }
 
+/// What a transactional batch of one delivery, run without isolating
+/// failures, came to as that delivery's [`TransactionalOutcome`]: for a
+/// backend whose [`OutboxStore::run_transactional`] is
+/// [`OutboxStore::run_transactional_batch`] of one.
+///
+/// A committed batch is `Applied` or `AlreadyApplied` by its item (a failed
+/// item, which only an isolating batch reports, is `HandlerFailed`); a rolled
+/// back one is `HandlerFailed` with the handler's error or `LeaseLost`.
+pub fn single_transactional_outcome(outcome: TransactionalBatchOutcome) -> TransactionalOutcome {
+    match outcome {
+        TransactionalBatchOutcome::Committed(mut items) => match items.pop() {
+            Some(BatchItem::Failed(error)) => TransactionalOutcome::HandlerFailed(error),
+            Some(BatchItem::AlreadyApplied) => TransactionalOutcome::AlreadyApplied,
+            Some(BatchItem::Applied) | None => TransactionalOutcome::Applied,
+        },
+        TransactionalBatchOutcome::RolledBack(BatchRollback::HandlerFailed { error, .. }) => {
+            TransactionalOutcome::HandlerFailed(error)
+        }
+        TransactionalBatchOutcome::RolledBack(BatchRollback::LeaseLost) => {
+            TransactionalOutcome::LeaseLost
+        }
+    }
+}
+
 /// A transactional handler's work, run inside the delivery's transaction.
 pub type TxWork<C> =
     Box<dyn for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<(), HandlerError>> + Send + 'static>;
@@ -353,31 +377,7 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
         &'c self,
         delivery: &'c ClaimedDelivery,
         work: TxWork<Self::Connection>,
-    ) -> impl Future<Output = Result<TransactionalOutcome, StoreError>> + Send + 'c {
-        async move {
-            Ok(
-                match self
-                    .run_transactional_batch(vec![(delivery, work)], false)
-                    .await?
-                {
-                    TransactionalBatchOutcome::Committed(mut items) => match items.pop() {
-                        Some(BatchItem::Failed(error)) => {
-                            TransactionalOutcome::HandlerFailed(error)
-                        }
-                        Some(BatchItem::AlreadyApplied) => TransactionalOutcome::AlreadyApplied,
-                        Some(BatchItem::Applied) | None => TransactionalOutcome::Applied,
-                    },
-                    TransactionalBatchOutcome::RolledBack(BatchRollback::HandlerFailed {
-                        error,
-                        ..
-                    }) => TransactionalOutcome::HandlerFailed(error),
-                    TransactionalBatchOutcome::RolledBack(BatchRollback::LeaseLost) => {
-                        TransactionalOutcome::LeaseLost
-                    }
-                },
-            )
-        }
-    }
+    ) -> impl Future<Output = Result<TransactionalOutcome, StoreError>> + Send + 'c;
 
     /// Runs several deliveries' `work` in one transaction, each after its
     /// receipt is written (work whose receipt already exists is skipped), and
@@ -406,10 +406,7 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
         subscription: &'c str,
         worker_id: &'c str,
         idle: bool,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'c {
-        let _ = (subscription, worker_id, idle);
-        std::future::ready(Ok(false))
-    }
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'c;
 
     /// Removes up to `batch` finished messages and up to `batch` receipts older
     /// than `older_than`. Dead letters and their messages are kept.

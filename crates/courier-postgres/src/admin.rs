@@ -6,31 +6,14 @@ use courier_core::{
     AdminStore, DeadLetterStore, DeliveryStats, DeliverySummary, MessageFilter, MessagePage,
     RateLimit, StoreError, StoredMessage, SubscriptionInfo,
 };
-use sqlx::postgres::PgRow;
 use sqlx::Row;
 use uuid::Uuid;
 
 use crate::error::map;
-use crate::{migrate, parse_headers, PgStore};
+use crate::rows::stored_message_from_row;
+use crate::{migrate, PgStore};
 
 pub use courier_core::MAX_MESSAGE_PAGE;
-
-fn stored_message_from_row(row: &PgRow) -> Result<StoredMessage, StoreError> {
-    let headers: String = row.try_get("headers").map_err(map)?;
-    Ok(StoredMessage {
-        id: row.try_get("id").map_err(map)?,
-        tenant: row.try_get("tenant").map_err(map)?,
-        topic: row.try_get("topic").map_err(map)?,
-        schema_version: row.try_get("schema_version").map_err(map)?,
-        payload: row.try_get("payload").map_err(map)?,
-        headers: parse_headers(&headers)?,
-        ordering_key: row.try_get("ordering_key").map_err(map)?,
-        idempotency_key: row.try_get("idempotency_key").map_err(map)?,
-        occurred_at: row.try_get("occurred_at").map_err(map)?,
-        available_at: row.try_get("available_at").map_err(map)?,
-        enqueued_at: row.try_get("created_at").map_err(map)?,
-    })
-}
 
 impl AdminStore for PgStore {
     async fn get_message(
@@ -188,7 +171,7 @@ impl AdminStore for PgStore {
     }
 
     async fn ready(&self) -> Result<bool, StoreError> {
-        sqlx::query("SELECT 1")
+        sqlx::query(&self.q().ping)
             .execute(self.pool())
             .await
             .map_err(map)?;

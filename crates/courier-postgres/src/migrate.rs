@@ -1,10 +1,13 @@
 //! Versioned migrations shipped in this crate, applied under an advisory lock
-//! so that several processes starting at once migrate exactly once.
+//! so that several processes starting at once migrate exactly once. The
+//! runner's own SQL (the lock, the `schema_migrations` table) is in
+//! `queries/migrate_*.sql`.
 
 use courier_core::StoreError;
 use sqlx::PgPool;
 
 use crate::error::map;
+use crate::queries::Queries;
 
 /// (version, name, SQL with `{schema}` placeholders), oldest first.
 const MIGRATIONS: &[(i64, &str, &str)] = &[
@@ -49,25 +52,19 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
 /// The newest schema version this build knows.
 pub const SCHEMA_VERSION: i64 = 8;
 
-pub(crate) async fn run(pool: &PgPool, schema: &str) -> Result<(), StoreError> {
+/// Applies every migration newer than the schema's, in one transaction under
+/// the migration lock.
+pub(crate) async fn run(pool: &PgPool, queries: &Queries, schema: &str) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.map_err(map)?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+    sqlx::query(&queries.migrate_lock)
         .bind(format!("courier-migrate:{schema}"))
         .execute(&mut *tx)
         .await
         .map_err(map)?;
-    let bootstrap = format!(
-        "CREATE SCHEMA IF NOT EXISTS {schema};
-         CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
-           version bigint PRIMARY KEY,
-           name text NOT NULL,
-           applied_at timestamptz NOT NULL DEFAULT now());"
-    );
-    sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&bootstrap))
+    sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&queries.migrate_bootstrap))
         .await
         .map_err(map)?;
-    let select_current = format!("SELECT max(version) FROM {schema}.schema_migrations");
-    let current: Option<i64> = sqlx::query_scalar(&select_current)
+    let current: Option<i64> = sqlx::query_scalar(&queries.migrate_version)
         .fetch_one(&mut *tx)
         .await
         .map_err(map)?;
@@ -87,9 +84,7 @@ pub(crate) async fn run(pool: &PgPool, schema: &str) -> Result<(), StoreError> {
         sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&rendered))
             .await
             .map_err(map)?;
-        let record =
-            format!("INSERT INTO {schema}.schema_migrations (version, name) VALUES ($1, $2)");
-        sqlx::query(&record)
+        sqlx::query(&queries.migrate_record)
             .bind(version)
             .bind(name)
             .execute(&mut *tx)
@@ -100,22 +95,22 @@ pub(crate) async fn run(pool: &PgPool, schema: &str) -> Result<(), StoreError> {
 }
 
 /// The schema version found in the database (0 when never migrated).
-pub(crate) async fn current(pool: &PgPool, schema: &str) -> Result<i64, StoreError> {
-    let exists: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = 'schema_migrations')",
-    )
-    .bind(schema)
-    .fetch_one(pool)
-    .await
-    .map_err(map)?;
+pub(crate) async fn current(
+    pool: &PgPool,
+    queries: &Queries,
+    schema: &str,
+) -> Result<i64, StoreError> {
+    let exists: bool = sqlx::query_scalar(&queries.migrate_table_exists)
+        .bind(schema)
+        .fetch_one(pool)
+        .await
+        .map_err(map)?;
     if !exists {
         return Ok(0);
     }
-    let version: Option<i64> = sqlx::query_scalar(&format!(
-        "SELECT max(version) FROM {schema}.schema_migrations"
-    ))
-    .fetch_one(pool)
-    .await
-    .map_err(map)?;
+    let version: Option<i64> = sqlx::query_scalar(&queries.migrate_version)
+        .fetch_one(pool)
+        .await
+        .map_err(map)?;
     Ok(version.unwrap_or(0))
 }

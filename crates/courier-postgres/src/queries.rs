@@ -19,6 +19,9 @@ macro_rules! queries {
 }
 
 queries!(
+    batch_savepoint,
+    batch_savepoint_next,
+    batch_savepoint_rollback,
     claim,
     claim_in_flight_lock,
     complete,
@@ -45,6 +48,12 @@ queries!(
     message_deliveries,
     message_get,
     messages_list,
+    migrate_bootstrap,
+    migrate_lock,
+    migrate_record,
+    migrate_table_exists,
+    migrate_version,
+    ping,
     prune_messages,
     prune_receipts,
     receipts_delete_many,

@@ -7,8 +7,8 @@ use courier_core::{
     truncate_chars, validate_name, Availability, BatchItem, BatchRollback, ClaimBatch, ClaimParams,
     ClaimedDelivery, Completion, EnqueueOutcome, Failure, FailureApplied, LeaseRef, NewMessage,
     OutboxStore, PruneReport, Registration, Replay, RescueParams, Snooze, StoreError,
-    SubscriptionSpec, TransactionalBatchOutcome, TxWork, ValidationError, MAX_ERROR_CHARS,
-    MAX_SNOOZES,
+    SubscriptionSpec, TransactionalBatchOutcome, TransactionalOutcome, TxWork, ValidationError,
+    MAX_ERROR_CHARS, MAX_SNOOZES,
 };
 use serde_json::{json, Value};
 use sqlx::{Connection, SqliteConnection};
@@ -526,6 +526,17 @@ impl OutboxStore for SqliteStore {
         Ok(result.rows_affected())
     }
 
+    async fn run_transactional<'c>(
+        &'c self,
+        delivery: &'c ClaimedDelivery,
+        work: TxWork<SqliteConnection>,
+    ) -> Result<TransactionalOutcome, StoreError> {
+        let outcome = self
+            .run_transactional_batch(vec![(delivery, work)], false)
+            .await?;
+        Ok(courier_core::single_transactional_outcome(outcome))
+    }
+
     async fn run_transactional_batch<'c>(
         &'c self,
         batch: Vec<(&'c ClaimedDelivery, TxWork<SqliteConnection>)>,
@@ -617,6 +628,19 @@ impl OutboxStore for SqliteStore {
         }
         tx.commit().await.map_err(map)?;
         Ok(TransactionalBatchOutcome::Committed(items))
+    }
+
+    /// SQLite has no LISTEN/NOTIFY, so there is nobody to announce idleness
+    /// to: workers wake through the in-process counter
+    /// ([`SqliteStore::wakeups`]) and their polling. Returns `false` without
+    /// touching the database, and the engine stops announcing.
+    async fn announce_idle<'c>(
+        &'c self,
+        _subscription: &'c str,
+        _worker_id: &'c str,
+        _idle: bool,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
     }
 
     async fn prune(&self, older_than: Duration, batch: usize) -> Result<PruneReport, StoreError> {

@@ -1,0 +1,131 @@
+//! [`DeadLetterStore`] for PostgreSQL: list, inspect, retry and discard.
+
+use courier_core::{
+    DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliverySummary, StoreError,
+};
+use sqlx::Row;
+use uuid::Uuid;
+
+use crate::error::map;
+use crate::rows::{dead_letter_from_row, parse_errors};
+use crate::PgStore;
+
+impl DeadLetterStore for PgStore {
+    async fn list_dead_letters<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<DeadLetterPage, StoreError> {
+        let limit = i64::try_from(limit.clamp(1, 1000)).unwrap_or(1000);
+        let rows = sqlx::query(&self.q().dead_letters_list)
+            .bind(&filter.tenant)
+            .bind(&filter.topic)
+            .bind(&filter.subscription)
+            .bind(after.unwrap_or(0))
+            .bind(limit + 1)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        let mut items = rows
+            .iter()
+            .map(dead_letter_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next_cursor = if items.len() > usize::try_from(limit).unwrap_or(usize::MAX) {
+            items.pop();
+            items.last().map(|d| d.delivery_id)
+        } else {
+            None
+        };
+        Ok(DeadLetterPage { items, next_cursor })
+    }
+
+    async fn get_dead_letter(&self, delivery_id: i64) -> Result<Option<DeadLetter>, StoreError> {
+        let row = sqlx::query(&self.q().dead_letter_get)
+            .bind(delivery_id)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        row.as_ref().map(dead_letter_from_row).transpose()
+    }
+
+    async fn retry_dead_letters<'c>(&'c self, ids: &'c [i64]) -> Result<u64, StoreError> {
+        self.select_dead_letters(
+            &self.q().dead_letters_retry,
+            Some(ids),
+            &DeadLetterFilter::default(),
+        )
+        .await
+    }
+
+    async fn retry_dead_letters_matching<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+    ) -> Result<u64, StoreError> {
+        self.select_dead_letters(&self.q().dead_letters_retry, None, filter)
+            .await
+    }
+
+    async fn discard_dead_letters<'c>(&'c self, ids: &'c [i64]) -> Result<u64, StoreError> {
+        self.select_dead_letters(
+            &self.q().dead_letters_discard,
+            Some(ids),
+            &DeadLetterFilter::default(),
+        )
+        .await
+    }
+
+    async fn discard_dead_letters_matching<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+    ) -> Result<u64, StoreError> {
+        self.select_dead_letters(&self.q().dead_letters_discard, None, filter)
+            .await
+    }
+
+    async fn message_deliveries(
+        &self,
+        message_id: Uuid,
+    ) -> Result<Vec<DeliverySummary>, StoreError> {
+        let rows = sqlx::query(&self.q().message_deliveries)
+            .bind(message_id)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        rows.iter()
+            .map(|row| {
+                let errors: String = row.try_get("errors").map_err(map)?;
+                Ok(DeliverySummary {
+                    subscription: row.try_get("subscription").map_err(map)?,
+                    state: row.try_get("state").map_err(map)?,
+                    attempts: row
+                        .try_get::<Option<i32>, _>("attempts")
+                        .map_err(map)?
+                        .unwrap_or(0),
+                    errors: parse_errors(&errors)?,
+                })
+            })
+            .collect()
+    }
+}
+
+impl PgStore {
+    /// Runs a dead-letter retry or discard selected by `ids` or, when `ids` is
+    /// `None`, by `filter`.
+    async fn select_dead_letters(
+        &self,
+        sql: &str,
+        ids: Option<&[i64]>,
+        filter: &DeadLetterFilter,
+    ) -> Result<u64, StoreError> {
+        let result = sqlx::query(sql)
+            .bind(ids)
+            .bind(&filter.tenant)
+            .bind(&filter.topic)
+            .bind(&filter.subscription)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        Ok(result.rows_affected())
+    }
+}

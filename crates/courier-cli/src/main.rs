@@ -261,17 +261,7 @@ enum SubscriptionsCommand {
 
 /// `all`, an RFC 3339 instant, or a message id.
 fn parse_replay(text: &str) -> Result<courier::Replay, String> {
-    if text == "all" {
-        return Ok(courier::Replay::All);
-    }
-    if let Ok(id) = uuid::Uuid::parse_str(text) {
-        return Ok(courier::Replay::FromMessage(id));
-    }
-    chrono::DateTime::parse_from_rfc3339(text)
-        .map(|at| courier::Replay::Since(at.with_timezone(&chrono::Utc)))
-        .map_err(|_| {
-            format!("{text:?} is neither `all`, an RFC 3339 time (2026-12-01T10:00:00Z) nor a message id")
-        })
+    text.parse().map_err(|e: courier::ValidationError| e.reason)
 }
 
 #[derive(clap::Args)]

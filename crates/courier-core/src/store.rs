@@ -12,7 +12,10 @@ use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use uuid::Uuid;
 
-use crate::{ClaimedDelivery, EnqueueOutcome, ErrorEntry, HandlerError, NewMessage, StoreError};
+use crate::{
+    ClaimedDelivery, EnqueueOutcome, ErrorEntry, HandlerError, NewMessage, StoreError,
+    ValidationError,
+};
 
 /// A (topic, schema version) a worker can handle, with its attempt budget.
 /// Topic `*` with version 0 handles every delivery the subscription is owed.
@@ -73,6 +76,30 @@ pub enum Replay {
     /// This message and every message enqueued after it. It must still be
     /// retained, or registration fails with a validation error.
     FromMessage(Uuid),
+}
+
+impl std::str::FromStr for Replay {
+    type Err = ValidationError;
+
+    /// `all`, a message id (`FromMessage`), or an RFC 3339 instant (`Since`).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text == "all" {
+            return Ok(Replay::All);
+        }
+        if let Ok(id) = Uuid::parse_str(text) {
+            return Ok(Replay::FromMessage(id));
+        }
+        DateTime::parse_from_rfc3339(text)
+            .map(|at| Replay::Since(at.with_timezone(&Utc)))
+            .map_err(|_| {
+                ValidationError::new(
+                    "replay",
+                    format!(
+                        "{text:?} is neither `all`, an RFC 3339 time (2026-12-01T10:00:00Z) nor a message id"
+                    ),
+                )
+            })
+    }
 }
 
 /// What a registration did.

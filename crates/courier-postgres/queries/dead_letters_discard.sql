@@ -1,9 +1,14 @@
--- Discards dead letters for good (their messages are then pruned by retention).
--- Selected like dead_letters_retry.sql.
-DELETE FROM {schema}.deliveries d
-WHERE d.state = 'dead'
-  AND (($1::bigint[] IS NOT NULL AND d.id = ANY ($1))
-       OR ($1::bigint[] IS NULL
-           AND ($2::text IS NULL OR d.tenant = $2)
-           AND ($3::text IS NULL OR d.topic = $3)
-           AND ($4::text IS NULL OR d.subscription = $4)))
+-- Discards dead letters for good (their messages are then pruned by
+-- retention); returns how many. Selected like dead_letters_retry.sql.
+-- Touches: deliveries.
+WITH gone AS (
+  DELETE FROM {schema}.deliveries d
+  WHERE d.state = 'dead'
+    AND (($1::bigint[] IS NOT NULL AND d.id = ANY ($1))
+         OR ($1::bigint[] IS NULL
+             AND ($2::text IS NULL OR d.tenant = $2)
+             AND ($3::text IS NULL OR d.topic = $3)
+             AND ($4::text IS NULL OR d.subscription = $4)))
+  RETURNING 1
+)
+SELECT count(*) FROM gone

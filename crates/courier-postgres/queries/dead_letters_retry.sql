@@ -1,11 +1,23 @@
 -- Makes dead letters deliverable now with their attempts reset; the error
--- history is kept. Selected by ids ($1) or, when $1 is NULL, by filter
--- ($2 tenant, $3 topic, $4 subscription; NULL: any).
-UPDATE {schema}.deliveries d
-SET state = 'available', attempts = 0, available_at = now(), dead_at = NULL
-WHERE d.state = 'dead'
-  AND (($1::bigint[] IS NOT NULL AND d.id = ANY ($1))
-       OR ($1::bigint[] IS NULL
-           AND ($2::text IS NULL OR d.tenant = $2)
-           AND ($3::text IS NULL OR d.topic = $3)
-           AND ($4::text IS NULL OR d.subscription = $4)))
+-- history is kept; returns how many. Selected by ids ($1) or, when $1 is NULL,
+-- by filter ($2 tenant, $3 topic, $4 subscription; NULL: any).
+-- Touches: deliveries, claim_marks (each retried delivery is announced to
+-- every claimer, see migrations/0009_claim_marks.sql).
+WITH changed AS (
+  UPDATE {schema}.deliveries d
+  SET state = 'available', attempts = 0, available_at = now(), dead_at = NULL
+  WHERE d.state = 'dead'
+    AND (($1::bigint[] IS NOT NULL AND d.id = ANY ($1))
+         OR ($1::bigint[] IS NULL
+             AND ($2::text IS NULL OR d.tenant = $2)
+             AND ($3::text IS NULL OR d.topic = $3)
+             AND ($4::text IS NULL OR d.subscription = $4)))
+  RETURNING d.id, d.subscription, d.tenant, d.available_at
+),
+marked AS (
+  INSERT INTO {schema}.claim_marks (subscription, delivery_id, tenant, due_at)
+  SELECT s.subscription, s.id, s.tenant, s.available_at FROM changed s
+  ORDER BY s.subscription, s.id
+  ON CONFLICT (subscription, delivery_id) DO UPDATE SET due_at = excluded.due_at
+)
+SELECT count(*) FROM changed

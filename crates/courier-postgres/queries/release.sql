@@ -21,7 +21,16 @@ WITH changed AS (
     -- `d.id = ANY ($1)`: joined only to the unnest, a large batch was planned
     -- as a sequential scan of the table.)
     AND d.lease_expires_at > clock_timestamp()
-  RETURNING d.id, d.subscription, d.tenant, d.ordering_key
+  RETURNING d.id, d.subscription, d.tenant, d.ordering_key, d.state AS state, d.available_at
+),
+marked AS (
+  -- Waiting again, maybe below other claimers' floors: announce it (see
+  -- migrations/0009_claim_marks.sql).
+  INSERT INTO {schema}.claim_marks (subscription, delivery_id, tenant, due_at)
+  SELECT s.subscription, s.id, s.tenant, s.available_at FROM changed s
+  WHERE s.state = 'available'
+  ORDER BY s.subscription, s.id
+  ON CONFLICT (subscription, delivery_id) DO UPDATE SET due_at = excluded.due_at
 ),
 unlocked AS (
   -- The key's next delivery may run now (see claim.sql, `keyed`).

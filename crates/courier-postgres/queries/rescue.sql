@@ -29,7 +29,30 @@ changed AS (
       claimed_by = NULL
   FROM expired e
   WHERE d.id = e.id
-  RETURNING d.id, d.subscription, d.tenant, d.ordering_key
+  RETURNING d.id, d.subscription, d.tenant, d.ordering_key, d.state AS state, d.available_at
+),
+marked AS (
+  -- Waiting again, maybe below other claimers' floors: announce it (see
+  -- migrations/0009_claim_marks.sql).
+  -- A dead-lettered head of an ordering key lets the key's next delivery
+  -- run: announce that one.
+  INSERT INTO {schema}.claim_marks (subscription, delivery_id, tenant, due_at)
+  SELECT DISTINCT ON (w.subscription, w.id) w.subscription, w.id, w.tenant, w.due_at FROM (
+    SELECT s.subscription, s.id, s.tenant, s.available_at AS due_at FROM changed s
+    WHERE s.state = 'available'
+    UNION ALL
+    SELECT s.subscription, n.id, s.tenant, clock_timestamp() FROM changed s
+    CROSS JOIN LATERAL (
+      SELECT e.id FROM {schema}.deliveries e
+      WHERE e.subscription = s.subscription AND e.tenant = s.tenant
+        AND e.ordering_key = s.ordering_key AND e.id > s.id AND e.state = 'available'
+      ORDER BY e.id
+      LIMIT 1
+    ) n
+    WHERE s.state = 'dead' AND s.ordering_key IS NOT NULL
+  ) w
+  ORDER BY w.subscription, w.id, w.due_at
+  ON CONFLICT (subscription, delivery_id) DO UPDATE SET due_at = excluded.due_at
 ),
 unlocked AS (
   -- The key's next delivery may run now (see claim.sql, `keyed`).

@@ -54,12 +54,14 @@ impl PgStore {
                 .map(|r| (r.topic.clone(), r.schema_version))
                 .collect(),
         );
-        let planned = self.inner.floors.plan(
-            &lane,
-            &params.tenant_cursor,
-            params.limit,
-            std::time::Instant::now(),
-        );
+        let now = std::time::Instant::now();
+        if self.inner.floors.marks_due(&lane, now) {
+            self.read_claim_marks(params, &lane, now).await?;
+        }
+        let planned = self
+            .inner
+            .floors
+            .plan(&lane, &params.tenant_cursor, params.limit, now);
         let batch = match self.claim_pass(params, &lane, &planned).await {
             Ok(batch) => batch,
             Err(error) => {
@@ -76,6 +78,27 @@ impl PgStore {
             return self.claim_pass(params, &lane, &planned.fallback()).await;
         }
         Ok(batch)
+    }
+
+    /// Lowers the lane's floors to the due claim marks of its routes: work
+    /// any process put back below them (see claim_marks_due.sql).
+    async fn read_claim_marks(
+        &self,
+        params: &ClaimParams,
+        lane: &LaneKey,
+        now: std::time::Instant,
+    ) -> Result<(), StoreError> {
+        let topics: Vec<&str> = params.routes.iter().map(|r| r.topic.as_str()).collect();
+        let versions: Vec<i32> = params.routes.iter().map(|r| r.schema_version).collect();
+        let lows: Vec<(String, i64)> = sqlx::query_as(&self.q().claim_marks_due)
+            .bind(&params.subscription)
+            .bind(topics)
+            .bind(versions)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        self.inner.floors.lower(lane, &lows, now);
+        Ok(())
     }
 
     /// The claim statement for `planned`, serving `given` tenants above

@@ -118,14 +118,16 @@ impl PgStore {
         ids: Option<&[i64]>,
         filter: &DeadLetterFilter,
     ) -> Result<u64, StoreError> {
-        let result = sqlx::query(sql)
+        // fetch_all, not fetch_one: a writing statement's portal must run to
+        // its end, or the pooled connection keeps its transaction open.
+        let counts: Vec<i64> = sqlx::query_scalar(sql)
             .bind(ids)
             .bind(&filter.tenant)
             .bind(&filter.topic)
             .bind(&filter.subscription)
-            .execute(&self.inner.pool)
+            .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
-        Ok(result.rows_affected())
+        Ok(counts.first().map_or(0, |&n| u64::try_from(n).unwrap_or(0)))
     }
 }

@@ -64,6 +64,16 @@ use std::time::{Duration, Instant};
 /// multiple of its cost beyond floor passes.
 pub(crate) const FULL_PASS_COST_RATIO: u32 = 20;
 
+/// However cheap laps are not, one is due at least this often: work below a
+/// floor that no mark announces (a delayed message, a message whose
+/// transaction committed after later ones were claimed) waits at most this
+/// plus one lap.
+pub(crate) const MAX_LAP_SPACING: Duration = Duration::from_secs(60);
+
+/// How often a lane reads the database's claim marks (work put back below the
+/// floors by any process, see migrations/0009_claim_marks.sql).
+pub(crate) const MARK_READ_INTERVAL: Duration = Duration::from_secs(1);
+
 /// A known tenant no full lap or claim has found ready work for in this long
 /// is forgotten (found again by the next lap that sees it with work).
 pub(crate) const FORGET_AFTER: Duration = Duration::from_secs(60);
@@ -211,6 +221,8 @@ struct Lane {
     /// Lowerings so far, and the count at each tenant's last one.
     epoch: u64,
     lowered: HashMap<String, u64>,
+    /// When the lane last read the database's claim marks.
+    marks_read: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -225,6 +237,9 @@ struct State {
 #[derive(Debug, Default)]
 pub(crate) struct Floors {
     state: Mutex<State>,
+    /// Laps are at least this far apart (tests stand in for a held
+    /// snapshot's expensive laps with it); zero by default.
+    min_lap_spacing: Duration,
 }
 
 impl Floors {
@@ -278,7 +293,10 @@ impl Floors {
                 lane.full_needed_since.is_some()
                     || lane.lap.is_some()
                     || now.saturating_duration_since(started)
-                        >= took.saturating_mul(FULL_PASS_COST_RATIO)
+                        >= took
+                            .saturating_mul(FULL_PASS_COST_RATIO)
+                            .min(MAX_LAP_SPACING)
+                            .max(self.min_lap_spacing)
             }
         };
         if due && (!another_in_flight || lane.tenants.is_empty()) {
@@ -533,6 +551,55 @@ impl Floors {
                 seen: Instant::now(),
             });
             known.floor = known.floor.min(below);
+        }
+    }
+
+    /// Floors whose laps are at least `spacing` apart.
+    pub(crate) fn with_min_lap_spacing(spacing: Duration) -> Self {
+        Self {
+            state: Mutex::default(),
+            min_lap_spacing: spacing,
+        }
+    }
+
+    /// Whether `key`'s lane should read the claim marks now: a lane that
+    /// exists and has not read them for [`MARK_READ_INTERVAL`]. Counts as
+    /// the read.
+    pub(crate) fn marks_due(&self, key: &LaneKey, now: Instant) -> bool {
+        let mut state = self.state();
+        let state = &mut *state;
+        let Some(&i) = state.index.get(key) else {
+            return false;
+        };
+        let lane = &mut state.lanes[i];
+        let due = lane
+            .marks_read
+            .is_none_or(|at| now.saturating_duration_since(at) >= MARK_READ_INTERVAL);
+        if due {
+            lane.marks_read = Some(now);
+        }
+        due
+    }
+
+    /// Lowers `key`'s floors below the marked deliveries `lows` (tenant,
+    /// lowest marked id), as a settlement in this process would.
+    pub(crate) fn lower(&self, key: &LaneKey, lows: &[(String, i64)], now: Instant) {
+        let mut state = self.state();
+        let state = &mut *state;
+        let Some(&i) = state.index.get(key) else {
+            return;
+        };
+        let lane = &mut state.lanes[i];
+        for (tenant, low) in lows {
+            lane.epoch += 1;
+            lane.lowered.insert(tenant.clone(), lane.epoch);
+            let below = low.saturating_sub(1);
+            let known = lane.tenants.entry(tenant.clone()).or_insert(Known {
+                floor: below,
+                seen: now,
+            });
+            known.floor = known.floor.min(below);
+            known.seen = known.seen.max(now);
         }
     }
 

@@ -120,6 +120,24 @@ impl PgStore {
         }
     }
 
+    /// The same database and pool with claim laps (passes from every
+    /// tenant's first entry, see the README's note on long transactions) at
+    /// least `spacing` apart, as a held snapshot makes them when laps are
+    /// expensive. For tests of what must not wait for a lap; the store's
+    /// floors start over.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_min_lap_spacing(&self, spacing: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                pool: self.inner.pool.clone(),
+                schema: self.inner.schema.clone(),
+                queries: Queries::render(&self.inner.schema),
+                floors: Floors::with_min_lap_spacing(spacing),
+            }),
+        }
+    }
+
     /// The pool the store runs its own work on.
     pub fn pool(&self) -> &PgPool {
         &self.inner.pool

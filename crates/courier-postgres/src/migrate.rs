@@ -47,10 +47,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "maintenance_leader",
         include_str!("../migrations/0008_maintenance_leader.sql"),
     ),
+    (
+        9,
+        "claim_marks",
+        include_str!("../migrations/0009_claim_marks.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// Applies every migration newer than the schema's, in one transaction under
 /// the migration lock.

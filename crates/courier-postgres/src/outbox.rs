@@ -502,6 +502,12 @@ impl OutboxStore for PgStore {
             .await
             .map_err(map)?
             .rows_affected();
+        // Marks no claimer read (a subscription without workers) go with the rest.
+        sqlx::query(&self.q().claim_marks_prune)
+            .bind(batch)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?;
         Ok(PruneReport { messages, receipts })
     }
 

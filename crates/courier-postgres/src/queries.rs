@@ -24,6 +24,8 @@ queries!(
     batch_savepoint_rollback,
     claim,
     claim_in_flight_lock,
+    claim_marks_due,
+    claim_marks_prune,
     complete,
     complete_leased,
     dead_letter_get,

@@ -249,6 +249,12 @@ pub struct SubscriptionConfig {
     /// Deliveries in flight at once.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
+    /// When the daemon creates this subscription, it also receives these
+    /// retained messages: `all`, an RFC 3339 time (messages enqueued then or
+    /// later) or a message id (it and every later one). Ignored once the
+    /// subscription exists.
+    #[serde(default)]
+    pub replay: Option<String>,
     /// Where messages go.
     pub target: TargetConfig,
 }
@@ -440,6 +446,11 @@ impl Config {
             }
             if let Some(tenants) = &subscription.tenants {
                 validate_tenants(&key("tenants"), tenants, false)?;
+            }
+            if let Some(replay) = &subscription.replay {
+                replay
+                    .parse::<courier::Replay>()
+                    .map_err(|e| bad(&key("replay"), replay, &e.reason))?;
             }
             let retry = subscription.retry;
             if retry.max_attempts < 1 {
@@ -878,6 +889,32 @@ mod tests {
         assert_eq!(webhook.url, "http://127.0.0.1:2/b");
         assert_eq!(config.subscriptions[0].retry.max_attempts, 3);
         assert_eq!(config.tokens[0].roles, vec![Role::Publish]);
+    }
+
+    #[test]
+    fn a_subscription_s_replay_is_checked_when_the_config_loads() {
+        let with = |replay: &str| {
+            format!(
+                r#"
+                [[subscriptions]]
+                name = "hooks"
+                topics = ["invoice.*"]
+                replay = "{replay}"
+                target = {{ type = "webhook", url = "http://127.0.0.1:1/a", secret = "s" }}
+            "#
+            )
+        };
+        for good in [
+            "all",
+            "2026-12-01T10:00:00Z",
+            "01938e9c-7a2b-7c3d-8e4f-0123456789ab",
+        ] {
+            let config = Config::from_sources(Some(&with(good)), None, Vec::new()).unwrap();
+            assert_eq!(config.subscriptions[0].replay.as_deref(), Some(good));
+        }
+        let err = Config::from_sources(Some(&with("yesterday")), None, Vec::new()).unwrap_err();
+        assert_eq!(err.key(), Some("subscriptions[0].replay"), "{err}");
+        assert!(err.to_string().contains("RFC 3339"), "{err}");
     }
 
     #[test]

@@ -161,16 +161,19 @@ where
     let mut workers: Vec<(String, WorkerHandle)> = Vec::with_capacity(config.subscriptions.len());
     for subscription in &config.subscriptions {
         let handler = WebhookHandler::from_config(subscription)?;
-        let built = courier
+        let mut builder = courier
             .worker(subscription.name.clone())
             .handle_all(subscription.topics.clone(), handler)
             .retry_policy(subscription.retry.policy())
             .concurrency(subscription.concurrency)
             .batch_size(subscription.concurrency)
             .shutdown_timeout(config.shutdown_timeout())
-            .maintenance(None)
-            .build()
-            .await;
+            .maintenance(None);
+        // Checked when the configuration was loaded.
+        if let Some(Ok(replay)) = subscription.replay.as_deref().map(str::parse) {
+            builder = builder.replay(replay);
+        }
+        let built = builder.build().await;
         let worker = match built {
             Ok(worker) => worker,
             Err(source) => {

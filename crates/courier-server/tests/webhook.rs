@@ -119,6 +119,7 @@ fn webhook(name: &str, topics: &[&str], url: String) -> SubscriptionConfig {
             cap_ms: 50,
         },
         concurrency: 4,
+        replay: None,
         target: TargetConfig::Webhook(WebhookConfig {
             url,
             secret: Secret(SECRET.into()),

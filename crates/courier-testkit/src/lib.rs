@@ -115,6 +115,36 @@ impl PgFixture {
     }
 }
 
+impl PgFixture {
+    /// A store of its own over this schema (pool and memory, as another
+    /// process would have) whose connections name themselves
+    /// `{schema}-{name}` in `pg_stat_activity`, so a test can see what it
+    /// waits for ([`PgFixture::waits_on_a_lock`]).
+    pub async fn named_store(&self, name: &str) -> anyhow::Result<PgStore> {
+        let options: PgConnectOptions = database_url().parse()?;
+        let options = options
+            .options([("search_path", self.schema.as_str()), ("jit", "off")])
+            .application_name(&format!("{}-{name}", self.schema));
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .connect_with(options)
+            .await?;
+        Ok(PgStore::with_schema(pool, &self.schema)?)
+    }
+
+    /// Whether a connection of the store [`named_store`](Self::named_store)
+    /// `name` is waiting on a lock.
+    pub async fn waits_on_a_lock(&self, name: &str) -> bool {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
+        )
+        .bind(format!("{}-{name}", self.schema))
+        .fetch_one(&self.pool)
+        .await
+        .is_ok_and(|n| n > 0)
+    }
+}
+
 /// A pool on the test server whose `search_path` is `schema`.
 pub async fn pg_pool(schema: &str, max_connections: u32) -> anyhow::Result<PgPool> {
     let options: PgConnectOptions = database_url().parse()?;

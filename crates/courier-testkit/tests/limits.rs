@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use courier::postgres::PgStore;
 use courier::{NewMessage, OutboxStore, SubscriptionSpec};
 use courier_testkit::{eventually, Backend, Event, PgFixture};
 
@@ -23,31 +22,6 @@ fn limited(worker: &str, cursor: &str) -> courier::ClaimParams {
         tenant_cursor: cursor.into(),
         tenant_in_flight_limit: Some(1),
     }
-}
-
-/// A store of its own (pool and memory, as another process would have) whose
-/// connections name themselves `{schema}-{name}` in `pg_stat_activity`.
-async fn named_store(pg: &PgFixture, name: &str) -> anyhow::Result<PgStore> {
-    let options: sqlx::postgres::PgConnectOptions = courier_testkit::database_url().parse()?;
-    let options = options
-        .options([("search_path", pg.schema.as_str()), ("jit", "off")])
-        .application_name(&format!("{}-{name}", pg.schema));
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(options)
-        .await?;
-    Ok(PgStore::with_schema(pool, &pg.schema)?)
-}
-
-/// Whether the store named `name` is waiting on a lock.
-async fn waits_on_a_lock(pg: &PgFixture, name: &str) -> bool {
-    sqlx::query_scalar::<_, i64>(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
-    )
-    .bind(format!("{}-{name}", pg.schema))
-    .fetch_one(&pg.pool)
-    .await
-    .is_ok_and(|n| n > 0)
 }
 
 /// Claim A of tenant `z` is held open at its commit. A claim of tenant `b`
@@ -88,28 +62,28 @@ async fn a_claim_under_an_in_flight_limit_waits_only_for_claims_of_its_own_tenan
         .execute(&mut *gate)
         .await?;
 
-    let a_store = named_store(&pg, "a").await?;
+    let a_store = pg.named_store("a").await?;
     let claim_a = tokio::spawn(async move { a_store.claim(&limited("a", "")).await });
     anyhow::ensure!(
-        eventually(Duration::from_secs(10), || waits_on_a_lock(&pg, "a")).await,
+        eventually(Duration::from_secs(10), || pg.waits_on_a_lock("a")).await,
         "claim A never reached its commit"
     );
     // Tenant b sorts first, so a claim of one tenant serves b.
     pg.enqueue_committed(&two("b")?).await?;
 
     // Tenant b's claim does not wait for tenant z's.
-    let b_store = named_store(&pg, "b").await?;
+    let b_store = pg.named_store("b").await?;
     let claim_b = tokio::spawn(async move { b_store.claim(&limited("b", "")).await });
     let b_went_ahead = eventually(Duration::from_secs(5), || async { claim_b.is_finished() }).await;
 
     // A claim of b and z waits for claim A.
-    let c_store = named_store(&pg, "c").await?;
+    let c_store = pg.named_store("c").await?;
     let claim_c = tokio::spawn(async move {
         let mut both = limited("c", "");
         both.limit = 2;
         c_store.claim(&both).await
     });
-    let c_waited = eventually(Duration::from_secs(5), || waits_on_a_lock(&pg, "c")).await;
+    let c_waited = eventually(Duration::from_secs(5), || pg.waits_on_a_lock("c")).await;
 
     gate.commit().await?;
     let a = claim_a.await??.deliveries;
@@ -167,7 +141,7 @@ async fn concurrent_claimers_never_exceed_a_tenant_s_in_flight_limit() -> anyhow
     pg.enqueue_committed(&messages).await?;
     let mut claimers = Vec::new();
     for worker in 0..4 {
-        let store = named_store(&pg, &format!("w{worker}")).await?;
+        let store = pg.named_store(&format!("w{worker}")).await?;
         claimers.push(tokio::spawn(async move {
             let mut cursor = String::new();
             let mut claimed = 0;

@@ -37,31 +37,6 @@ async fn register(store: &PgStore) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A store of its own (pool and memory, as another process would have) whose
-/// connections name themselves `{schema}-{name}` in `pg_stat_activity`.
-async fn named_store(pg: &PgFixture, name: &str) -> anyhow::Result<PgStore> {
-    let options: sqlx::postgres::PgConnectOptions = courier_testkit::database_url().parse()?;
-    let options = options
-        .options([("search_path", pg.schema.as_str()), ("jit", "off")])
-        .application_name(&format!("{}-{name}", pg.schema));
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(options)
-        .await?;
-    Ok(PgStore::with_schema(pool, &pg.schema)?)
-}
-
-/// Whether the store named `name` is waiting on a lock.
-async fn waits_on_a_lock(pg: &PgFixture, name: &str) -> bool {
-    sqlx::query_scalar::<_, i64>(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
-    )
-    .bind(format!("{}-{name}", pg.schema))
-    .fetch_one(&pg.pool)
-    .await
-    .is_ok_and(|n| n > 0)
-}
-
 /// d1 (dead) and d2 share a key. Claim A takes d2 and has not committed; an
 /// operator retries d1; claim B, whose snapshot still shows d2 available,
 /// must not take d1 beside it.
@@ -105,19 +80,19 @@ async fn a_dead_head_retried_while_a_later_claim_commits_never_runs_beside_it() 
         .execute(&mut *gate)
         .await?;
 
-    let a_store = named_store(&pg, "a").await?;
+    let a_store = pg.named_store("a").await?;
     let claim_a = tokio::spawn(async move { a_store.claim(&claim_params("a")).await });
     anyhow::ensure!(
-        eventually(Duration::from_secs(10), || waits_on_a_lock(&pg, "a")).await,
+        eventually(Duration::from_secs(10), || pg.waits_on_a_lock("a")).await,
         "claim A never reached its commit"
     );
     assert_eq!(store.retry_dead_letters(&[d1]).await?, 1);
 
-    let b_store = named_store(&pg, "b").await?;
+    let b_store = pg.named_store("b").await?;
     let claim_b = tokio::spawn(async move { b_store.claim(&claim_params("b")).await });
     // B either finishes or waits for A; either way A may now commit.
     eventually(Duration::from_secs(5), || async {
-        claim_b.is_finished() || waits_on_a_lock(&pg, "b").await
+        claim_b.is_finished() || pg.waits_on_a_lock("b").await
     })
     .await;
     gate.commit().await?;

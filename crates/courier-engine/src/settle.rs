@@ -125,7 +125,7 @@ pub(crate) async fn settle_batch<S: OutboxStore>(
             }
         }
     }
-    // By delivery id, like every multi-row write (see heartbeat::snapshot).
+    // By delivery id, like every multi-row write (see InFlight::to_extend).
     completions.sort_unstable_by_key(|l| l.delivery_id);
     failures.sort_unstable_by_key(|f| f.lease.delivery_id);
     releases.sort_unstable_by_key(|l| l.delivery_id);

@@ -198,9 +198,17 @@ impl<S: OutboxStore> Maintenance<S> {
         let mut next_rescue = tokio::time::Instant::now();
         let mut next_prune = next_rescue;
         let mut leading = false;
+        // The leader also renews between passes, which a slow pass spaces
+        // out beyond the lease.
+        let mut renew = tokio::time::interval(self.config.leader_lease / 3);
+        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        renew.reset();
         loop {
             tokio::select! {
                 () = stop.cancelled() => break,
+                _ = renew.tick(), if leading => {
+                    leading = self.elect(leading).await;
+                }
                 () = tokio::time::sleep_until(next_rescue) => {
                     let started = tokio::time::Instant::now();
                     leading = self.elect(leading).await;

@@ -12,7 +12,7 @@
 -- What a producer waits for, besides another producer of its ordering key: a
 -- registration or topic removal that has taken the fan-out lock, until it
 -- commits (a few milliseconds; registrations that change nothing take no
--- lock, and a registration never queues for the lock ahead of producers, see
+-- lock), or one queued for it, at most 200 ms at a time (see lock_fan_out in
 -- src/outbox.rs).
 
 -- One row; registrations bump it. Its only reader locks it (FOR SHARE: a key
@@ -37,9 +37,14 @@ BEGIN
   -- and locking the epoch row fails with a serialization failure (40001)
   -- when it has changed since the snapshot, so the producer retries instead
   -- of silently missing the new subscription.
+  -- Once a transaction holds the lock no registration can commit before it
+  -- does, so the epoch is checked once per transaction (a rolled-back
+  -- savepoint takes the lock, the row lock and the setting back together).
   PERFORM pg_advisory_xact_lock_shared(hashtextextended('{schema}:fan-out', 0));
-  IF current_setting('transaction_isolation') <> 'read committed' THEN
+  IF current_setting('transaction_isolation') <> 'read committed'
+     AND current_setting('{schema}.fan_out_checked', true) IS DISTINCT FROM 'yes' THEN
     PERFORM 1 FROM {schema}.fan_out_epoch FOR SHARE;
+    PERFORM set_config('{schema}.fan_out_checked', 'yes', true);
   END IF;
   -- Producers of the same (tenant, ordering key) take turns until commit, so a
   -- key's deliveries get ids in commit order and a later message can never be

@@ -19,4 +19,5 @@ CREATE TABLE {schema}.claim_marks (
   due_at       timestamptz NOT NULL,
   PRIMARY KEY (subscription, delivery_id)
 );
-CREATE INDEX claim_marks_due ON {schema}.claim_marks (subscription, due_at);
+-- Readers walk a subscription's marks per tenant in id order.
+CREATE INDEX claim_marks_tenant ON {schema}.claim_marks (subscription, tenant, delivery_id);

@@ -129,7 +129,7 @@ impl AdminStore for PgStore {
         patterns: &'c [String],
     ) -> Result<u64, StoreError> {
         courier_core::validate_name("subscription", name)?;
-        let mut tx = self.pool().begin().await.map_err(map)?;
+        let mut tx = self.begin_read_committed().await?;
         self.lock_fan_out(&mut tx).await?;
         let removed = sqlx::query(&self.q().subscription_topics_remove)
             .bind(name)

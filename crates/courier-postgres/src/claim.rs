@@ -56,7 +56,11 @@ impl PgStore {
         );
         let now = std::time::Instant::now();
         if self.inner.floors.marks_due(&lane, now) {
-            self.read_claim_marks(params, &lane, now).await?;
+            if let Err(error) = self.read_claim_marks(params, &lane, now).await {
+                // Claim anyway: the marks are read again in a second, and
+                // laps find what they announce meanwhile.
+                tracing::warn!(%error, subscription = %params.subscription, "could not read claim marks");
+            }
         }
         let planned = self
             .inner
@@ -167,7 +171,7 @@ impl PgStore {
                 // Exact per-tenant counts: take the locks of the tenants this
                 // claim serves first (see claim_in_flight_lock.sql), then
                 // claim for exactly those tenants under a fresh snapshot.
-                let mut tx = self.inner.pool.begin().await.map_err(map)?;
+                let mut tx = self.begin_read_committed().await?;
                 let locked: Vec<String> = sqlx::query_scalar(&self.q().claim_in_flight_lock)
                     .bind(&params.subscription)
                     .bind(planned.cursor(&params.tenant_cursor))

@@ -19,11 +19,16 @@ use crate::floors::Settled;
 use crate::rows::failures_applied;
 use crate::{enqueue_arguments, migrate, millis, PgStore};
 
-/// How long a registration tries for the fan-out lock before it queues for it.
+/// How long a registration only tries for the fan-out lock before it also
+/// queues for it.
 const FAN_OUT_TRY_FOR: Duration = Duration::from_secs(2);
 
-/// The longest a registration then waits for producers to let it have the lock.
+/// The longest a registration waits for producers to let it have the lock.
 const FAN_OUT_WAIT_AT_MOST: Duration = Duration::from_secs(30);
+
+/// How long a registration queues for the lock at a time (new producers
+/// queue behind it meanwhile).
+const FAN_OUT_QUEUE_AT_MOST: Duration = Duration::from_millis(200);
 
 /// `(delivery ids, lease tokens)` as the two arrays the settle queries take.
 fn lease_columns(leases: &[LeaseRef]) -> (Vec<i64>, Vec<Uuid>) {
@@ -164,7 +169,7 @@ impl OutboxStore for PgStore {
             // A worker restarting: nothing to change, so no lock to take.
             return Ok(Registration::default());
         }
-        let mut tx = self.inner.pool.begin().await.map_err(map)?;
+        let mut tx = self.begin_read_committed().await?;
         self.lock_fan_out(&mut tx).await?;
         let created = !sqlx::query(&self.q().subscription_upsert)
             .bind(&spec.name)
@@ -180,10 +185,12 @@ impl OutboxStore for PgStore {
             .await
             .map_err(map)?
             .len();
-        sqlx::query(&self.q().fan_out_epoch_bump)
-            .execute(&mut *tx)
-            .await
-            .map_err(map)?;
+        if created || added > 0 {
+            sqlx::query(&self.q().fan_out_epoch_bump)
+                .execute(&mut *tx)
+                .await
+                .map_err(map)?;
+        }
         let replayed = match spec.replay.filter(|_| created) {
             None => 0,
             Some(replay) => {
@@ -495,13 +502,20 @@ impl OutboxStore for PgStore {
             .await
             .map_err(map)?
             .rows_affected();
+        // Not beside a registration's replay (see fan_out_lock_shared.sql).
+        let mut tx = self.begin_read_committed().await?;
+        sqlx::query(&self.q().fan_out_lock_shared)
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?;
         let messages = sqlx::query(&self.q().prune_messages)
             .bind(millis(older_than))
             .bind(batch)
-            .execute(&self.inner.pool)
+            .execute(&mut *tx)
             .await
             .map_err(map)?
             .rows_affected();
+        tx.commit().await.map_err(map)?;
         // Marks no claimer read (a subscription without workers) go with the rest.
         sqlx::query(&self.q().claim_marks_prune)
             .bind(batch)
@@ -536,13 +550,28 @@ impl OutboxStore for PgStore {
 }
 
 impl PgStore {
-    /// Takes the fan-out lock exclusively in `tx` (see fan_out_lock_try.sql):
-    /// tries for up to [`FAN_OUT_TRY_FOR`] without queueing ahead of
-    /// producers, then waits for it, at most [`FAN_OUT_WAIT_AT_MOST`].
+    /// A transaction of the store's own at READ COMMITTED, whatever the
+    /// database's default: its statements each see what committed before
+    /// them (after a lock they waited for, in particular).
+    pub(crate) async fn begin_read_committed(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+        self.inner
+            .pool
+            .begin_with(self.q().begin_read_committed.clone())
+            .await
+            .map_err(map)
+    }
+
+    /// Takes the fan-out lock exclusively in `tx` (see fan_out_lock_try.sql)
+    /// without holding producers up for long: it tries without queueing, and
+    /// once it has tried for [`FAN_OUT_TRY_FOR`] it also queues, each time for
+    /// at most [`FAN_OUT_QUEUE_AT_MOST`] (what a producer then waits behind
+    /// it), until [`FAN_OUT_WAIT_AT_MOST`] have passed.
     pub(crate) async fn lock_fan_out(&self, tx: &mut PgConnection) -> Result<(), StoreError> {
         let started = std::time::Instant::now();
         let mut pause = Duration::from_millis(2);
-        while started.elapsed() < FAN_OUT_TRY_FOR {
+        loop {
             let taken: bool = sqlx::query_scalar(&self.q().fan_out_lock_try)
                 .fetch_one(&mut *tx)
                 .await
@@ -550,19 +579,61 @@ impl PgStore {
             if taken {
                 return Ok(());
             }
+            if started.elapsed() >= FAN_OUT_WAIT_AT_MOST {
+                return Err(StoreError::Database {
+                    source: format!(
+                        "producers kept the fan-out lock of schema {} for {:?}: \
+                         a transaction that enqueued and stays open (see pg_stat_activity) \
+                         holds up subscription changes",
+                        self.inner.schema, FAN_OUT_WAIT_AT_MOST
+                    )
+                    .into(),
+                    transient: true,
+                });
+            }
+            if started.elapsed() >= FAN_OUT_TRY_FOR && self.queue_for_fan_out(tx).await? {
+                return Ok(());
+            }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(50));
         }
-        // Producers kept it busy all along: queue for it, bounded.
+    }
+
+    /// Queues for the fan-out lock for at most [`FAN_OUT_QUEUE_AT_MOST`];
+    /// whether it was taken (a timed-out wait is undone, the transaction kept).
+    async fn queue_for_fan_out(&self, tx: &mut PgConnection) -> Result<bool, StoreError> {
+        sqlx::query(&self.q().savepoint)
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?;
         sqlx::query(&self.q().lock_timeout_set)
-            .bind(format!("{}ms", FAN_OUT_WAIT_AT_MOST.as_millis()))
+            .bind(format!("{}ms", FAN_OUT_QUEUE_AT_MOST.as_millis()))
             .execute(&mut *tx)
             .await
             .map_err(map)?;
-        sqlx::query(&self.q().fan_out_lock)
-            .execute(&mut *tx)
-            .await
-            .map_err(map)?;
-        Ok(())
+        match sqlx::query(&self.q().fan_out_lock).execute(&mut *tx).await {
+            Ok(_) => {
+                sqlx::query(&self.q().savepoint_release)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map)?;
+                // The rest of the registration waits as it would have.
+                sqlx::query(&self.q().lock_timeout_set)
+                    .bind("0")
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map)?;
+                Ok(true)
+            }
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
+                // Gave up waiting: the savepoint also undoes the timeout.
+                sqlx::query(&self.q().savepoint_rollback)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map)?;
+                Ok(false)
+            }
+            Err(error) => Err(map(error)),
+        }
     }
 }

@@ -20,6 +20,7 @@ macro_rules! queries {
 
 queries!(
     batch_savepoint,
+    begin_read_committed,
     batch_savepoint_next,
     batch_savepoint_rollback,
     claim,
@@ -39,6 +40,7 @@ queries!(
     fail,
     fan_out_epoch_bump,
     fan_out_lock,
+    fan_out_lock_shared,
     fan_out_lock_try,
     leader_elect,
     leader_resign,
@@ -61,6 +63,9 @@ queries!(
     receipts_delete_many,
     receipts_insert_many,
     release,
+    savepoint,
+    savepoint_release,
+    savepoint_rollback,
     rescue,
     snooze,
     subscription_pause,

@@ -30,6 +30,11 @@ async fn one_runner_leads_until_it_resigns_or_its_lease_runs_out<B: Backend>(
     assert!(first.lead().await?, "the first to try leads");
     assert!(!second.lead().await?, "a live lease is not taken over");
     assert!(first.lead().await?, "the leader renews its lease");
+    second.resign().await?;
+    assert!(
+        !second.lead().await?,
+        "resigning a lease one does not hold leaves it to its holder"
+    );
     first.resign().await?;
     assert!(second.lead().await?, "a resigned lease is taken at once");
     assert!(!first.lead().await?);

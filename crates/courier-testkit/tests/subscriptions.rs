@@ -361,3 +361,48 @@ async fn sqlite_a_producer_whose_snapshot_predates_a_registration_never_misses_i
     }
     Ok(())
 }
+
+/// A producer transaction that stays open holds a registration up, but the
+/// registration does not hold other producers up for long while it waits:
+/// it queues for the lock only briefly at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_registration_held_up_by_an_open_producer_never_stalls_other_producers(
+) -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    let store = pg.courier().store().clone();
+    let mut open = pg.pool.begin().await?;
+    pg.courier()
+        .enqueue(&mut open, &NewMessage::new("acme", "a", &Event { n: 1 })?)
+        .await?;
+    let registering = tokio::spawn(async move {
+        store
+            .register_subscription(&SubscriptionSpec::new("sub", ["a"]))
+            .await
+    });
+    // Past the registration's first 2 s of tries, it queues now and then.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let mut slowest = Duration::ZERO;
+    for n in 2..12 {
+        let started = std::time::Instant::now();
+        pg.enqueue_committed(&[NewMessage::new("acme", "a", &Event { n })?])
+            .await?;
+        slowest = slowest.max(started.elapsed());
+    }
+    assert!(
+        !registering.is_finished(),
+        "the registration went ahead of an open producer"
+    );
+    open.commit().await?;
+    registering.await??;
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a producer waited {slowest:?} behind a waiting registration"
+    );
+    assert_eq!(
+        pg.scalar("SELECT count(*) FROM deliveries WHERE subscription = 'sub'")
+            .await?,
+        0,
+        "every message committed before the registration"
+    );
+    Ok(())
+}

@@ -2,10 +2,13 @@
 //! statement, and record what it found.
 //!
 //! A claim asks [`Floors`](crate::floors::Floors) how to scan (a floor pass or
-//! a full pass, see `floors.rs`) and runs that pass. A floor pass that claims
-//! nothing is followed at once by a full pass after the caller's cursor, so
-//! that "nothing" is only reported once the tenants' first entries were
-//! looked at (the caller may go idle on it).
+//! a full pass, see `floors.rs`) and runs that pass. A floor pass, or a lap's
+//! pass that started after the lap's cursor rather than the caller's, that
+//! claims nothing is followed at once by a full pass after the caller's
+//! cursor, so that "nothing" is only reported once the tenants' first
+//! entries after that cursor were looked at (the caller may go idle on it).
+//! About once a second a lane first reads the database's claim marks (work
+//! any process put back below its floors) and lowers its floors to them.
 //!
 //! Failure: when the planned pass fails, its plan is abandoned in the floors
 //! and the error goes to the caller. With a tenant in-flight limit the
@@ -35,7 +38,8 @@ fn uniform_budget(budgets: &[i32]) -> Option<i32> {
 
 impl PgStore {
     /// Claims up to `params.limit` deliveries the way the lane's floors plan
-    /// it, falling back to a full pass when a floor pass finds nothing.
+    /// it, falling back to a full pass after the caller's cursor when the
+    /// planned pass finds nothing.
     pub(crate) async fn claim_with_floors(
         &self,
         params: &ClaimParams,

@@ -25,6 +25,7 @@ Examples:
   courier dlq show 42
   courier dlq retry 42 43                        # or: courier dlq retry --topic invoice.paid
   courier subscriptions pause billing
+  courier subscriptions create audit --topic 'invoice.*' --replay all
   courier migrate --database-url postgres://postgres@127.0.0.1:5432/app --schema courier
   courier bench --quick
   courier bench --scenario all --baseline --database-url postgres://postgres@127.0.0.1:5432/test
@@ -75,7 +76,7 @@ enum Command {
     /// Dead letters: list, show, retry, discard.
     #[command(subcommand)]
     Dlq(DlqCommand),
-    /// Subscriptions: list, pause, resume.
+    /// Subscriptions: list, pause, resume, create (with replay), remove topics.
     #[command(subcommand)]
     Subscriptions(SubscriptionsCommand),
     /// Create or upgrade Courier's tables (safe to run from many processes at once).
@@ -436,7 +437,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             {
                 anyhow::bail!(
                     "changing a subscription's topics is not in the HTTP API; \
-                     run it with --database-url against the daemon's database"
+                     run it without --url, against the daemon's database (--database-url)"
                 );
             }
             SubscriptionsCommand::Create {

@@ -342,3 +342,107 @@ fn bench_refuses_to_delete_an_existing_sqlite_file() {
         b"precious"
     );
 }
+
+#[test]
+fn subscriptions_can_be_created_with_a_replay_and_lose_topics() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("courier.db");
+    let db = db.to_str().expect("utf-8 path");
+    let ok = |args: &[&str]| {
+        let output = courier(dir.path(), args);
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+        stdout(&output)
+    };
+    ok(&["migrate", "--database-url", db]);
+    for n in 0..3 {
+        let payload = format!("{{\"n\":{n}}}");
+        ok(&[
+            "publish",
+            "--database-url",
+            db,
+            "--tenant",
+            "acme",
+            "--topic",
+            "invoice.paid",
+            "--payload",
+            &payload,
+        ]);
+    }
+    let created = ok(&[
+        "subscriptions",
+        "create",
+        "audit",
+        "--topic",
+        "invoice.*",
+        "--topic",
+        "refund.issued",
+        "--replay",
+        "all",
+        "--database-url",
+        db,
+    ]);
+    assert!(
+        created.contains("created audit, replaying 3 retained messages"),
+        "{created}"
+    );
+    let again = ok(&[
+        "subscriptions",
+        "create",
+        "audit",
+        "--topic",
+        "invoice.*",
+        "--replay",
+        "all",
+        "--database-url",
+        db,
+    ]);
+    assert!(again.contains("replayed nothing"), "{again}");
+    let removed = ok(&[
+        "subscriptions",
+        "remove-topics",
+        "audit",
+        "refund.issued",
+        "--database-url",
+        db,
+    ]);
+    assert!(removed.contains("removed 1 of 1 topics"), "{removed}");
+    let listed = ok(&["subscriptions", "list", "--database-url", db]);
+    assert!(
+        listed.contains("invoice.*") && !listed.contains("refund.issued"),
+        "{listed}"
+    );
+
+    let bad = courier(
+        dir.path(),
+        &[
+            "subscriptions",
+            "create",
+            "x",
+            "--topic",
+            "t",
+            "--replay",
+            "yesterday",
+            "--database-url",
+            db,
+        ],
+    );
+    assert!(!bad.status.success());
+    assert!(stderr(&bad).contains("RFC 3339"), "{}", stderr(&bad));
+    let unknown = courier(
+        dir.path(),
+        &[
+            "subscriptions",
+            "remove-topics",
+            "nope",
+            "t",
+            "--database-url",
+            db,
+        ],
+    );
+    assert!(!unknown.status.success());
+    assert!(
+        stderr(&unknown).contains("no subscription named"),
+        "{}",
+        stderr(&unknown)
+    );
+}

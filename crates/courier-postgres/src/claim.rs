@@ -30,6 +30,15 @@ use crate::{millis, PgStore};
 /// A turn of no tenant (no tenant has the empty name).
 const NO_TENANT: &[String] = &[String::new()];
 
+/// The claim's routes as the topic and version arrays its statements bind.
+fn route_columns(params: &ClaimParams) -> (Vec<&str>, Vec<i32>) {
+    params
+        .routes
+        .iter()
+        .map(|r| (r.topic.as_str(), r.schema_version))
+        .unzip()
+}
+
 /// The attempt budget every route shares, if they all share one.
 fn uniform_budget(budgets: &[i32]) -> Option<i32> {
     let first = *budgets.first()?;
@@ -96,8 +105,7 @@ impl PgStore {
         lane: &LaneKey,
         now: std::time::Instant,
     ) -> Result<(), StoreError> {
-        let topics: Vec<&str> = params.routes.iter().map(|r| r.topic.as_str()).collect();
-        let versions: Vec<i32> = params.routes.iter().map(|r| r.schema_version).collect();
+        let (topics, versions) = route_columns(params);
         let lows: Vec<(String, i64)> = sqlx::query_as(&self.q().claim_marks_due)
             .bind(&params.subscription)
             .bind(topics)
@@ -120,8 +128,7 @@ impl PgStore {
         given: &'q [String],
         floors: &'q [i64],
     ) -> sqlx::query::Query<'q, sqlx::Postgres, PgArguments> {
-        let topics: Vec<&str> = params.routes.iter().map(|r| r.topic.as_str()).collect();
-        let versions: Vec<i32> = params.routes.iter().map(|r| r.schema_version).collect();
+        let (topics, versions) = route_columns(params);
         let budgets: Vec<i32> = params.routes.iter().map(|r| r.max_attempts).collect();
         let uniform = uniform_budget(&budgets);
         sqlx::query(&self.q().claim)

@@ -225,6 +225,21 @@ struct Lane {
     marks_read: Option<Instant>,
 }
 
+impl Lane {
+    /// Work at `id` of `tenant` may be claimable now: the tenant's floor goes
+    /// below it, and a claim planned before this cannot raise it past it.
+    fn lower_below(&mut self, tenant: String, id: i64, now: Instant) {
+        self.epoch += 1;
+        self.lowered.insert(tenant.clone(), self.epoch);
+        let below = id.saturating_sub(1);
+        let known = self.tenants.entry(tenant).or_insert(Known {
+            floor: below,
+            seen: now,
+        });
+        known.floor = known.floor.min(below);
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     index: HashMap<LaneKey, usize>,
@@ -542,15 +557,7 @@ impl Floors {
             if how == Settled::Completed && !ordered {
                 continue;
             }
-            let lane = &mut state.lanes[lane];
-            lane.epoch += 1;
-            lane.lowered.insert(tenant.clone(), lane.epoch);
-            let below = id.saturating_sub(1);
-            let known = lane.tenants.entry(tenant).or_insert(Known {
-                floor: below,
-                seen: Instant::now(),
-            });
-            known.floor = known.floor.min(below);
+            state.lanes[lane].lower_below(tenant, id, Instant::now());
         }
     }
 
@@ -591,15 +598,11 @@ impl Floors {
         };
         let lane = &mut state.lanes[i];
         for (tenant, low) in lows {
-            lane.epoch += 1;
-            lane.lowered.insert(tenant.clone(), lane.epoch);
-            let below = low.saturating_sub(1);
-            let known = lane.tenants.entry(tenant.clone()).or_insert(Known {
-                floor: below,
-                seen: now,
-            });
-            known.floor = known.floor.min(below);
-            known.seen = known.seen.max(now);
+            lane.lower_below(tenant.clone(), *low, now);
+            if let Some(known) = lane.tenants.get_mut(tenant) {
+                // It has work waiting: not to be forgotten.
+                known.seen = known.seen.max(now);
+            }
         }
     }
 

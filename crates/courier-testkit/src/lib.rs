@@ -202,10 +202,7 @@ impl Backend for PgFixture {
     }
 
     async fn another_store(&self) -> anyhow::Result<PgStore> {
-        Ok(PgStore::with_schema(
-            pg_pool(&self.schema, 4).await?,
-            &self.schema,
-        )?)
+        StoreFixture::open_store(self, 4).await
     }
 }
 
@@ -285,11 +282,7 @@ impl Backend for SqliteFixture {
     }
 
     async fn another_store(&self) -> anyhow::Result<SqliteStore> {
-        let path = self
-            .path
-            .to_str()
-            .ok_or_else(|| anyhow::anyhow!("temporary path is not UTF-8"))?;
-        Ok(SqliteStore::new(courier::sqlite::connect(path, 4).await?))
+        StoreFixture::open_store(self, 4).await
     }
 }
 

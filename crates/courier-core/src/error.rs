@@ -60,6 +60,12 @@ pub enum StoreError {
     /// A stored row could not be decoded (a corrupt or foreign row).
     #[error("corrupt row: {0}")]
     Corrupt(String),
+    /// The named object (a stream's consumer group, ...) does not exist.
+    #[error("{what} not found")]
+    NotFound {
+        /// What was looked for, e.g. `group billing of stream acme/orders`.
+        what: String,
+    },
 }
 
 impl StoreError {

@@ -13,6 +13,7 @@ mod message;
 mod names;
 mod retry;
 mod store;
+mod stream;
 
 pub use admin::{
     AdminStore, DeliveryStats, MessageFilter, MessagePage, RateLimit, StoredMessage,
@@ -30,4 +31,10 @@ pub use store::{
     DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliverySummary, Failure,
     FailureApplied, LeaseRef, OutboxStore, PruneReport, Registration, Replay, RescueParams, Route,
     Snooze, SubscriptionSpec, TransactionalBatchOutcome, TransactionalOutcome, TxWork, MAX_SNOOZES,
+};
+pub use stream::{
+    dead_letter_entry, group_not_found, validate_block, validate_count, ClaimIdle, ClaimedEntries,
+    ConsumerInfo, ConsumerRemoval, DeliveredEntry, EntryOrigin, GroupStart, NewStreamEntry,
+    PendingDetail, PendingEntry, PendingQuery, PendingSummary, ReadNew, StreamEntry, StreamEntryId,
+    StreamKey, StreamStore, TrimBound, DEAD_STREAM_SUFFIX, MAX_STREAM_BATCH, MAX_STREAM_BLOCK,
 };

@@ -20,6 +20,7 @@ mod notifier;
 mod outbox;
 mod queries;
 mod rows;
+mod streams;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -36,6 +37,7 @@ use sqlx::{PgConnection, PgPool};
 pub use admin::MAX_MESSAGE_PAGE;
 pub use migrate::SCHEMA_VERSION;
 pub use notifier::PgNotifier;
+pub use streams::POLL_INTERVAL as STREAM_POLL_INTERVAL;
 
 use error::map;
 use floors::Floors;
@@ -55,6 +57,8 @@ struct Inner {
     schema: String,
     queries: Queries,
     floors: Floors,
+    /// The stream notification listener, started by the first blocked read.
+    stream_wakeups: std::sync::OnceLock<Arc<streams::StreamWakeups>>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -116,6 +120,7 @@ impl PgStore {
                 schema,
                 queries,
                 floors: Floors::default(),
+                stream_wakeups: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -134,6 +139,7 @@ impl PgStore {
                 schema: self.inner.schema.clone(),
                 queries: Queries::render(&self.inner.schema),
                 floors: Floors::with_min_lap_spacing(spacing),
+                stream_wakeups: std::sync::OnceLock::new(),
             }),
         }
     }

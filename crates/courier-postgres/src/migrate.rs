@@ -52,10 +52,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "claim_marks",
         include_str!("../migrations/0009_claim_marks.sql"),
     ),
+    (
+        10,
+        "streams",
+        include_str!("../migrations/0010_streams.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// Applies every migration newer than the schema's, in one transaction under
 /// the migration lock.

@@ -19,6 +19,21 @@ macro_rules! queries {
 }
 
 queries!(
+    stream_ack,
+    stream_append,
+    stream_claim_idle,
+    stream_consumer_delete,
+    stream_consumers,
+    stream_dead_letter,
+    stream_group_ensure,
+    stream_pending_detail,
+    stream_pending_summary,
+    stream_range,
+    stream_read_new,
+    stream_read_pending,
+    stream_trim_maxlen,
+    stream_trim_minid,
+    stream_wait,
     batch_savepoint,
     begin_read_committed,
     batch_savepoint_next,

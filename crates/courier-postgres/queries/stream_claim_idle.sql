@@ -1,0 +1,66 @@
+-- Consumer $4 takes over pending entries of group $3 on stream ($1, $2)
+-- idle at least $7 ms (database clock), scanning in id order from ($5, $6),
+-- at most $8. Stored entries move to $4 with one more delivery; trimmed ones
+-- leave pending and are reported. Rows: kind 'group' (always one; `found`
+-- says whether the group exists), 'claimed' (with the entry), 'deleted',
+-- and 'next' (the cursor to continue from, when more idle entries may follow).
+-- A row another claim is taking over waits for it and is then re-checked:
+-- no entry goes to two consumers.
+WITH g AS (
+  SELECT 1 FROM {schema}.stream_groups s
+  WHERE s.tenant = $1 AND s.stream = $2 AND s.grp = $3
+),
+candidates AS (
+  SELECT p.major, p.minor
+  FROM {schema}.stream_pending p
+  WHERE p.tenant = $1 AND p.stream = $2 AND p.grp = $3
+    AND (p.major, p.minor) >= ($5, $6)
+    AND p.delivered_at <= statement_timestamp() - $7::bigint * interval '1 millisecond'
+  ORDER BY p.major, p.minor
+  LIMIT $8 + 1
+  FOR UPDATE OF p
+),
+taken AS (
+  SELECT c.major, c.minor,
+         EXISTS (SELECT 1 FROM {schema}.stream_entries e
+                 WHERE e.tenant = $1 AND e.stream = $2
+                   AND e.major = c.major AND e.minor = c.minor) AS present
+  FROM candidates c
+  ORDER BY c.major, c.minor
+  LIMIT $8
+),
+claimed AS (
+  UPDATE {schema}.stream_pending p
+  SET consumer = $4, deliveries = p.deliveries + 1, delivered_at = statement_timestamp()
+  FROM taken t
+  WHERE t.present AND p.tenant = $1 AND p.stream = $2 AND p.grp = $3
+    AND p.major = t.major AND p.minor = t.minor
+  RETURNING p.major, p.minor, p.deliveries
+),
+dropped AS (
+  DELETE FROM {schema}.stream_pending p
+  USING taken t
+  WHERE NOT t.present AND p.tenant = $1 AND p.stream = $2 AND p.grp = $3
+    AND p.major = t.major AND p.minor = t.minor
+  RETURNING p.major, p.minor
+),
+seen AS (
+  INSERT INTO {schema}.stream_consumers (tenant, stream, grp, consumer, seen_at)
+  SELECT $1, $2, $3, $4, statement_timestamp() FROM g
+  ON CONFLICT (tenant, stream, grp, consumer) DO UPDATE SET seen_at = excluded.seen_at
+)
+SELECT 'group' AS kind, EXISTS (SELECT 1 FROM g) AS found, NULL::bigint AS major,
+       NULL::bigint AS minor, NULL::int AS deliveries, NULL::jsonb AS payload,
+       NULL::jsonb AS headers, NULL::uuid AS message_id, NULL::text AS origin_tenant,
+       NULL::text AS topic, NULL::int AS schema_version
+UNION ALL
+SELECT 'claimed', true, c.major, c.minor, c.deliveries, e.payload, e.headers, e.message_id,
+       e.origin_tenant, e.topic, e.schema_version
+FROM claimed c
+JOIN {schema}.stream_entries e
+  ON e.tenant = $1 AND e.stream = $2 AND e.major = c.major AND e.minor = c.minor
+UNION ALL
+SELECT 'deleted', true, d.major, d.minor, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM dropped d
+UNION ALL
+SELECT 'next', true, n.major, n.minor, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM (SELECT major, minor FROM candidates ORDER BY major, minor OFFSET $8 LIMIT 1) n

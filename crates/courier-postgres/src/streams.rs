@@ -1,0 +1,717 @@
+//! [`StreamStore`] for PostgreSQL: native streams with consumer groups.
+//!
+//! Entries, groups, consumers and pending entries are tables of the store's
+//! schema (migration 0010). An entry's id is (appending transaction, sequence
+//! value); groups hand out only entries of transactions below the reading
+//! snapshot's xmin, so no entry is ever skipped although transactions commit
+//! out of id order (see the migration's notes). Every operation is one
+//! statement, atomic on its own.
+//!
+//! A blocked read waits for a notification on `{schema}.streams`, which an
+//! append sends only while a reader has registered as waiting on its stream
+//! (NOTIFY serialises committing transactions, so appends do not pay for it
+//! otherwise), and re-reads at least every [`POLL_INTERVAL`]: an entry that
+//! committed but is not yet below the xmin horizon, or an append that raced
+//! the registration, is found by the next poll.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use courier_core::{
+    dead_letter_entry, group_not_found, validate_count, validate_name, ClaimIdle, ClaimedEntries,
+    ConsumerInfo, ConsumerRemoval, DeliveredEntry, EntryOrigin, GroupStart, NewStreamEntry,
+    PendingDetail, PendingEntry, PendingQuery, PendingSummary, ReadNew, StoreError, StreamEntry,
+    StreamEntryId, StreamKey, StreamStore, TrimBound, MAX_PAYLOAD_BYTES,
+};
+use sqlx::postgres::{PgListener, PgRow};
+use sqlx::Row;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::map;
+use crate::rows::parse_headers;
+use crate::{millis, PgStore};
+
+/// How often a blocked read looks again without a notification.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// How soon a blocked read that was woken but found nothing visible yet
+/// (an older writing transaction still open) looks again; doubled up to
+/// [`POLL_INTERVAL`].
+const VISIBILITY_RETRY: Duration = Duration::from_millis(2);
+
+/// The store's listener for stream notifications, started by the first
+/// blocked read and stopped when the last clone of the store is dropped.
+pub(crate) struct StreamWakeups {
+    wake: watch::Receiver<u64>,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+impl StreamWakeups {
+    fn start(store: &PgStore) -> Self {
+        let (sender, wake) = watch::channel(0_u64);
+        let cancel = CancellationToken::new();
+        let pool = store.pool().clone();
+        let channel = format!("{}.streams", store.schema());
+        let stop = cancel.clone();
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(50);
+            while !stop.is_cancelled() {
+                if let Err(error) = listen(&pool, &channel, &sender, &stop).await {
+                    tracing::warn!(%error, channel, "stream LISTEN connection failed; reconnecting");
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                } else {
+                    backoff = Duration::from_millis(50);
+                }
+                sender.send_modify(|n| *n = n.wrapping_add(1));
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+            }
+        });
+        Self {
+            wake,
+            _stop: cancel.drop_guard(),
+        }
+    }
+}
+
+async fn listen(
+    pool: &sqlx::PgPool,
+    channel: &str,
+    wake: &watch::Sender<u64>,
+    stop: &CancellationToken,
+) -> Result<(), sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(channel).await?;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            notification = listener.recv() => {
+                notification?;
+                wake.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }
+    }
+}
+
+fn id_parts(id: StreamEntryId, field: &'static str) -> Result<(i64, i64), StoreError> {
+    let part = |value: u64| {
+        i64::try_from(value).map_err(|_| {
+            StoreError::Invalid(courier_core::ValidationError::new(
+                field,
+                format!("{id} is above the largest id PostgreSQL streams use"),
+            ))
+        })
+    };
+    Ok((part(id.major)?, part(id.minor)?))
+}
+
+fn id_from(major: i64, minor: i64) -> Result<StreamEntryId, StoreError> {
+    match (u64::try_from(major), u64::try_from(minor)) {
+        (Ok(major), Ok(minor)) => Ok(StreamEntryId::new(major, minor)),
+        _ => Err(StoreError::Corrupt(format!(
+            "stream entry id {major}-{minor} is negative"
+        ))),
+    }
+}
+
+fn count_param(count: usize) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
+fn entry_from_row(row: &PgRow, major: i64, minor: i64) -> Result<StreamEntry, StoreError> {
+    let payload: serde_json::Value = row.try_get("payload").map_err(map)?;
+    let headers: serde_json::Value = row.try_get("headers").map_err(map)?;
+    let message_id: Option<uuid::Uuid> = row.try_get("message_id").map_err(map)?;
+    let origin = match message_id {
+        Some(message_id) => Some(EntryOrigin {
+            message_id,
+            tenant: row
+                .try_get::<Option<String>, _>("origin_tenant")
+                .map_err(map)?
+                .unwrap_or_default(),
+            topic: row
+                .try_get::<Option<String>, _>("topic")
+                .map_err(map)?
+                .unwrap_or_default(),
+            schema_version: row
+                .try_get::<Option<i32>, _>("schema_version")
+                .map_err(map)?
+                .unwrap_or(1),
+        }),
+        None => None,
+    };
+    Ok(StreamEntry {
+        id: id_from(major, minor)?,
+        payload,
+        headers: parse_headers(&headers.to_string())?,
+        origin,
+    })
+}
+
+fn deliveries(row: &PgRow) -> Result<u64, StoreError> {
+    let n: i32 = row.try_get("deliveries").map_err(map)?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+fn found(rows: &[PgRow], key: &StreamKey, group: &str) -> Result<(), StoreError> {
+    let found = match rows.first() {
+        Some(row) => row.try_get::<bool, _>("found").map_err(map)?,
+        None => false,
+    };
+    if found {
+        Ok(())
+    } else {
+        Err(group_not_found(key, group))
+    }
+}
+
+impl PgStore {
+    /// Appends `entries` to `key` on the caller's connection, inside their
+    /// transaction if one is open: the entries commit or roll back with it,
+    /// and no group sees them before it commits. Otherwise as
+    /// [`StreamStore::append`].
+    pub async fn append_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        key: &StreamKey,
+        entries: &[NewStreamEntry],
+    ) -> Result<Vec<StreamEntryId>, StoreError> {
+        self.append_with(conn, key, entries).await
+    }
+
+    async fn append_with<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        executor: E,
+        key: &StreamKey,
+        entries: &[NewStreamEntry],
+    ) -> Result<Vec<StreamEntryId>, StoreError> {
+        validate_count("entries", entries.len())?;
+        let mut payloads = Vec::with_capacity(entries.len());
+        let mut headers = Vec::with_capacity(entries.len());
+        let mut message_ids = Vec::with_capacity(entries.len());
+        let mut tenants = Vec::with_capacity(entries.len());
+        let mut topics = Vec::with_capacity(entries.len());
+        let mut versions = Vec::with_capacity(entries.len());
+        for (index, entry) in entries.iter().enumerate() {
+            payloads.push(entry.validate(index, MAX_PAYLOAD_BYTES)?);
+            headers.push(
+                serde_json::to_string(&entry.headers)
+                    .map_err(|e| StoreError::Corrupt(format!("headers: {e}")))?,
+            );
+            message_ids.push(entry.origin.as_ref().map(|o| o.message_id));
+            tenants.push(entry.origin.as_ref().map(|o| o.tenant.clone()));
+            topics.push(entry.origin.as_ref().map(|o| o.topic.clone()));
+            versions.push(entry.origin.as_ref().map(|o| o.schema_version));
+        }
+        let rows = sqlx::query(&self.q().stream_append)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(&payloads)
+            .bind(&headers)
+            .bind(&message_ids)
+            .bind(&tenants)
+            .bind(&topics)
+            .bind(&versions)
+            .fetch_all(executor)
+            .await
+            .map_err(map)?;
+        let mut ids = rows
+            .iter()
+            .map(|row| {
+                let major: i64 = row.try_get("major").map_err(map)?;
+                let minor: i64 = row.try_get("minor").map_err(map)?;
+                id_from(major, minor)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // Sequence values were handed out in input order (see the query).
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    fn stream_wakeups(&self) -> watch::Receiver<u64> {
+        self.inner
+            .stream_wakeups
+            .get_or_init(|| Arc::new(StreamWakeups::start(self)))
+            .wake
+            .clone()
+    }
+
+    async fn read_new_once(
+        &self,
+        key: &StreamKey,
+        read: &ReadNew,
+    ) -> Result<Vec<DeliveredEntry>, StoreError> {
+        let rows = sqlx::query(&self.q().stream_read_new)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(&read.group)
+            .bind(&read.consumer)
+            .bind(count_param(read.count))
+            .fetch_all(self.pool())
+            .await
+            .map_err(map)?;
+        found(&rows, key, &read.group)?;
+        let mut entries = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let major: Option<i64> = row.try_get("major").map_err(map)?;
+            let minor: Option<i64> = row.try_get("minor").map_err(map)?;
+            if let (Some(major), Some(minor)) = (major, minor) {
+                entries.push(DeliveredEntry {
+                    entry: entry_from_row(row, major, minor)?,
+                    deliveries: 1,
+                });
+            }
+        }
+        Ok(entries)
+    }
+}
+
+impl StreamStore for PgStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn append<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        entries: &'c [NewStreamEntry],
+    ) -> Result<Vec<StreamEntryId>, StoreError> {
+        self.append_with(self.pool(), key, entries).await
+    }
+
+    async fn ensure_group<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        start: GroupStart,
+    ) -> Result<bool, StoreError> {
+        validate_name("group", group)?;
+        let (kind, (major, minor)) = match start {
+            GroupStart::Beginning => ("beginning", (0, 0)),
+            GroupStart::End => ("end", (0, 0)),
+            GroupStart::After(id) => ("after", id_parts(id, "start")?),
+        };
+        let rows = sqlx::query(&self.q().stream_group_ensure)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(group)
+            .bind(kind)
+            .bind(major)
+            .bind(minor)
+            .fetch_all(self.pool())
+            .await
+            .map_err(map)?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn read_new<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        read: &'c ReadNew,
+    ) -> Result<Vec<DeliveredEntry>, StoreError> {
+        read.validate()?;
+        let entries = self.read_new_once(key, read).await?;
+        let Some(block) = read.block.filter(|b| !b.is_zero()) else {
+            return Ok(entries);
+        };
+        if !entries.is_empty() {
+            return Ok(entries);
+        }
+        let deadline = tokio::time::Instant::now() + block;
+        let mut wake = self.stream_wakeups();
+        sqlx::query(&self.q().stream_wait)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(millis(block + POLL_INTERVAL))
+            .execute(self.pool())
+            .await
+            .map_err(map)?;
+        wake.borrow_and_update();
+        // An append may have committed before the registration was visible.
+        let mut retry = POLL_INTERVAL;
+        loop {
+            let entries = self.read_new_once(key, read).await?;
+            if !entries.is_empty() {
+                return Ok(entries);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(entries);
+            }
+            let pause = retry.min(deadline - now);
+            tokio::select! {
+                changed = wake.changed() => {
+                    if changed.is_err() {
+                        tokio::time::sleep(pause).await;
+                    }
+                    // Woken: the entry may not be below the xmin horizon yet.
+                    retry = VISIBILITY_RETRY;
+                }
+                () = tokio::time::sleep(pause) => {
+                    retry = (retry * 2).min(POLL_INTERVAL);
+                }
+            }
+        }
+    }
+
+    async fn read_pending<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        consumer: &'c str,
+        after: StreamEntryId,
+        count: usize,
+    ) -> Result<Vec<PendingEntry>, StoreError> {
+        validate_name("group", group)?;
+        validate_name("consumer", consumer)?;
+        validate_count("count", count)?;
+        let (major, minor) = id_parts(after, "after")?;
+        let rows = sqlx::query(&self.q().stream_read_pending)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(group)
+            .bind(consumer)
+            .bind(major)
+            .bind(minor)
+            .bind(count_param(count))
+            .fetch_all(self.pool())
+            .await
+            .map_err(map)?;
+        found(&rows, key, group)?;
+        let mut entries = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let major: Option<i64> = row.try_get("major").map_err(map)?;
+            let minor: Option<i64> = row.try_get("minor").map_err(map)?;
+            let (Some(major), Some(minor)) = (major, minor) else {
+                continue;
+            };
+            let redelivered: Option<i32> = row.try_get("deliveries").map_err(map)?;
+            entries.push(match redelivered {
+                Some(_) => PendingEntry::Present(DeliveredEntry {
+                    entry: entry_from_row(row, major, minor)?,
+                    deliveries: deliveries(row)?,
+                }),
+                None => PendingEntry::Deleted(id_from(major, minor)?),
+            });
+        }
+        Ok(entries)
+    }
+
+    async fn claim_idle<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        claim: &'c ClaimIdle,
+    ) -> Result<ClaimedEntries, StoreError> {
+        claim.validate()?;
+        let (major, minor) = id_parts(claim.cursor, "cursor")?;
+        let rows = sqlx::query(&self.q().stream_claim_idle)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(&claim.group)
+            .bind(&claim.consumer)
+            .bind(major)
+            .bind(minor)
+            .bind(millis(claim.min_idle))
+            .bind(count_param(claim.count))
+            .fetch_all(self.pool())
+            .await
+            .map_err(map)?;
+        let group_row = rows.iter().find(|row| {
+            row.try_get::<String, _>("kind")
+                .is_ok_and(|kind| kind == "group")
+        });
+        if !group_row.is_some_and(|row| row.try_get::<bool, _>("found").unwrap_or(false)) {
+            return Err(group_not_found(key, &claim.group));
+        }
+        let mut claimed = ClaimedEntries::default();
+        for row in &rows {
+            let kind: String = row.try_get("kind").map_err(map)?;
+            let major: Option<i64> = row.try_get("major").map_err(map)?;
+            let minor: Option<i64> = row.try_get("minor").map_err(map)?;
+            let (Some(major), Some(minor)) = (major, minor) else {
+                continue;
+            };
+            match kind.as_str() {
+                "claimed" => claimed.entries.push(DeliveredEntry {
+                    entry: entry_from_row(row, major, minor)?,
+                    deliveries: deliveries(row)?,
+                }),
+                "deleted" => claimed.deleted.push(id_from(major, minor)?),
+                "next" => claimed.next = id_from(major, minor)?,
+                _ => {}
+            }
+        }
+        claimed.entries.sort_by_key(|d| d.entry.id);
+        claimed.deleted.sort_unstable();
+        Ok(claimed)
+    }
+
+    async fn ack<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        ids: &'c [StreamEntryId],
+    ) -> Result<u64, StoreError> {
+        validate_name("group", group)?;
+        validate_count("ids", ids.len())?;
+        let mut majors = Vec::with_capacity(ids.len());
+        let mut minors = Vec::with_capacity(ids.len());
+        for id in ids {
+            let (major, minor) = id_parts(*id, "ids")?;
+            majors.push(major);
+            minors.push(minor);
+        }
+        let rows = sqlx::query(&self.q().stream_ack)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(group)
+            .bind(&majors)
+            .bind(&minors)
+            .fetch_all(self.pool())
+            .await
+            .map_err(map)?;
+        found(&rows, key, group)?;
+        let acked: i64 = rows
+            .first()
+            .map(|row| row.try_get("acked"))
+            .transpose()
+            .map_err(map)?
+            .unwrap_or(0);
+        Ok(u64::try_from(acked).unwrap_or(0))
+    }
+
+    async fn pending_summary<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+    ) -> Result<PendingSummary, StoreError> {
+        validate_name("group", group)?;
+        let rows = sqlx::query(&self.q().stream_pending_summary)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(group)
+            .fetch_all(self.pool())
+            .await
+            .map_err(map)?;
+        found(&rows, key, group)?;
+        let mut summary = PendingSummary::default();
+        for row in &rows {
+            let id = |major: &str, minor: &str| -> Result<Option<StreamEntryId>, StoreError> {
+                let major: Option<i64> = row.try_get(major).map_err(map)?;
+                let minor: Option<i64> = row.try_get(minor).map_err(map)?;
+                major
+                    .zip(minor)
+                    .map(|(major, minor)| id_from(major, minor))
+                    .transpose()
+            };
+            summary.lowest = id("low_major", "low_minor")?;
+            summary.highest = id("high_major", "high_minor")?;
+            let consumer: Option<String> = row.try_get("consumer").map_err(map)?;
+            let pending: Option<i64> = row.try_get("pending").map_err(map)?;
+            if let (Some(consumer), Some(pending)) = (consumer, pending) {
+                let pending = u64::try_from(pending).unwrap_or(0);
+                summary.count += pending;
+                summary.consumers.insert(consumer, pending);
+            }
+        }
+        Ok(summary)
+    }
+
+    async fn pending_detail<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        query: &'c PendingQuery,
+    ) -> Result<Vec<PendingDetail>, StoreError> {
+        validate_name("group", group)?;
+        query.validate()?;
+        let (major, minor) = id_parts(query.after, "after")?;
+        let rows = sqlx::query(&self.q().stream_pending_detail)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(group)
+            .bind(major)
+            .bind(minor)
+            .bind(count_param(query.count))
+            .bind(&query.consumer)
+            .bind(query.min_idle.map(millis))
+            .fetch_all(self.pool())
+            .await
+            .map_err(map)?;
+        found(&rows, key, group)?;
+        let mut details = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let major: Option<i64> = row.try_get("major").map_err(map)?;
+            let minor: Option<i64> = row.try_get("minor").map_err(map)?;
+            let (Some(major), Some(minor)) = (major, minor) else {
+                continue;
+            };
+            let idle: i64 = row.try_get("idle_ms").map_err(map)?;
+            details.push(PendingDetail {
+                id: id_from(major, minor)?,
+                consumer: row.try_get("consumer").map_err(map)?,
+                idle: Duration::from_millis(u64::try_from(idle).unwrap_or(0)),
+                deliveries: deliveries(row)?,
+            });
+        }
+        Ok(details)
+    }
+
+    async fn consumers<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+    ) -> Result<Vec<ConsumerInfo>, StoreError> {
+        validate_name("group", group)?;
+        let rows = sqlx::query(&self.q().stream_consumers)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(group)
+            .fetch_all(self.pool())
+            .await
+            .map_err(map)?;
+        found(&rows, key, group)?;
+        let mut consumers = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let Some(name) = row.try_get::<Option<String>, _>("consumer").map_err(map)? else {
+                continue;
+            };
+            let pending: i64 = row.try_get("pending").map_err(map)?;
+            let idle: i64 = row.try_get("idle_ms").map_err(map)?;
+            consumers.push(ConsumerInfo {
+                name,
+                pending: u64::try_from(pending).unwrap_or(0),
+                idle: Duration::from_millis(u64::try_from(idle).unwrap_or(0)),
+            });
+        }
+        Ok(consumers)
+    }
+
+    async fn delete_consumer<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        consumer: &'c str,
+    ) -> Result<ConsumerRemoval, StoreError> {
+        validate_name("group", group)?;
+        validate_name("consumer", consumer)?;
+        let rows = sqlx::query(&self.q().stream_consumer_delete)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(group)
+            .bind(consumer)
+            .fetch_all(self.pool())
+            .await
+            .map_err(map)?;
+        found(&rows, key, group)?;
+        let Some(row) = rows.first() else {
+            return Err(group_not_found(key, group));
+        };
+        let existed: bool = row.try_get("existed").map_err(map)?;
+        let pending: i64 = row.try_get("pending").map_err(map)?;
+        let deleted: bool = row.try_get("deleted").map_err(map)?;
+        Ok(if deleted {
+            ConsumerRemoval::Deleted
+        } else if pending > 0 {
+            ConsumerRemoval::HasPending(u64::try_from(pending).unwrap_or(0))
+        } else if existed {
+            // Only a race with a concurrent deletion gets here.
+            ConsumerRemoval::Deleted
+        } else {
+            ConsumerRemoval::NotFound
+        })
+    }
+
+    async fn range<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        after: StreamEntryId,
+        count: usize,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        validate_count("count", count)?;
+        let (major, minor) = id_parts(after, "after")?;
+        let rows = sqlx::query(&self.q().stream_range)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(major)
+            .bind(minor)
+            .bind(count_param(count))
+            .fetch_all(self.pool())
+            .await
+            .map_err(map)?;
+        rows.iter()
+            .map(|row| {
+                let major: i64 = row.try_get("major").map_err(map)?;
+                let minor: i64 = row.try_get("minor").map_err(map)?;
+                entry_from_row(row, major, minor)
+            })
+            .collect()
+    }
+
+    async fn trim<'c>(&'c self, key: &'c StreamKey, bound: TrimBound) -> Result<u64, StoreError> {
+        let removed: i64 = match bound {
+            TrimBound::MaxLen(len) => sqlx::query_scalar(&self.q().stream_trim_maxlen)
+                .bind(key.tenant())
+                .bind(key.stream())
+                .bind(i64::try_from(len).unwrap_or(i64::MAX))
+                .fetch_one(self.pool())
+                .await
+                .map_err(map)?,
+            TrimBound::MinId(id) => {
+                let (major, minor) = id_parts(id, "min_id")?;
+                sqlx::query_scalar(&self.q().stream_trim_minid)
+                    .bind(key.tenant())
+                    .bind(key.stream())
+                    .bind(major)
+                    .bind(minor)
+                    .fetch_one(self.pool())
+                    .await
+                    .map_err(map)?
+            }
+        };
+        Ok(u64::try_from(removed).unwrap_or(0))
+    }
+
+    async fn dead_letter<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        entry: &'c DeliveredEntry,
+        errors: &'c [String],
+    ) -> Result<bool, StoreError> {
+        validate_name("group", group)?;
+        let dead_key = key.dead_letters()?;
+        let dead = dead_letter_entry(key, entry, errors);
+        let payload = dead.validate(0, usize::MAX)?;
+        let headers = serde_json::to_string(&dead.headers)
+            .map_err(|e| StoreError::Corrupt(format!("headers: {e}")))?;
+        let (major, minor) = id_parts(entry.entry.id, "id")?;
+        let origin = dead.origin.as_ref();
+        let rows = sqlx::query(&self.q().stream_dead_letter)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(group)
+            .bind(major)
+            .bind(minor)
+            .bind(dead_key.stream())
+            .bind(payload)
+            .bind(headers)
+            .bind(origin.map(|o| o.message_id))
+            .bind(origin.map(|o| o.tenant.clone()))
+            .bind(origin.map(|o| o.topic.clone()))
+            .bind(origin.map(|o| o.schema_version))
+            .fetch_all(self.pool())
+            .await
+            .map_err(map)?;
+        found(&rows, key, group)?;
+        Ok(rows
+            .first()
+            .map(|row| row.try_get::<bool, _>("dead_lettered"))
+            .transpose()
+            .map_err(map)?
+            .unwrap_or(false))
+    }
+}

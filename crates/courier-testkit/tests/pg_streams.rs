@@ -1,0 +1,253 @@
+//! PostgreSQL-only promises of native streams: ids are assigned at append
+//! but become visible in commit order, and groups never skip an entry for
+//! it. The behaviour every backend shares is in the stream conformance
+//! suite (`tests/streams.rs`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use courier::{GroupStart, NewStreamEntry, ReadNew, StreamEntryId, StreamKey, StreamStore};
+use courier_testkit::{Backend, PgFixture};
+use serde_json::json;
+
+fn entry(n: u64) -> NewStreamEntry {
+    NewStreamEntry::new(json!({ "n": n }))
+}
+
+fn read(group: &str, consumer: &str, count: usize) -> ReadNew {
+    ReadNew {
+        group: group.into(),
+        consumer: consumer.into(),
+        count,
+        block: None,
+    }
+}
+
+fn numbers(entries: &[courier::DeliveredEntry]) -> Vec<u64> {
+    entries
+        .iter()
+        .map(|d| d.entry.payload["n"].as_u64().unwrap_or(u64::MAX))
+        .collect()
+}
+
+/// An entry of a transaction that has not committed holds back every entry
+/// appended after it, even committed ones; when it commits, the group gets
+/// both, in id order. Nothing is skipped, nothing is handed out twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_appending_transaction_delays_later_entries_and_loses_none() -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    let store = pg.courier().store().clone();
+    let key = StreamKey::new("acme", "orders")?;
+    store
+        .ensure_group(&key, "billing", GroupStart::Beginning)
+        .await?;
+
+    let mut open = pg.pool.begin().await?;
+    let first = store.append_on(&mut open, &key, &[entry(1)]).await?;
+    let second = store.append(&key, &[entry(2)]).await?;
+    assert!(
+        first[0] < second[0],
+        "ids follow the order they were assigned in"
+    );
+
+    // Entry 2 committed, but entry 1 below it may still commit: not yet.
+    assert!(store
+        .read_new(&key, &read("billing", "c1", 10))
+        .await?
+        .is_empty());
+    open.commit().await?;
+    let got = store.read_new(&key, &read("billing", "c1", 10)).await?;
+    assert_eq!(numbers(&got), vec![1, 2]);
+    assert!(store
+        .read_new(&key, &read("billing", "c1", 10))
+        .await?
+        .is_empty());
+    Ok(())
+}
+
+/// A group created at the end is created in a snapshot: what the snapshot
+/// saw is before it, what it did not see (still uncommitted) is after it,
+/// whatever the ids say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_at_the_end_splits_entries_by_its_creation_snapshot() -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    let store = pg.courier().store().clone();
+    let key = StreamKey::new("acme", "orders")?;
+
+    // Entry 1's transaction takes its id first and commits after the group.
+    let mut open = pg.pool.begin().await?;
+    store.append_on(&mut open, &key, &[entry(1)]).await?;
+    // Entry 0 commits before the group: its id is above entry 1's.
+    store.append(&key, &[entry(0)]).await?;
+    assert!(store.ensure_group(&key, "late", GroupStart::End).await?);
+    open.commit().await?;
+    store.append(&key, &[entry(2)]).await?;
+
+    let got = store.read_new(&key, &read("late", "c1", 10)).await?;
+    assert_eq!(
+        numbers(&got),
+        vec![1, 2],
+        "entry 0 was visible when the group was created"
+    );
+
+    // A group at the beginning gets all three, in id order.
+    store
+        .ensure_group(&key, "all", GroupStart::Beginning)
+        .await?;
+    let got = store.read_new(&key, &read("all", "c1", 10)).await?;
+    assert_eq!(numbers(&got), vec![1, 0, 2]);
+    Ok(())
+}
+
+/// 8 appenders with random delays between taking their ids and committing,
+/// 20,000 entries, readers polling meanwhile: each group gets every entry
+/// exactly once, and a group with one consumer gets them in id order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_entry_is_skipped_when_appends_commit_out_of_order() -> anyhow::Result<()> {
+    const APPENDERS: u64 = 8;
+    const PER_APPENDER: u64 = 2_500;
+    let pg = PgFixture::with_connections(16).await?;
+    let store = pg.courier().store().clone();
+    let key = StreamKey::new("acme", "orders")?;
+    store
+        .ensure_group(&key, "ordered", GroupStart::Beginning)
+        .await?;
+    store
+        .ensure_group(&key, "split", GroupStart::Beginning)
+        .await?;
+    let total = APPENDERS * PER_APPENDER;
+
+    let mut appenders = Vec::new();
+    for a in 0..APPENDERS {
+        let store = store.clone();
+        let key = key.clone();
+        let pool = pg.pool.clone();
+        appenders.push(tokio::spawn(async move {
+            let mut n = a * PER_APPENDER;
+            let end = n + PER_APPENDER;
+            while n < end {
+                let batch = fastrand::u64(1..=20).min(end - n);
+                let entries: Vec<_> = (n..n + batch).map(entry).collect();
+                let mut tx = pool.begin().await?;
+                store.append_on(&mut tx, &key, &entries).await?;
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(0..8))).await;
+                tx.commit().await?;
+                n += batch;
+            }
+            anyhow::Ok(())
+        }));
+    }
+
+    let ordered = Arc::new(tokio::sync::Mutex::new(Vec::<(StreamEntryId, u64)>::new()));
+    let reader = {
+        let store = store.clone();
+        let key = key.clone();
+        let seen = ordered.clone();
+        tokio::spawn(async move {
+            loop {
+                if seen.lock().await.len() as u64 >= total {
+                    return anyhow::Ok(());
+                }
+                let got = store.read_new(&key, &read("ordered", "only", 500)).await?;
+                if got.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
+                let ids: Vec<_> = got.iter().map(|d| d.entry.id).collect();
+                store.ack(&key, "ordered", &ids).await?;
+                seen.lock().await.extend(ids.into_iter().zip(numbers(&got)));
+            }
+        })
+    };
+    let seen_split = Arc::new(tokio::sync::Mutex::new(BTreeMap::<u64, u32>::new()));
+    let mut splitters = Vec::new();
+    for c in 0..3 {
+        let store = store.clone();
+        let key = key.clone();
+        let seen = seen_split.clone();
+        splitters.push(tokio::spawn(async move {
+            let consumer = format!("c{c}");
+            loop {
+                if seen.lock().await.len() as u64 >= total {
+                    return anyhow::Ok(());
+                }
+                let got = store.read_new(&key, &read("split", &consumer, 200)).await?;
+                if got.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    continue;
+                }
+                let ids: Vec<_> = got.iter().map(|d| d.entry.id).collect();
+                store.ack(&key, "split", &ids).await?;
+                let mut seen = seen.lock().await;
+                for n in numbers(&got) {
+                    *seen.entry(n).or_default() += 1;
+                }
+            }
+        }));
+    }
+
+    for appender in appenders {
+        appender.await??;
+    }
+    // Every entry has committed; other tests' open transactions may still
+    // hold the horizon back for a while, so wait generously, then count.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while tokio::time::Instant::now() < deadline
+        && (!reader.is_finished() || splitters.iter().any(|s| !s.is_finished()))
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    reader.abort();
+    for splitter in &splitters {
+        splitter.abort();
+    }
+    let ordered = ordered.lock().await.clone();
+    let ids: Vec<_> = ordered.iter().map(|(id, _)| *id).collect();
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "one consumer's reads are in id order"
+    );
+    let got: BTreeSet<u64> = ordered.iter().map(|(_, n)| *n).collect();
+    assert_eq!(
+        got.len() as u64,
+        total,
+        "the ordered group got every entry once"
+    );
+    assert_eq!(got, (0..total).collect::<BTreeSet<_>>());
+    let split = seen_split.lock().await;
+    assert_eq!(split.len() as u64, total, "the split group got every entry");
+    assert!(
+        split.values().all(|&n| n == 1),
+        "no entry went to two consumers"
+    );
+    assert_eq!(store.pending_summary(&key, "split").await?.count, 0);
+    Ok(())
+}
+
+/// A reader blocked on a stream wakes when another connection appends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_read_wakes_when_another_store_appends() -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    let store = pg.courier().store().clone();
+    let other = pg.named_store("appender").await?;
+    let key = StreamKey::new("acme", "orders")?;
+    store.ensure_group(&key, "g", GroupStart::End).await?;
+    let reader = {
+        let store = store.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let mut blocked = read("g", "c1", 10);
+            blocked.block = Some(Duration::from_secs(10));
+            let got = store.read_new(&key, &blocked).await?;
+            anyhow::Ok((got, started.elapsed()))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    other.append(&key, &[entry(7)]).await?;
+    let (got, waited) = reader.await??;
+    assert_eq!(numbers(&got), vec![7]);
+    assert!(waited < Duration::from_secs(5), "woken after {waited:?}");
+    Ok(())
+}

@@ -35,6 +35,7 @@ pub use store::{
 pub use stream::{
     dead_letter_entry, group_not_found, validate_block, validate_count, ClaimIdle, ClaimedEntries,
     ConsumerInfo, ConsumerRemoval, DeliveredEntry, EntryOrigin, GroupStart, NewStreamEntry,
-    PendingDetail, PendingEntry, PendingQuery, PendingSummary, ReadNew, StreamEntry, StreamEntryId,
-    StreamKey, StreamStore, TrimBound, DEAD_STREAM_SUFFIX, MAX_STREAM_BATCH, MAX_STREAM_BLOCK,
+    PendingDetail, PendingEntry, PendingQuery, PendingSummary, ReadNew, ReceiptOutcome,
+    StreamEntry, StreamEntryId, StreamKey, StreamReceipts, StreamStore, TrimBound,
+    DEAD_STREAM_SUFFIX, MAX_STREAM_BATCH, MAX_STREAM_BLOCK,
 };

@@ -300,7 +300,8 @@ pub type TxWork<C> =
 pub struct PruneReport {
     /// Messages removed (every delivery done, older than the retention).
     pub messages: u64,
-    /// Receipts removed (older than the retention).
+    /// Receipts removed (older than the retention): the outbox's and the
+    /// stream subscriptions'.
     pub receipts: u64,
 }
 

@@ -485,7 +485,10 @@ pub trait StreamStore: Clone + Send + Sync + 'static {
     fn backend(&self) -> &'static str;
 
     /// Appends `entries` in order, all or nothing; returns their ids, strictly
-    /// increasing and above every id the stream held before.
+    /// increasing, and above the ids of every append that committed before
+    /// this one began. (On PostgreSQL an append that began earlier can
+    /// commit later with lower ids; groups still hand entries out in id order
+    /// without skipping any, see the PostgreSQL store.)
     fn append<'c>(
         &'c self,
         key: &'c StreamKey,
@@ -599,6 +602,51 @@ pub trait StreamStore: Clone + Send + Sync + 'static {
         entry: &'c DeliveredEntry,
         errors: &'c [String],
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'c;
+}
+
+/// What a receipt-guarded run of a stream subscription's effect did.
+#[derive(Debug)]
+pub enum ReceiptOutcome {
+    /// The work ran and committed with its receipt.
+    Applied,
+    /// A receipt already existed: the work was skipped.
+    AlreadyApplied,
+    /// The work failed: it and the receipt were rolled back.
+    Failed(crate::HandlerError),
+}
+
+/// Receipts of stream subscriptions, kept in the outbox database: the record
+/// that the effect of entry `correlation_id` (`{subscription}:{stream}:{entry
+/// id}`) was made, so a crash between the effect and the ack never applies
+/// it twice. Receipts are removed by the outbox's `prune` once older than its
+/// retention.
+pub trait StreamReceipts: Clone + Send + Sync + 'static {
+    /// The connection transactional work writes through.
+    type Connection: Send;
+
+    /// Which of `correlation_ids` have a receipt of `subscription`.
+    fn find_stream_receipts<'c>(
+        &'c self,
+        subscription: &'c str,
+        correlation_ids: &'c [String],
+    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send + 'c;
+
+    /// Writes receipts of `subscription` for `correlation_ids` in one
+    /// transaction; returns how many were new.
+    fn record_stream_receipts<'c>(
+        &'c self,
+        subscription: &'c str,
+        correlation_ids: &'c [String],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
+
+    /// Runs `work` in one transaction with the receipt: both commit or
+    /// neither does; when the receipt already exists the work is skipped.
+    fn run_with_stream_receipt<'c>(
+        &'c self,
+        subscription: &'c str,
+        correlation_id: &'c str,
+        work: crate::TxWork<Self::Connection>,
+    ) -> impl Future<Output = Result<ReceiptOutcome, StoreError>> + Send + 'c;
 }
 
 /// The dead-letter entry for `entry` of `key` (what

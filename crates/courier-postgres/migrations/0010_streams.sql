@@ -78,3 +78,16 @@ CREATE UNLOGGED TABLE {schema}.stream_waiters (
   until  timestamptz NOT NULL,
   PRIMARY KEY (tenant, stream)
 );
+
+-- Receipts of stream subscriptions: entry `correlation_id`
+-- (`{subscription}:{stream}:{entry id}`) took effect. Written with a
+-- transactional handler's effect, or after a plain one; pruned with the
+-- outbox's receipts.
+CREATE TABLE {schema}.stream_receipts (
+  subscription   text        NOT NULL,
+  correlation_id text        NOT NULL,
+  created_at     timestamptz NOT NULL DEFAULT statement_timestamp(),
+  PRIMARY KEY (subscription, correlation_id)
+);
+
+CREATE INDEX stream_receipts_created ON {schema}.stream_receipts (created_at);

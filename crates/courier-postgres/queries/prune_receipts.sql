@@ -1,7 +1,21 @@
--- Retention: deletes up to $2 receipts older than $1 ms, in one short statement.
-DELETE FROM {schema}.receipts
-WHERE ctid IN (
-  SELECT ctid FROM {schema}.receipts
-  WHERE completed_at < now() - $1::bigint * interval '1 millisecond'
-  LIMIT $2
+-- Retention: deletes up to $2 outbox receipts and up to $2 stream receipts
+-- older than $1 ms, in one short statement; returns how many.
+WITH outbox AS (
+  DELETE FROM {schema}.receipts
+  WHERE ctid IN (
+    SELECT ctid FROM {schema}.receipts
+    WHERE completed_at < now() - $1::bigint * interval '1 millisecond'
+    LIMIT $2
+  )
+  RETURNING 1
+),
+streams AS (
+  DELETE FROM {schema}.stream_receipts
+  WHERE ctid IN (
+    SELECT ctid FROM {schema}.stream_receipts
+    WHERE created_at < now() - $1::bigint * interval '1 millisecond'
+    LIMIT $2
+  )
+  RETURNING 1
 )
+SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM streams)

@@ -495,13 +495,13 @@ impl OutboxStore for PgStore {
 
     async fn prune(&self, older_than: Duration, batch: usize) -> Result<PruneReport, StoreError> {
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
-        let receipts = sqlx::query(&self.q().prune_receipts)
+        let receipts: i64 = sqlx::query_scalar(&self.q().prune_receipts)
             .bind(millis(older_than))
             .bind(batch)
-            .execute(&self.inner.pool)
+            .fetch_one(&self.inner.pool)
             .await
-            .map_err(map)?
-            .rows_affected();
+            .map_err(map)?;
+        let receipts = u64::try_from(receipts).unwrap_or(0);
         // Not beside a registration's replay (see fan_out_lock_shared.sql).
         let mut tx = self.begin_read_committed().await?;
         sqlx::query(&self.q().fan_out_lock_shared)

@@ -42,8 +42,8 @@ use tokio_util::sync::CancellationToken;
 pub use courier_core::{
     dead_letter_entry, ClaimIdle, ClaimedEntries, ConsumerInfo, ConsumerRemoval, DeliveredEntry,
     EntryOrigin, GroupStart, NewStreamEntry, PendingDetail, PendingEntry, PendingQuery,
-    PendingSummary, ReadNew, StreamEntry, StreamEntryId, StreamKey, StreamStore, TrimBound,
-    DEAD_STREAM_SUFFIX, MAX_STREAM_BATCH, MAX_STREAM_BLOCK,
+    PendingSummary, ReadNew, ReceiptOutcome, StreamEntry, StreamEntryId, StreamKey, StreamReceipts,
+    StreamStore, TrimBound, DEAD_STREAM_SUFFIX, MAX_STREAM_BATCH, MAX_STREAM_BLOCK,
 };
 pub use courier_core::{
     truncate_chars, validate_name, AdminStore, Availability, BatchItem, BatchRollback, ClaimBatch,

@@ -24,6 +24,7 @@ mod in_flight;
 pub mod maintenance;
 mod metrics_names;
 mod settle;
+pub mod stream_worker;
 mod worker;
 
 pub use builder::WorkerBuilder;
@@ -34,6 +35,10 @@ pub use config::{
 };
 pub use handler::{handler_fn, Handler, TransactionalHandler};
 pub use maintenance::{Maintenance, MaintenanceConfig};
+pub use stream_worker::{
+    stream_handler_fn, StreamHandler, StreamMessage, StreamStep, StreamSubscription,
+    StreamSubscriptionConfig, StreamSubscriptionHandle, TransactionalStreamHandler,
+};
 pub use worker::{Worker, WorkerHandle};
 
 /// Why a worker could not be built or started.

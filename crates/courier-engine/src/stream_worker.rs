@@ -1,0 +1,1013 @@
+//! Stream subscriptions: a handler over a stream, through a consumer group of
+//! its own.
+//!
+//! A [`StreamSubscription`] reads its stream through the group named after
+//! the subscription, so two subscriptions on one stream each get every entry
+//! and the consumers of one subscription split them. Each entry is handled
+//! under correlation id `{subscription}:{stream}:{entry id}`:
+//!
+//! - success: the receipt is written (with the effect's transaction for a
+//!   [`TransactionalStreamHandler`]), then the entry is acked; an entry that
+//!   already has a receipt is acked without running the handler again;
+//! - failure, panic or timeout: the entry stays pending (its error is kept,
+//!   bounded) and is claimed again once idle for `min_idle`;
+//! - [`HandlerError::Permanent`], or a failure at the `max_deliveries`th
+//!   delivery (deferrals excluded, crashes included): the entry is appended to
+//!   `{stream}.dead` with its errors and acked, atomically;
+//! - [`HandlerError::Snooze`] (a deferral, e.g. a tenant over its quota): the
+//!   entry stays pending and the subscription stops reading and claiming for
+//!   a backoff that grows from `defer_min` to `defer_max` (with jitter) while
+//!   deferrals continue.
+//!
+//! On start and after every backend outage the subscription re-reads its own
+//! pending entries first (a lost reply leaves entries there); it claims idle
+//! entries every `claim_interval`, even while reads keep returning entries;
+//! consumers of its group idle for `consumer_idle_limit` with nothing pending
+//! are deleted.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use courier_core::{
+    truncate_chars, validate_name, ClaimIdle, DeliveredEntry, EntryOrigin, GroupStart,
+    HandlerError, PendingEntry, ReadNew, ReceiptOutcome, StoreError, StreamEntryId, StreamKey,
+    StreamReceipts, StreamStore, TxWork, ValidationError, MAX_ERROR_CHARS, MAX_STREAM_BATCH,
+    MAX_STREAM_BLOCK,
+};
+use futures_util::future::BoxFuture;
+use futures_util::StreamExt;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::EngineError;
+
+/// Entries read or claimed per call unless configured.
+pub const DEFAULT_STREAM_BATCH: usize = 100;
+/// How long a read waits for new entries unless configured.
+pub const DEFAULT_STREAM_BLOCK: Duration = Duration::from_secs(5);
+/// How long an entry must be idle before another consumer claims it.
+pub const DEFAULT_MIN_IDLE: Duration = Duration::from_secs(30);
+/// How often idle entries are claimed.
+pub const DEFAULT_CLAIM_INTERVAL: Duration = Duration::from_secs(10);
+/// Deliveries after which a failing entry is dead-lettered.
+pub const DEFAULT_MAX_DELIVERIES: u64 = 10;
+/// The first pause after a deferral.
+pub const DEFAULT_DEFER_MIN: Duration = Duration::from_secs(1);
+/// The longest pause after deferrals.
+pub const DEFAULT_DEFER_MAX: Duration = Duration::from_secs(60);
+/// How long a consumer of the group may be idle, with nothing pending,
+/// before it is deleted.
+pub const DEFAULT_CONSUMER_IDLE_LIMIT: Duration = Duration::from_secs(3600);
+/// Errors kept per pending entry (the newest).
+pub const MAX_KEPT_ERRORS: usize = 10;
+/// Pending entries whose errors are kept at once; beyond, the oldest go.
+const MAX_ENTRIES_WITH_ERRORS: usize = 10_000;
+/// Reconnect backoff bounds after a backend outage.
+const OUTAGE_MIN: Duration = Duration::from_millis(100);
+const OUTAGE_MAX: Duration = Duration::from_secs(30);
+
+/// A stream subscription's settings; [`StreamSubscriptionConfig::new`] gives
+/// the defaults and [`StreamSubscriptionConfig::validate`] checks them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamSubscriptionConfig {
+    /// The subscription's name: also its consumer group's.
+    pub name: String,
+    /// The tenant's stream it reads.
+    pub key: StreamKey,
+    /// This process's consumer in the group (default
+    /// `{hostname}-{subscription}`, the same across restarts so that a
+    /// restarted process finds its own pending entries).
+    pub consumer: String,
+    /// Where the group starts when this subscription creates it.
+    pub start: GroupStart,
+    /// Entries per read or claim (1 to 10,000).
+    pub batch: usize,
+    /// How long a read waits for new entries (at most 30 s).
+    pub block: Duration,
+    /// How long an entry must be idle before it is claimed.
+    pub min_idle: Duration,
+    /// How often idle entries are claimed.
+    pub claim_interval: Duration,
+    /// Deliveries after which a failing entry is dead-lettered (≥ 1).
+    pub max_deliveries: u64,
+    /// The first pause after a deferral.
+    pub defer_min: Duration,
+    /// The longest pause after deferrals.
+    pub defer_max: Duration,
+    /// Entries handled at once (≥ 1).
+    pub concurrency: usize,
+    /// How long a handler may run before it is stopped and its delivery
+    /// counts as failed (`None`: no limit).
+    pub handler_timeout: Option<Duration>,
+    /// How long another consumer of the group may be idle, with nothing
+    /// pending, before it is deleted.
+    pub consumer_idle_limit: Duration,
+    /// How long shutdown waits for handlers still running.
+    pub shutdown_timeout: Duration,
+}
+
+impl StreamSubscriptionConfig {
+    /// Subscription `name` on `key` with the default settings.
+    pub fn new(name: impl Into<String>, key: StreamKey) -> Result<Self, ValidationError> {
+        let name = name.into();
+        validate_name("subscription", &name)?;
+        let consumer = default_consumer(&name);
+        Ok(Self {
+            name,
+            key,
+            consumer,
+            start: GroupStart::End,
+            batch: DEFAULT_STREAM_BATCH,
+            block: DEFAULT_STREAM_BLOCK,
+            min_idle: DEFAULT_MIN_IDLE,
+            claim_interval: DEFAULT_CLAIM_INTERVAL,
+            max_deliveries: DEFAULT_MAX_DELIVERIES,
+            defer_min: DEFAULT_DEFER_MIN,
+            defer_max: DEFAULT_DEFER_MAX,
+            concurrency: 1,
+            handler_timeout: Some(crate::DEFAULT_HANDLER_TIMEOUT),
+            consumer_idle_limit: DEFAULT_CONSUMER_IDLE_LIMIT,
+            shutdown_timeout: crate::DEFAULT_SHUTDOWN_TIMEOUT,
+        })
+    }
+
+    /// Checks every setting; the error names the field.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        validate_name("subscription", &self.name)?;
+        validate_name("consumer", &self.consumer)?;
+        self.key.dead_letters()?;
+        if self.batch == 0 || self.batch > MAX_STREAM_BATCH {
+            return Err(ValidationError::new(
+                "batch",
+                format!(
+                    "is {}; it must be between 1 and {MAX_STREAM_BATCH}",
+                    self.batch
+                ),
+            ));
+        }
+        if self.block > MAX_STREAM_BLOCK {
+            return Err(ValidationError::new(
+                "block",
+                format!("is {:?}; the limit is {MAX_STREAM_BLOCK:?}", self.block),
+            ));
+        }
+        if self.claim_interval.is_zero() {
+            return Err(ValidationError::new("claim_interval", "must be above zero"));
+        }
+        if self.max_deliveries == 0 {
+            return Err(ValidationError::new("max_deliveries", "must be at least 1"));
+        }
+        if self.defer_min.is_zero() || self.defer_min > self.defer_max {
+            return Err(ValidationError::new(
+                "defer_min",
+                "must be above zero and at most defer_max",
+            ));
+        }
+        if self.concurrency == 0 {
+            return Err(ValidationError::new("concurrency", "must be at least 1"));
+        }
+        if self.handler_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(ValidationError::new(
+                "handler_timeout",
+                "must be above zero (None for no limit)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The correlation id of entry `id`: `{subscription}:{stream}:{id}`.
+    pub fn correlation_id(&self, id: StreamEntryId) -> String {
+        format!("{}:{}:{id}", self.name, self.key.stream())
+    }
+}
+
+/// `{hostname}-{subscription}`, with characters outside the name grammar
+/// replaced by `-` (`worker` when the host name is unknown).
+pub fn default_consumer(subscription: &str) -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+                .filter(|h| !h.is_empty())
+        })
+        .unwrap_or_else(|| "worker".to_owned());
+    let host: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let host = host.trim_start_matches(|c: char| !c.is_ascii_alphanumeric());
+    let host = if host.is_empty() { "worker" } else { host };
+    let mut consumer = format!("{host}-{subscription}");
+    consumer.truncate(courier_core::NAME_MAX_LEN);
+    consumer
+}
+
+/// An entry as a stream handler receives it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamMessage<T> {
+    /// The subscription handling it.
+    pub subscription: String,
+    /// The stream it was read from.
+    pub key: StreamKey,
+    /// Its id in the stream.
+    pub id: StreamEntryId,
+    /// `{subscription}:{stream}:{id}`: the idempotency key of its effect.
+    pub correlation_id: String,
+    /// The payload, decoded.
+    pub payload: T,
+    /// The entry's headers.
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// The outbox message it relays, if any.
+    pub origin: Option<EntryOrigin>,
+    /// Deliveries so far, this one included (deferrals excluded).
+    pub deliveries: u64,
+}
+
+/// Handles a stream subscription's entries with effects outside the
+/// database; it must be idempotent by [`StreamMessage::correlation_id`],
+/// since a crash between the effect and its receipt redelivers.
+pub trait StreamHandler: Send + Sync + 'static {
+    /// The type payloads decode into (`serde_json::Value` for any).
+    type Payload: DeserializeOwned + Send + 'static;
+
+    /// Applies one entry; `Ok` writes its receipt and acks it.
+    fn handle(
+        &self,
+        message: StreamMessage<Self::Payload>,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send;
+}
+
+/// Handles entries inside a transaction of the receipts' database: the
+/// writes through `conn` commit with the receipt, or roll back with it, so
+/// the effect happens exactly once.
+pub trait TransactionalStreamHandler<C>: Send + Sync + 'static {
+    /// The type payloads decode into.
+    type Payload: DeserializeOwned + Send + Sync + 'static;
+
+    /// Applies one entry through `conn`.
+    fn handle(
+        &self,
+        message: &StreamMessage<Self::Payload>,
+        conn: &mut C,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send;
+}
+
+/// A [`StreamHandler`] made from an async closure.
+pub struct FnStreamHandler<T, F> {
+    function: F,
+    payload: PhantomData<fn() -> T>,
+}
+
+/// Wraps `|message: StreamMessage<T>| async { ... }` as a [`StreamHandler`].
+pub fn stream_handler_fn<T, F, Fut>(function: F) -> FnStreamHandler<T, F>
+where
+    T: DeserializeOwned + Send + 'static,
+    F: Fn(StreamMessage<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    FnStreamHandler {
+        function,
+        payload: PhantomData,
+    }
+}
+
+impl<T, F, Fut> StreamHandler for FnStreamHandler<T, F>
+where
+    T: DeserializeOwned + Send + 'static,
+    F: Fn(StreamMessage<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    type Payload = T;
+
+    fn handle(
+        &self,
+        message: StreamMessage<T>,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send {
+        (self.function)(message)
+    }
+}
+
+enum Prepared<C> {
+    Plain(BoxFuture<'static, Result<(), HandlerError>>),
+    Transactional(TxWork<C>),
+}
+
+trait ErasedStreamHandler<C>: Send + Sync {
+    fn prepare(
+        &self,
+        config: &StreamSubscriptionConfig,
+        entry: &DeliveredEntry,
+        deliveries: u64,
+    ) -> Result<Prepared<C>, HandlerError>;
+}
+
+fn decode<T: DeserializeOwned>(
+    config: &StreamSubscriptionConfig,
+    entry: &DeliveredEntry,
+    deliveries: u64,
+) -> Result<StreamMessage<T>, HandlerError> {
+    let payload = serde_json::from_value(entry.entry.payload.clone()).map_err(|error| {
+        HandlerError::permanent(format!(
+            "payload of entry {} does not decode into {}: {error}",
+            entry.entry.id,
+            std::any::type_name::<T>()
+        ))
+    })?;
+    Ok(StreamMessage {
+        subscription: config.name.clone(),
+        key: config.key.clone(),
+        id: entry.entry.id,
+        correlation_id: config.correlation_id(entry.entry.id),
+        payload,
+        headers: entry.entry.headers.clone(),
+        origin: entry.entry.origin.clone(),
+        deliveries,
+    })
+}
+
+struct Plain<H>(Arc<H>);
+
+impl<C, H: StreamHandler> ErasedStreamHandler<C> for Plain<H> {
+    fn prepare(
+        &self,
+        config: &StreamSubscriptionConfig,
+        entry: &DeliveredEntry,
+        deliveries: u64,
+    ) -> Result<Prepared<C>, HandlerError> {
+        let message = decode::<H::Payload>(config, entry, deliveries)?;
+        let handler = Arc::clone(&self.0);
+        Ok(Prepared::Plain(Box::pin(async move {
+            handler.handle(message).await
+        })))
+    }
+}
+
+struct Transactional<H>(Arc<H>);
+
+impl<C: Send + 'static, H: TransactionalStreamHandler<C>> ErasedStreamHandler<C>
+    for Transactional<H>
+{
+    fn prepare(
+        &self,
+        config: &StreamSubscriptionConfig,
+        entry: &DeliveredEntry,
+        deliveries: u64,
+    ) -> Result<Prepared<C>, HandlerError> {
+        let message = decode::<H::Payload>(config, entry, deliveries)?;
+        let handler = Arc::clone(&self.0);
+        Ok(Prepared::Transactional(Box::new(
+            move |conn: &mut C| -> BoxFuture<'_, Result<(), HandlerError>> {
+                Box::pin(async move { handler.handle(&message, conn).await })
+            },
+        )))
+    }
+}
+
+/// What one step of a subscription did, counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamStep {
+    /// Entries read (new, own pending or claimed).
+    pub read: usize,
+    /// Entries acked after their effect (or a receipt found).
+    pub acked: usize,
+    /// Entries dead-lettered.
+    pub dead_lettered: usize,
+    /// Entries whose handler failed (left pending).
+    pub failed: usize,
+    /// Entries deferred (left pending; the subscription pauses).
+    pub deferred: usize,
+}
+
+enum Outcome {
+    Done,
+    Failed(String),
+    Deferred(Duration),
+    Dead(String),
+}
+
+/// A stream subscription: one handler over one tenant's stream, through the
+/// consumer group named after it. Build it with [`StreamSubscription::new`]
+/// or [`StreamSubscription::transactional`], then [`start`](Self::start) it
+/// (or drive it with [`step`](Self::step) in tests).
+pub struct StreamSubscription<S, R: StreamReceipts> {
+    inner: Arc<Inner<S, R>>,
+}
+
+struct Inner<S, R: StreamReceipts> {
+    streams: S,
+    receipts: R,
+    config: StreamSubscriptionConfig,
+    handler: Arc<dyn ErasedStreamHandler<R::Connection>>,
+    transactional: bool,
+    /// Errors of entries still pending, newest last.
+    errors: Mutex<HashMap<StreamEntryId, Vec<String>>>,
+    /// Deferrals per entry still pending: their redeliveries do not count.
+    deferrals: Mutex<HashMap<StreamEntryId, u64>>,
+    /// Consecutive deferrals (the backoff grows with them) and the longest
+    /// delay a handler asked for in them.
+    defer_streak: Mutex<(u32, Duration)>,
+}
+
+impl<S: StreamStore, R: StreamReceipts> StreamSubscription<S, R> {
+    /// A subscription running `handler` (effects outside the database).
+    pub fn new(
+        streams: S,
+        receipts: R,
+        config: StreamSubscriptionConfig,
+        handler: impl StreamHandler,
+    ) -> Result<Self, EngineError> {
+        Self::build(
+            streams,
+            receipts,
+            config,
+            Arc::new(Plain(Arc::new(handler))),
+            false,
+        )
+    }
+
+    /// A subscription running `handler` inside the receipt's transaction.
+    pub fn transactional(
+        streams: S,
+        receipts: R,
+        config: StreamSubscriptionConfig,
+        handler: impl TransactionalStreamHandler<R::Connection>,
+    ) -> Result<Self, EngineError>
+    where
+        R::Connection: 'static,
+    {
+        Self::build(
+            streams,
+            receipts,
+            config,
+            Arc::new(Transactional(Arc::new(handler))),
+            true,
+        )
+    }
+
+    fn build(
+        streams: S,
+        receipts: R,
+        config: StreamSubscriptionConfig,
+        handler: Arc<dyn ErasedStreamHandler<R::Connection>>,
+        transactional: bool,
+    ) -> Result<Self, EngineError> {
+        config.validate()?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                streams,
+                receipts,
+                config,
+                handler,
+                transactional,
+                errors: Mutex::new(HashMap::new()),
+                deferrals: Mutex::new(HashMap::new()),
+                defer_streak: Mutex::new((0, Duration::ZERO)),
+            }),
+        })
+    }
+
+    /// The settings it runs with.
+    pub fn config(&self) -> &StreamSubscriptionConfig {
+        &self.inner.config
+    }
+
+    /// Creates the subscription's group if it does not exist; returns
+    /// whether it did.
+    pub async fn ensure_group(&self) -> Result<bool, StoreError> {
+        let c = &self.inner.config;
+        self.inner
+            .streams
+            .ensure_group(&c.key, &c.name, c.start)
+            .await
+    }
+
+    /// One pass without blocking, for tests and tools: the group is
+    /// ensured, own pending entries are re-read, idle entries claimed (from
+    /// the start), and one batch of new entries read; all are handled.
+    pub async fn step(&self) -> Result<StreamStep, StoreError> {
+        self.ensure_group().await?;
+        let mut step = StreamStep::default();
+        self.inner.drain_own_pending(&mut step).await?;
+        let mut cursor = StreamEntryId::ZERO;
+        loop {
+            let (next, _) = self.inner.claim_once(cursor, &mut step).await?;
+            if next == StreamEntryId::ZERO {
+                break;
+            }
+            cursor = next;
+        }
+        let entries = self.inner.read_new(None).await?;
+        self.inner.handle_batch(entries, &mut step).await?;
+        Ok(step)
+    }
+
+    /// Starts the subscription on its own task.
+    pub fn start(self) -> StreamSubscriptionHandle {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(Arc::clone(&self.inner).run(stop.clone()));
+        StreamSubscriptionHandle {
+            stop,
+            task,
+            shutdown_timeout: self.inner.config.shutdown_timeout,
+        }
+    }
+}
+
+/// A running stream subscription.
+pub struct StreamSubscriptionHandle {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    shutdown_timeout: Duration,
+}
+
+impl StreamSubscriptionHandle {
+    /// Stops reading; handlers in flight finish until the shutdown timeout
+    /// (the rest stay pending, to be claimed later). Returns when stopped.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        if tokio::time::timeout(self.shutdown_timeout, &mut self.task)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "stream subscription shutdown deadline passed; unfinished entries stay pending"
+            );
+            self.task.abort();
+            let _ = self.task.await;
+        }
+    }
+
+    /// Whether the subscription's task has ended.
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+}
+
+impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
+    async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let c = &self.config;
+        let subscription = c.name.as_str();
+        let mut own_pending = true;
+        let mut next_claim = tokio::time::Instant::now();
+        let mut claim_cursor = StreamEntryId::ZERO;
+        let mut outage: Option<Duration> = None;
+        let mut group_ready = false;
+        tracing::info!(subscription, stream = %c.key, consumer = c.consumer, "stream subscription started");
+        while !stop.is_cancelled() {
+            let result: Result<(), StoreError> = async {
+                if !group_ready {
+                    if self.streams.ensure_group(&c.key, &c.name, c.start).await?
+                        && outage.is_some()
+                    {
+                        metrics::counter!(GROUPS_RECREATED, "subscription" => c.name.clone())
+                            .increment(1);
+                    }
+                    group_ready = true;
+                }
+                let mut step = StreamStep::default();
+                if own_pending {
+                    self.drain_own_pending(&mut step).await?;
+                    own_pending = false;
+                }
+                if tokio::time::Instant::now() >= next_claim {
+                    let (next, _) = self.claim_once(claim_cursor, &mut step).await?;
+                    claim_cursor = next;
+                    if next == StreamEntryId::ZERO {
+                        next_claim = tokio::time::Instant::now() + c.claim_interval;
+                        self.delete_idle_consumers().await?;
+                    }
+                }
+                let pause = self.deferred_pause();
+                if !pause.is_zero() {
+                    tokio::select! {
+                        () = stop.cancelled() => {}
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                    return Ok(());
+                }
+                let until_claim = next_claim.saturating_duration_since(tokio::time::Instant::now());
+                let block = c.block.min(until_claim);
+                let entries = tokio::select! {
+                    () = stop.cancelled() => return Ok(()),
+                    entries = self.read_new(Some(block)) => entries?,
+                };
+                self.handle_batch(entries, &mut step).await?;
+                Ok(())
+            }
+            .await;
+            match result {
+                Ok(()) => {
+                    if outage.take().is_some() {
+                        tracing::info!(subscription, "stream backend reachable again");
+                    }
+                }
+                Err(StoreError::NotFound { what }) => {
+                    // The group vanished (a restarted server without
+                    // persistence, an operator): recreate it at its start.
+                    tracing::warn!(subscription, what, "consumer group lost; recreating it");
+                    metrics::counter!(GROUPS_RECREATED, "subscription" => c.name.clone())
+                        .increment(1);
+                    group_ready = false;
+                    own_pending = true;
+                }
+                Err(error) => {
+                    let backoff = match outage {
+                        None => {
+                            tracing::warn!(subscription, %error, "stream backend unavailable; retrying with backoff");
+                            metrics::counter!(RECONNECTS, "backend" => self.streams.backend())
+                                .increment(1);
+                            OUTAGE_MIN
+                        }
+                        Some(previous) => (previous * 2).min(OUTAGE_MAX),
+                    };
+                    outage = Some(backoff);
+                    own_pending = true;
+                    group_ready = false;
+                    let jittered = backoff.mul_f64(0.5 + fastrand::f64() / 2.0);
+                    tokio::select! {
+                        () = stop.cancelled() => {}
+                        () = tokio::time::sleep(jittered) => {}
+                    }
+                }
+            }
+        }
+        tracing::info!(subscription, "stream subscription stopped");
+    }
+
+    fn deferred_pause(&self) -> Duration {
+        let (streak, asked) = *lock(&self.defer_streak);
+        if streak == 0 {
+            return Duration::ZERO;
+        }
+        let c = &self.config;
+        let exponent = streak.saturating_sub(1).min(16);
+        let base = c
+            .defer_min
+            .saturating_mul(1_u32 << exponent)
+            .max(asked)
+            .min(c.defer_max);
+        // Full jitter over the upper half: consumers do not retry in step.
+        base.mul_f64(0.5 + fastrand::f64() / 2.0)
+    }
+
+    async fn read_new(&self, block: Option<Duration>) -> Result<Vec<DeliveredEntry>, StoreError> {
+        let c = &self.config;
+        let read = ReadNew {
+            group: c.name.clone(),
+            consumer: c.consumer.clone(),
+            count: c.batch,
+            block: block.filter(|b| !b.is_zero()),
+        };
+        self.streams.read_new(&c.key, &read).await
+    }
+
+    async fn drain_own_pending(&self, step: &mut StreamStep) -> Result<(), StoreError> {
+        let c = &self.config;
+        let mut after = StreamEntryId::ZERO;
+        loop {
+            let page = self
+                .streams
+                .read_pending(&c.key, &c.name, &c.consumer, after, c.batch)
+                .await?;
+            let Some(last) = page.last() else {
+                return Ok(());
+            };
+            after = last.id();
+            let full = page.len() >= c.batch;
+            let mut entries = Vec::with_capacity(page.len());
+            let mut trimmed = Vec::new();
+            for entry in page {
+                match entry {
+                    PendingEntry::Present(delivered) => entries.push(delivered),
+                    PendingEntry::Deleted(id) => trimmed.push(id),
+                }
+            }
+            if !trimmed.is_empty() {
+                // Nothing to handle any more: the entry is gone.
+                self.streams.ack(&c.key, &c.name, &trimmed).await?;
+                self.forget(&trimmed);
+            }
+            self.handle_batch(entries, step).await?;
+            if !full {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn claim_once(
+        &self,
+        cursor: StreamEntryId,
+        step: &mut StreamStep,
+    ) -> Result<(StreamEntryId, usize), StoreError> {
+        let c = &self.config;
+        let claim = ClaimIdle {
+            group: c.name.clone(),
+            consumer: c.consumer.clone(),
+            min_idle: c.min_idle,
+            cursor,
+            count: c.batch,
+        };
+        let claimed = self.streams.claim_idle(&c.key, &claim).await?;
+        self.forget(&claimed.deleted);
+        let n = claimed.entries.len();
+        if n > 0 {
+            metrics::counter!(CLAIMED, "subscription" => c.name.clone()).increment(n as u64);
+        }
+        self.handle_batch(claimed.entries, step).await?;
+        Ok((claimed.next, n))
+    }
+
+    async fn delete_idle_consumers(&self) -> Result<(), StoreError> {
+        let c = &self.config;
+        for consumer in self.streams.consumers(&c.key, &c.name).await? {
+            if consumer.name != c.consumer
+                && consumer.pending == 0
+                && consumer.idle >= c.consumer_idle_limit
+            {
+                self.streams
+                    .delete_consumer(&c.key, &c.name, &consumer.name)
+                    .await?;
+                tracing::info!(
+                    subscription = c.name,
+                    consumer = consumer.name,
+                    "deleted an idle consumer"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn forget(&self, ids: &[StreamEntryId]) {
+        let mut errors = lock(&self.errors);
+        let mut deferrals = lock(&self.deferrals);
+        for id in ids {
+            errors.remove(id);
+            deferrals.remove(id);
+        }
+    }
+
+    /// Deliveries that count: the backend's, less this process's deferrals.
+    fn counted_deliveries(&self, entry: &DeliveredEntry) -> u64 {
+        let deferred = lock(&self.deferrals)
+            .get(&entry.entry.id)
+            .copied()
+            .unwrap_or(0);
+        entry.deliveries.saturating_sub(deferred).max(1)
+    }
+
+    async fn handle_batch(
+        &self,
+        entries: Vec<DeliveredEntry>,
+        step: &mut StreamStep,
+    ) -> Result<(), StoreError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let c = &self.config;
+        step.read += entries.len();
+        metrics::counter!(READ, "subscription" => c.name.clone()).increment(entries.len() as u64);
+
+        let correlation: Vec<String> = entries
+            .iter()
+            .map(|e| c.correlation_id(e.entry.id))
+            .collect();
+        let done: HashSet<String> = self
+            .receipts
+            .find_stream_receipts(&c.name, &correlation)
+            .await?
+            .into_iter()
+            .collect();
+
+        let mut acks = Vec::new();
+        let mut to_run = Vec::new();
+        for (entry, correlation_id) in entries.into_iter().zip(correlation) {
+            if done.contains(&correlation_id) {
+                acks.push(entry.entry.id);
+                continue;
+            }
+            let deliveries = self.counted_deliveries(&entry);
+            if deliveries > c.max_deliveries {
+                // Its handler crashed or timed out on the last allowed
+                // delivery without reporting: do not run it again.
+                let reason = format!(
+                    "delivered {deliveries} times, more than max_deliveries {}",
+                    c.max_deliveries
+                );
+                self.dead_letter(&entry, reason, step).await?;
+                continue;
+            }
+            to_run.push((entry, correlation_id, deliveries));
+        }
+
+        let outcomes: Vec<(DeliveredEntry, Result<Outcome, StoreError>)> =
+            futures_util::stream::iter(to_run)
+                .map(|(entry, correlation_id, deliveries)| async move {
+                    let outcome = self.run_one(&entry, &correlation_id, deliveries).await;
+                    (entry, outcome)
+                })
+                .buffer_unordered(c.concurrency)
+                .collect()
+                .await;
+
+        let mut plain_done = Vec::new();
+        let mut first_error = None;
+        for (entry, outcome) in outcomes {
+            match outcome {
+                Ok(Outcome::Done) => {
+                    if self.transactional {
+                        acks.push(entry.entry.id);
+                    } else {
+                        plain_done.push(entry.entry.id);
+                    }
+                }
+                Ok(Outcome::Failed(error)) => {
+                    step.failed += 1;
+                    self.keep_error(entry.entry.id, error);
+                }
+                Ok(Outcome::Deferred(asked)) => {
+                    step.deferred += 1;
+                    *lock(&self.deferrals).entry(entry.entry.id).or_default() += 1;
+                    let mut streak = lock(&self.defer_streak);
+                    streak.0 = streak.0.saturating_add(1);
+                    streak.1 = streak.1.max(asked);
+                    metrics::counter!(DEFERRED, "subscription" => c.name.clone()).increment(1);
+                }
+                Ok(Outcome::Dead(reason)) => self.dead_letter(&entry, reason, step).await?,
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        if step.deferred == 0 && (!plain_done.is_empty() || !acks.is_empty()) {
+            *lock(&self.defer_streak) = (0, Duration::ZERO);
+        }
+        if !plain_done.is_empty() {
+            let ids: Vec<String> = plain_done.iter().map(|id| c.correlation_id(*id)).collect();
+            self.receipts.record_stream_receipts(&c.name, &ids).await?;
+            acks.extend(plain_done);
+        }
+        if !acks.is_empty() {
+            let acked = self.streams.ack(&c.key, &c.name, &acks).await?;
+            step.acked += acks.len();
+            metrics::counter!(ACKED, "subscription" => c.name.clone()).increment(acked);
+            self.forget(&acks);
+        }
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    fn keep_error(&self, id: StreamEntryId, error: String) {
+        let mut errors = lock(&self.errors);
+        if errors.len() >= MAX_ENTRIES_WITH_ERRORS && !errors.contains_key(&id) {
+            if let Some(oldest) = errors.keys().min().copied() {
+                errors.remove(&oldest);
+            }
+        }
+        let kept = errors.entry(id).or_default();
+        kept.push(truncate_chars(&error, MAX_ERROR_CHARS).to_owned());
+        if kept.len() > MAX_KEPT_ERRORS {
+            let excess = kept.len() - MAX_KEPT_ERRORS;
+            kept.drain(..excess);
+        }
+    }
+
+    async fn dead_letter(
+        &self,
+        entry: &DeliveredEntry,
+        reason: String,
+        step: &mut StreamStep,
+    ) -> Result<(), StoreError> {
+        let c = &self.config;
+        self.keep_error(entry.entry.id, reason);
+        let errors = lock(&self.errors)
+            .get(&entry.entry.id)
+            .cloned()
+            .unwrap_or_default();
+        if self
+            .streams
+            .dead_letter(&c.key, &c.name, entry, &errors)
+            .await?
+        {
+            step.dead_lettered += 1;
+            metrics::counter!(DEAD_LETTERED, "subscription" => c.name.clone()).increment(1);
+            tracing::warn!(subscription = c.name, entry = %entry.entry.id, "entry dead-lettered");
+        }
+        self.forget(&[entry.entry.id]);
+        Ok(())
+    }
+
+    /// Runs the handler for one entry: its outcome, or the store error that
+    /// kept a transactional run from finishing.
+    async fn run_one(
+        &self,
+        entry: &DeliveredEntry,
+        correlation_id: &str,
+        deliveries: u64,
+    ) -> Result<Outcome, StoreError> {
+        let c = &self.config;
+        let started = std::time::Instant::now();
+        let prepared = match self.handler.prepare(c, entry, deliveries) {
+            Ok(prepared) => prepared,
+            Err(error) => return Ok(self.classify(error, deliveries)),
+        };
+        let result = match prepared {
+            Prepared::Plain(future) => {
+                let task = tokio::spawn(with_timeout(future, c.handler_timeout));
+                match task.await {
+                    Ok(result) => result,
+                    Err(join) => Err(HandlerError::retry(panic_message(join))),
+                }
+            }
+            Prepared::Transactional(work) => {
+                let timeout = c.handler_timeout;
+                let work: TxWork<R::Connection> =
+                    Box::new(move |conn| Box::pin(with_timeout(work(conn), timeout)));
+                match self
+                    .receipts
+                    .run_with_stream_receipt(&c.name, correlation_id, work)
+                    .await?
+                {
+                    ReceiptOutcome::Applied | ReceiptOutcome::AlreadyApplied => Ok(()),
+                    ReceiptOutcome::Failed(error) => Err(error),
+                }
+            }
+        };
+        metrics::histogram!(HANDLER_SECONDS, "subscription" => c.name.clone())
+            .record(started.elapsed().as_secs_f64());
+        Ok(match result {
+            Ok(()) => Outcome::Done,
+            Err(error) => self.classify(error, deliveries),
+        })
+    }
+
+    fn classify(&self, error: HandlerError, deliveries: u64) -> Outcome {
+        match error {
+            HandlerError::Snooze { delay, .. } => Outcome::Deferred(delay),
+            HandlerError::Permanent(_) => Outcome::Dead(error.to_string()),
+            other if deliveries >= self.config.max_deliveries => Outcome::Dead(format!(
+                "{other} (delivery {deliveries} of max_deliveries {})",
+                self.config.max_deliveries
+            )),
+            other => Outcome::Failed(other.to_string()),
+        }
+    }
+}
+
+async fn with_timeout<F>(future: F, timeout: Option<Duration>) -> Result<(), HandlerError>
+where
+    F: Future<Output = Result<(), HandlerError>>,
+{
+    match timeout {
+        None => future.await,
+        Some(limit) => match tokio::time::timeout(limit, future).await {
+            Ok(result) => result,
+            Err(_) => Err(HandlerError::retry(format!(
+                "timeout after {} ms",
+                limit.as_millis()
+            ))),
+        },
+    }
+}
+
+fn panic_message(join: tokio::task::JoinError) -> String {
+    match join.try_into_panic() {
+        Ok(payload) => {
+            let text = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-text panic".to_owned());
+            format!("handler panicked: {text}")
+        }
+        Err(_) => "handler task was cancelled".to_owned(),
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+const READ: &str = "courier_stream_read_total";
+const CLAIMED: &str = "courier_stream_claimed_total";
+const ACKED: &str = "courier_stream_acked_total";
+const DEAD_LETTERED: &str = "courier_stream_dead_lettered_total";
+const DEFERRED: &str = "courier_stream_deferred_total";
+const HANDLER_SECONDS: &str = "courier_stream_handler_duration_seconds";
+const RECONNECTS: &str = "courier_backend_reconnects_total";
+const GROUPS_RECREATED: &str = "courier_stream_groups_recreated_total";

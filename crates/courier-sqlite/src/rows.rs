@@ -142,12 +142,16 @@ pub(crate) fn stored_message(row: &SqliteRow) -> Result<StoredMessage, StoreErro
     })
 }
 
-/// A stream entry's id from its rowid (`rowid-0`).
-pub(crate) fn entry_id(row: &SqliteRow, column: &str) -> Result<StreamEntryId, StoreError> {
-    let rowid: i64 = get(row, column)?;
+/// A stream entry's id from its rowid `n`: `n-0`.
+pub(crate) fn entry_id_of_rowid(rowid: i64) -> Result<StreamEntryId, StoreError> {
     u64::try_from(rowid)
         .map(|major| StreamEntryId::new(major, 0))
-        .map_err(|_| StoreError::Corrupt(format!("{column}: {rowid} is not a stream entry id")))
+        .map_err(|_| StoreError::Corrupt(format!("{rowid} is not a stream entry id")))
+}
+
+/// A stream entry's id stored as its rowid.
+pub(crate) fn entry_id(row: &SqliteRow, column: &str) -> Result<StreamEntryId, StoreError> {
+    entry_id_of_rowid(get(row, column)?)
 }
 
 /// A row of `stream_entries_after.sql` or `stream_entries_get.sql`.

@@ -33,7 +33,7 @@
 //! (SQLite rolls the transaction back); one that dies after reading leaves
 //! its entries pending, for another consumer to claim once they are idle.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use courier_core::{
@@ -43,11 +43,12 @@ use courier_core::{
     StreamKey, StreamStore, TrimBound, ValidationError, MAX_PAYLOAD_BYTES, MAX_STREAM_BATCH,
 };
 use serde_json::{json, Value};
+use sqlx::sqlite::SqliteRow;
 use sqlx::{Sqlite, SqliteConnection};
 use tokio::time::Instant;
 
 use crate::error::map;
-use crate::rows::{self, get};
+use crate::rows::{self, entry_id_of_rowid as entry_id, get};
 use crate::{millis, queries, SqliteStore};
 
 /// How long a blocked read waits at most before it looks again for entries
@@ -79,13 +80,6 @@ fn rowid(id: StreamEntryId) -> Option<i64> {
     i64::try_from(id.major).ok()
 }
 
-/// The id of the entry at `rowid`.
-fn entry_id(rowid: i64) -> Result<StreamEntryId, StoreError> {
-    u64::try_from(rowid)
-        .map(|major| StreamEntryId::new(major, 0))
-        .map_err(|_| StoreError::Corrupt(format!("{rowid} is not a stream entry id")))
-}
-
 /// A batch size as the `LIMIT` it binds (counts are validated, at most
 /// [`MAX_STREAM_BATCH`]).
 fn limit(count: usize) -> i64 {
@@ -97,10 +91,14 @@ fn rowids_json(rowids: impl IntoIterator<Item = i64>) -> String {
     Value::Array(rowids.into_iter().map(Value::from).collect()).to_string()
 }
 
-/// A delivery count as stored.
-fn deliveries(count: i64) -> Result<u64, StoreError> {
-    u64::try_from(count)
-        .map_err(|_| StoreError::Corrupt(format!("deliveries: {count} is negative")))
+/// A stored count or millisecond duration, which is never negative.
+fn non_negative(column: &str, value: i64) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("{column}: {value} is negative")))
+}
+
+/// A non-negative integer column.
+fn unsigned(row: &SqliteRow, column: &str) -> Result<u64, StoreError> {
+    non_negative(column, get(row, column)?)
 }
 
 /// Validates `entries` and encodes them as the JSON array `stream_append.sql`
@@ -137,15 +135,10 @@ fn entries_json(entries: &[NewStreamEntry]) -> Result<String, StoreError> {
 
 /// Rows of `stream_pending_reread.sql` or `stream_claim.sql`: (rowid,
 /// deliveries), in id order.
-fn delivered_rows(rows: &[sqlx::sqlite::SqliteRow]) -> Result<Vec<(i64, u64)>, StoreError> {
+fn delivered_rows(rows: &[SqliteRow]) -> Result<Vec<(i64, u64)>, StoreError> {
     let mut delivered = rows
         .iter()
-        .map(|row| {
-            Ok((
-                get::<i64>(row, "entry_id")?,
-                deliveries(get(row, "deliveries")?)?,
-            ))
-        })
+        .map(|row| Ok((get::<i64>(row, "entry_id")?, unsigned(row, "deliveries")?)))
         .collect::<Result<Vec<_>, StoreError>>()?;
     delivered.sort_unstable();
     Ok(delivered)
@@ -583,12 +576,12 @@ impl StreamStore for SqliteStore {
         let count: i64 = get(&totals, "count")?;
         let lowest: Option<i64> = get(&totals, "lowest")?;
         let highest: Option<i64> = get(&totals, "highest")?;
-        let mut consumers = std::collections::BTreeMap::new();
+        let mut consumers = BTreeMap::new();
         for row in &per_consumer {
-            consumers.insert(get(row, "consumer")?, deliveries(get(row, "count")?)?);
+            consumers.insert(get(row, "consumer")?, unsigned(row, "count")?);
         }
         Ok(PendingSummary {
-            count: deliveries(count)?,
+            count: non_negative("count", count)?,
             lowest: lowest.map(entry_id).transpose()?,
             highest: highest.map(entry_id).transpose()?,
             consumers,
@@ -623,8 +616,8 @@ impl StreamStore for SqliteStore {
                 Ok(PendingDetail {
                     id: rows::entry_id(row, "entry_id")?,
                     consumer: get(row, "consumer")?,
-                    idle: Duration::from_millis(deliveries(get(row, "idle")?)?),
-                    deliveries: deliveries(get(row, "deliveries")?)?,
+                    idle: Duration::from_millis(unsigned(row, "idle")?),
+                    deliveries: unsigned(row, "deliveries")?,
                 })
             })
             .collect()
@@ -651,8 +644,8 @@ impl StreamStore for SqliteStore {
             .map(|row| {
                 Ok(ConsumerInfo {
                     name: get(row, "consumer")?,
-                    pending: deliveries(get(row, "pending")?)?,
-                    idle: Duration::from_millis(deliveries(get(row, "idle")?)?),
+                    pending: unsigned(row, "pending")?,
+                    idle: Duration::from_millis(unsigned(row, "idle")?),
                 })
             })
             .collect()
@@ -680,7 +673,9 @@ impl StreamStore for SqliteStore {
             .await
             .map_err(map)?;
         if pending > 0 {
-            return Ok(ConsumerRemoval::HasPending(deliveries(pending)?));
+            return Ok(ConsumerRemoval::HasPending(non_negative(
+                "pending", pending,
+            )?));
         }
         let deleted = sqlx::query(queries::STREAM_CONSUMER_DELETE)
             .bind(key.tenant())

@@ -160,21 +160,35 @@ pub async fn claims_reach_idle_entries_behind_busy_ones_by_following_next<F: Str
 }
 
 /// Entries trimmed while pending stay pending: the owner's re-read reports
-/// them deleted (in place, in id order), and a claim reports them in
-/// `deleted` and drops them from pending, taking over only the entries that
-/// still exist.
+/// them deleted (in place, in id order) and leaves them pending, and a claim
+/// reports them in `deleted` and drops them from pending, taking over only
+/// the entries that still exist. (Two groups: a re-read delivers again, so
+/// the claim runs in a group nobody re-read; both are aged before the trim,
+/// while every entry still exists.)
 pub async fn trimmed_pending_entries_are_reported_deleted<F: StreamFixture>(
     fixture: F,
 ) -> anyhow::Result<()> {
     let store = fixture.store();
     let key = key("trimmed-pending")?;
-    assert!(store.ensure_group(&key, "g", GroupStart::Beginning).await?);
+    assert!(
+        store
+            .ensure_group(&key, "reread", GroupStart::Beginning)
+            .await?
+    );
+    assert!(
+        store
+            .ensure_group(&key, "claimed", GroupStart::Beginning)
+            .await?
+    );
     let appended = append_numbered(store, &key, 0, 4).await?;
-    read_new(store, &key, "g", "c1", 10).await?;
+    assert_eq!(read_new(store, &key, "reread", "c1", 10).await?.len(), 4);
+    assert_eq!(read_new(store, &key, "claimed", "c1", 10).await?.len(), 4);
+    fixture.age_pending(&key, "reread", AGED).await?;
+    fixture.age_pending(&key, "claimed", AGED).await?;
     assert_eq!(store.trim(&key, TrimBound::MaxLen(2)).await?, 2);
 
     let reread = store
-        .read_pending(&key, "g", "c1", StreamEntryId::ZERO, 10)
+        .read_pending(&key, "reread", "c1", StreamEntryId::ZERO, 10)
         .await?;
     assert_eq!(pending_ids(&reread), appended);
     assert!(matches!(reread[0], PendingEntry::Deleted(id) if id == appended[0]));
@@ -188,13 +202,12 @@ pub async fn trimmed_pending_entries_are_reported_deleted<F: StreamFixture>(
         }
     }
     assert_eq!(
-        summary(store, &key, "g").await?.count,
+        summary(store, &key, "reread").await?.count,
         4,
         "a re-read leaves trimmed entries pending"
     );
 
-    fixture.age_pending(&key, "g", AGED).await?;
-    let answers = claim_all(store, &key, claim("g", "c2", 10), 10).await?;
+    let answers = claim_all(store, &key, claim("claimed", "c2", 10), 10).await?;
     let mut claimed = Vec::new();
     let mut deleted = Vec::new();
     for answer in answers {
@@ -204,9 +217,14 @@ pub async fn trimmed_pending_entries_are_reported_deleted<F: StreamFixture>(
     deleted.sort();
     assert_eq!(claimed, appended[2..].to_vec());
     assert_eq!(deleted, appended[..2].to_vec());
-    let pending = summary(store, &key, "g").await?;
+    let pending = summary(store, &key, "claimed").await?;
     assert_eq!(pending.count, 2, "the claim dropped the trimmed entries");
     assert_eq!(pending.lowest, Some(appended[2]));
     assert_eq!(pending.consumers, BTreeMap::from([("c2".to_owned(), 2)]));
+    assert_eq!(
+        summary(store, &key, "reread").await?.count,
+        4,
+        "another group's claim drops nothing here"
+    );
     Ok(())
 }

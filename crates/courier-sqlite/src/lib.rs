@@ -9,6 +9,9 @@
 //! [`AdminStore`](courier_core::AdminStore) contract as the PostgreSQL store
 //! (a paused subscription's claims take nothing until it is resumed); every
 //! query lives in `queries/*.sql` and every lease check uses the database clock.
+//! It is also a native [`StreamStore`](courier_core::StreamStore): streams and
+//! consumer groups in four tables, with Redis Streams' semantics (see the
+//! `streams` module).
 //!
 //! # One writer
 //!
@@ -26,7 +29,9 @@
 //!
 //! SQLite has no LISTEN/NOTIFY. The store bumps an in-process counter
 //! ([`SqliteStore::wakeups`]) after it enqueues; producers in other processes
-//! (or plain SQL inserts) are found by the workers' polling.
+//! (or plain SQL inserts) are found by the workers' polling. Stream appends
+//! bump a counter of their own, which wakes this process's blocked reads at
+//! once; other processes' appends are found within [`STREAM_POLL_INTERVAL`].
 
 mod admin;
 mod dead_letters;
@@ -35,6 +40,7 @@ mod migrate;
 mod outbox;
 mod queries;
 mod rows;
+mod streams;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -49,6 +55,7 @@ pub use admin::MAX_MESSAGE_PAGE;
 pub use dead_letters::MAX_DEAD_LETTER_PAGE;
 pub use migrate::SCHEMA_VERSION;
 pub use outbox::MAX_TENANTS_PER_TURN;
+pub use streams::STREAM_POLL_INTERVAL;
 
 use error::map;
 
@@ -59,8 +66,8 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long acquiring a connection from the pool may take.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Courier's outbox in one SQLite file. Cheap to clone; clones share the pool
-/// and the wake-up counter.
+/// Courier's outbox and streams in one SQLite file. Cheap to clone; clones
+/// share the pool and the wake-up counters.
 #[derive(Clone)]
 pub struct SqliteStore {
     inner: Arc<Inner>,
@@ -69,6 +76,8 @@ pub struct SqliteStore {
 struct Inner {
     pool: SqlitePool,
     wake: watch::Sender<u64>,
+    /// Bumped after every committed stream append, for blocked reads.
+    stream_wake: watch::Sender<u64>,
     /// Courier's own writes in this process take turns here, first come first
     /// served, before asking SQLite for its single write lock. Left to
     /// SQLite's busy handler (which sleeps and polls), a claim loop that keeps
@@ -115,10 +124,12 @@ impl SqliteStore {
     /// A store over `pool` (see [`connect`] for the options it should have).
     pub fn new(pool: SqlitePool) -> Self {
         let (wake, _) = watch::channel(0);
+        let (stream_wake, _) = watch::channel(0);
         Self {
             inner: Arc::new(Inner {
                 pool,
                 wake,
+                stream_wake,
                 writes: tokio::sync::Mutex::new(()),
             }),
         }

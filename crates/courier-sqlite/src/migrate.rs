@@ -25,10 +25,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "maintenance_leader",
         include_str!("../migrations/0004_maintenance_leader.sql"),
     ),
+    (5, "streams", include_str!("../migrations/0005_streams.sql")),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// The bookkeeping table, named so that it cannot collide with an
 /// application's own `schema_migrations` in a shared file.

@@ -7,7 +7,10 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use courier_core::{ClaimedDelivery, DeadLetter, ErrorEntry, StoreError, StoredMessage};
+use courier_core::{
+    ClaimedDelivery, DeadLetter, EntryOrigin, ErrorEntry, StoreError, StoredMessage, StreamEntry,
+    StreamEntryId,
+};
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 use uuid::Uuid;
@@ -136,5 +139,39 @@ pub(crate) fn stored_message(row: &SqliteRow) -> Result<StoredMessage, StoreErro
         occurred_at: time(row, "occurred_at")?,
         available_at: time(row, "available_at")?,
         enqueued_at: time(row, "created_at")?,
+    })
+}
+
+/// A stream entry's id from its rowid `n`: `n-0`.
+pub(crate) fn entry_id_of_rowid(rowid: i64) -> Result<StreamEntryId, StoreError> {
+    u64::try_from(rowid)
+        .map(|major| StreamEntryId::new(major, 0))
+        .map_err(|_| StoreError::Corrupt(format!("{rowid} is not a stream entry id")))
+}
+
+/// A stream entry's id stored as its rowid.
+pub(crate) fn entry_id(row: &SqliteRow, column: &str) -> Result<StreamEntryId, StoreError> {
+    entry_id_of_rowid(get(row, column)?)
+}
+
+/// A row of `stream_entries_after.sql` or `stream_entries_get.sql`.
+pub(crate) fn stream_entry(row: &SqliteRow) -> Result<StreamEntry, StoreError> {
+    let payload: String = get(row, "payload")?;
+    let headers: String = get(row, "headers")?;
+    let origin = match get::<Option<String>>(row, "message_id")? {
+        None => None,
+        Some(message_id) => Some(EntryOrigin {
+            message_id: parse_uuid("message_id", &message_id)?,
+            tenant: get(row, "origin_tenant")?,
+            topic: get(row, "topic")?,
+            schema_version: get(row, "schema_version")?,
+        }),
+    };
+    Ok(StreamEntry {
+        id: entry_id(row, "id")?,
+        payload: serde_json::from_str(&payload)
+            .map_err(|e| StoreError::Corrupt(format!("payload: {e}")))?,
+        headers: parse_headers(&headers)?,
+        origin,
     })
 }

@@ -5,7 +5,9 @@
 //! by [`PgFixture`] and [`SqliteFixture`], and `backend_tests!` generates each
 //! test once per backend. [`StoreFixture`] is what the store conformance
 //! suite ([`store_suite`]) is written against; `store_conformance_tests!`
-//! expands it for one backend.
+//! expands it for one backend. [`StreamFixture`] is what the stream
+//! conformance suite ([`stream_suite`]) is written against;
+//! `stream_backend_tests!` expands it for one stream backend.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,7 +22,9 @@ use sqlx::{PgConnection, PgPool, SqliteConnection, SqlitePool};
 use uuid::Uuid;
 
 pub mod store_suite;
+pub mod stream_suite;
 pub use store_suite::{HeldSnapshot, StoreFixture, SuiteConnection};
+pub use stream_suite::{SqliteStreamFixture, StreamFixture};
 
 /// The PostgreSQL server tests use: `DATABASE_URL`, or the project machines' default.
 pub fn database_url() -> String {

@@ -26,6 +26,7 @@ queries!(
     stream_consumers,
     stream_dead_letter,
     stream_group_ensure,
+    stream_horizon,
     stream_pending_detail,
     stream_pending_summary,
     stream_range,

@@ -232,6 +232,37 @@ impl PgStore {
         Ok(ids)
     }
 
+    /// Waits until entry `id` (and every entry below it) is readable, that
+    /// is until every transaction that took its id before `id`'s appender
+    /// has ended, or `timeout` passed; returns whether it is readable. An
+    /// append is readable at once unless a writing transaction older than it
+    /// is open anywhere on the server. For producers that need to read their
+    /// own appends (an HTTP `wait`, a test).
+    pub async fn wait_until_readable(
+        &self,
+        id: StreamEntryId,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let (major, _) = id_parts(id, "id")?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut pause = VISIBILITY_RETRY;
+        loop {
+            let horizon: i64 = sqlx::query_scalar(&self.q().stream_horizon)
+                .fetch_one(self.pool())
+                .await
+                .map_err(map)?;
+            if major < horizon {
+                return Ok(true);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(POLL_INTERVAL);
+        }
+    }
+
     fn stream_wakeups(&self) -> watch::Receiver<u64> {
         self.inner
             .stream_wakeups

@@ -1,13 +1,21 @@
-//! [`StreamFixture`] for the SQLite store: a fresh database file per test.
+//! [`StreamFixture`] for the SQLite store (a fresh database file per test)
+//! and the PostgreSQL store (a fresh schema).
 //! Pending entries' delivery times are INTEGER milliseconds on the database
 //! clock, so aging them moves those times into the past.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::future::Future;
+
+use courier::postgres::PgStore;
 use courier::sqlite::SqliteStore;
 use courier::OutboxStore;
-use courier_core::StreamKey;
+use courier_core::{
+    ClaimIdle, ClaimedEntries, ConsumerInfo, ConsumerRemoval, DeliveredEntry, GroupStart,
+    NewStreamEntry, PendingDetail, PendingEntry, PendingQuery, PendingSummary, ReadNew, StoreError,
+    StreamEntry, StreamEntryId, StreamKey, StreamStore, TrimBound,
+};
 
 use super::StreamFixture;
 
@@ -67,6 +75,196 @@ impl StreamFixture for SqliteStreamFixture {
         .bind(group)
         .bind(by)
         .execute(self.store.pool())
+        .await?;
+        Ok(())
+    }
+}
+
+/// The PostgreSQL store as the suite sees it: appends return once their
+/// entries are readable.
+///
+/// On PostgreSQL an entry becomes readable once no writing transaction older
+/// than its appender is open anywhere on the server (see the 0010 migration),
+/// and the suite runs beside other tests that hold transactions open. Its
+/// cases are written for read-after-write, as Redis and SQLite give it, so
+/// this store waits ([`PgStore::wait_until_readable`], at most 30 s) after
+/// each append; everything else goes straight to the store. The delay itself
+/// is tested in `tests/pg_streams.rs`.
+#[derive(Clone, Debug)]
+pub struct ReadablePgStore(pub PgStore);
+
+/// How long an append of the suite waits to become readable.
+const READABLE_WITHIN: Duration = Duration::from_secs(30);
+
+impl StreamStore for ReadablePgStore {
+    fn backend(&self) -> &'static str {
+        self.0.backend()
+    }
+
+    async fn append<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        entries: &'c [NewStreamEntry],
+    ) -> Result<Vec<StreamEntryId>, StoreError> {
+        let ids = self.0.append(key, entries).await?;
+        if let Some(last) = ids.last() {
+            if !self.0.wait_until_readable(*last, READABLE_WITHIN).await? {
+                return Err(StoreError::Corrupt(format!(
+                    "entry {last} was not readable within {READABLE_WITHIN:?}"
+                )));
+            }
+        }
+        Ok(ids)
+    }
+
+    fn ensure_group<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        start: GroupStart,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'c {
+        self.0.ensure_group(key, group, start)
+    }
+
+    fn read_new<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        read: &'c ReadNew,
+    ) -> impl Future<Output = Result<Vec<DeliveredEntry>, StoreError>> + Send + 'c {
+        self.0.read_new(key, read)
+    }
+
+    fn read_pending<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        consumer: &'c str,
+        after: StreamEntryId,
+        count: usize,
+    ) -> impl Future<Output = Result<Vec<PendingEntry>, StoreError>> + Send + 'c {
+        self.0.read_pending(key, group, consumer, after, count)
+    }
+
+    fn claim_idle<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        claim: &'c ClaimIdle,
+    ) -> impl Future<Output = Result<ClaimedEntries, StoreError>> + Send + 'c {
+        self.0.claim_idle(key, claim)
+    }
+
+    fn ack<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        ids: &'c [StreamEntryId],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c {
+        self.0.ack(key, group, ids)
+    }
+
+    fn pending_summary<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+    ) -> impl Future<Output = Result<PendingSummary, StoreError>> + Send + 'c {
+        self.0.pending_summary(key, group)
+    }
+
+    fn pending_detail<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        query: &'c PendingQuery,
+    ) -> impl Future<Output = Result<Vec<PendingDetail>, StoreError>> + Send + 'c {
+        self.0.pending_detail(key, group, query)
+    }
+
+    fn consumers<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+    ) -> impl Future<Output = Result<Vec<ConsumerInfo>, StoreError>> + Send + 'c {
+        self.0.consumers(key, group)
+    }
+
+    fn delete_consumer<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        consumer: &'c str,
+    ) -> impl Future<Output = Result<ConsumerRemoval, StoreError>> + Send + 'c {
+        self.0.delete_consumer(key, group, consumer)
+    }
+
+    fn range<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        after: StreamEntryId,
+        count: usize,
+    ) -> impl Future<Output = Result<Vec<StreamEntry>, StoreError>> + Send + 'c {
+        self.0.range(key, after, count)
+    }
+
+    fn trim<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        bound: TrimBound,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c {
+        self.0.trim(key, bound)
+    }
+
+    fn dead_letter<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        entry: &'c DeliveredEntry,
+        errors: &'c [String],
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'c {
+        self.0.dead_letter(key, group, entry, errors)
+    }
+}
+
+/// The PostgreSQL store over a fresh, migrated schema of its own.
+pub struct PgStreamFixture {
+    store: ReadablePgStore,
+    /// The schema the store's tables are in.
+    pub schema: String,
+}
+
+impl StreamFixture for PgStreamFixture {
+    type Store = ReadablePgStore;
+
+    async fn fresh() -> anyhow::Result<Self> {
+        let fixture = crate::PgFixture::new().await?;
+        let store = crate::Backend::courier(&fixture).store().clone();
+        Ok(Self {
+            store: ReadablePgStore(store),
+            schema: fixture.schema.clone(),
+        })
+    }
+
+    fn store(&self) -> &ReadablePgStore {
+        &self.store
+    }
+
+    async fn open_store(&self) -> anyhow::Result<ReadablePgStore> {
+        let pool = crate::pg_pool(&self.schema, 4).await?;
+        Ok(ReadablePgStore(PgStore::with_schema(pool, &self.schema)?))
+    }
+
+    async fn age_pending(&self, key: &StreamKey, group: &str, by: Duration) -> anyhow::Result<()> {
+        let by = i64::try_from(by.as_millis())?;
+        sqlx::query(&format!(
+            "UPDATE {}.stream_pending
+             SET delivered_at = delivered_at - $4::bigint * interval '1 millisecond'
+             WHERE tenant = $1 AND stream = $2 AND grp = $3",
+            self.schema
+        ))
+        .bind(key.tenant())
+        .bind(key.stream())
+        .bind(group)
+        .bind(by)
+        .execute(self.store.0.pool())
         .await?;
         Ok(())
     }

@@ -38,7 +38,7 @@ use courier_core::{StreamKey, StreamStore};
 pub use blocking::*;
 pub use claims::*;
 pub use entries::*;
-pub use fixtures::SqliteStreamFixture;
+pub use fixtures::{PgStreamFixture, ReadablePgStore, SqliteStreamFixture};
 pub use groups::*;
 pub use load::*;
 pub use pending::*;

@@ -73,3 +73,16 @@ CREATE TABLE stream_pending (
 -- to delete a consumer that still has entries).
 CREATE INDEX stream_pending_consumer
   ON stream_pending (tenant, stream, group_name, consumer, entry_id);
+
+-- Receipts of stream subscriptions: entry `correlation_id`
+-- (`{subscription}:{stream}:{entry id}`) took effect. Written with a
+-- transactional handler's effect, or after a plain one; pruned with the
+-- outbox's receipts.
+CREATE TABLE stream_receipts (
+  subscription   TEXT    NOT NULL,
+  correlation_id TEXT    NOT NULL,
+  created_at     INTEGER NOT NULL DEFAULT (CAST(round(unixepoch('subsec') * 1000) AS INTEGER)),
+  PRIMARY KEY (subscription, correlation_id)
+) STRICT;
+
+CREATE INDEX stream_receipts_created ON stream_receipts (created_at);

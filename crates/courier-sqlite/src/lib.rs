@@ -40,6 +40,7 @@ mod migrate;
 mod outbox;
 mod queries;
 mod rows;
+mod stream_receipts;
 mod streams;
 
 use std::str::FromStr;

@@ -652,7 +652,14 @@ impl OutboxStore for SqliteStore {
             .execute(&self.inner.pool)
             .await
             .map_err(map)?
-            .rows_affected();
+            .rows_affected()
+            + sqlx::query(queries::PRUNE_STREAM_RECEIPTS)
+                .bind(millis(older_than))
+                .bind(batch)
+                .execute(&self.inner.pool)
+                .await
+                .map_err(map)?
+                .rows_affected();
         let messages = sqlx::query(queries::PRUNE_MESSAGES)
             .bind(millis(older_than))
             .bind(batch)

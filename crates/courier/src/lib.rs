@@ -55,7 +55,9 @@ pub use courier_core::{
     TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS, MAX_PAYLOAD_BYTES, MAX_SNOOZES,
 };
 pub use courier_engine::{
-    handler_fn, EngineError, Handler, Maintenance, MaintenanceConfig, TransactionalHandler, Worker,
+    handler_fn, stream_handler_fn, EngineError, Handler, Maintenance, MaintenanceConfig,
+    StreamHandler, StreamMessage, StreamStep, StreamSubscription, StreamSubscriptionConfig,
+    StreamSubscriptionHandle, TransactionalHandler, TransactionalStreamHandler, Worker,
     WorkerBuilder, WorkerConfig, WorkerHandle,
 };
 

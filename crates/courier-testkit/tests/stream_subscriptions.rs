@@ -1,0 +1,710 @@
+//! Stream subscriptions (`courier::StreamSubscription`) on the native stream
+//! backends, PostgreSQL and SQLite, with their receipts in the same
+//! database: every entry takes effect once, receipts skip repeated effects,
+//! poison entries are dead-lettered after exactly `max_deliveries`, deferrals
+//! never count and pause the subscription, crashed consumers' entries are
+//! claimed once idle, and a restarted consumer re-reads its own pending
+//! entries first. Each case runs once per backend.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use courier::{
+    stream_handler_fn, GroupStart, HandlerError, NewStreamEntry, OutboxStore, ReadNew,
+    StreamEntryId, StreamKey, StreamMessage, StreamReceipts, StreamStore, StreamSubscription,
+    StreamSubscriptionConfig, TransactionalStreamHandler,
+};
+use courier_testkit::{Backend, EffectConnection, PgFixture, SqliteFixture};
+use serde_json::json;
+
+/// A backend whose store is its own stream store and receipt store.
+trait StreamBackend:
+    Backend<Store: StreamStore + StreamReceipts<Connection = <Self::Store as OutboxStore>::Connection>>
+{
+    /// Makes every pending entry of `group` on `key` `by` older.
+    fn age_pending(
+        &self,
+        key: &StreamKey,
+        group: &str,
+        by: Duration,
+    ) -> impl std::future::Future<Output = anyhow::Result<()>> + Send;
+}
+
+impl StreamBackend for PgFixture {
+    async fn age_pending(&self, key: &StreamKey, group: &str, by: Duration) -> anyhow::Result<()> {
+        sqlx::query(
+            "UPDATE stream_pending SET delivered_at = delivered_at - $4::bigint * interval '1 millisecond'
+             WHERE tenant = $1 AND stream = $2 AND grp = $3",
+        )
+        .bind(key.tenant())
+        .bind(key.stream())
+        .bind(group)
+        .bind(i64::try_from(by.as_millis())?)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+impl StreamBackend for SqliteFixture {
+    async fn age_pending(&self, key: &StreamKey, group: &str, by: Duration) -> anyhow::Result<()> {
+        sqlx::query(
+            "UPDATE stream_pending SET delivered_at = delivered_at - ?4
+             WHERE tenant = ?1 AND stream = ?2 AND group_name = ?3",
+        )
+        .bind(key.tenant())
+        .bind(key.stream())
+        .bind(group)
+        .bind(i64::try_from(by.as_millis())?)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+fn key() -> anyhow::Result<StreamKey> {
+    Ok(StreamKey::new("acme", "events")?)
+}
+
+async fn append_numbered<S: StreamStore>(
+    store: &S,
+    key: &StreamKey,
+    range: std::ops::Range<u64>,
+) -> anyhow::Result<Vec<StreamEntryId>> {
+    let entries: Vec<_> = range
+        .map(|n| NewStreamEntry::new(json!({ "n": n })))
+        .collect();
+    Ok(store.append(key, &entries).await?)
+}
+
+fn config(name: &str, key: &StreamKey) -> anyhow::Result<StreamSubscriptionConfig> {
+    let mut config = StreamSubscriptionConfig::new(name, key.clone())?;
+    config.consumer = format!("{name}-test");
+    config.start = GroupStart::Beginning;
+    config.min_idle = Duration::from_secs(60);
+    Ok(config)
+}
+
+/// Handler calls per payload number.
+#[derive(Clone, Default)]
+struct Calls(Arc<Mutex<BTreeMap<u64, u64>>>);
+
+impl Calls {
+    fn record(&self, n: u64) -> u64 {
+        let mut calls = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = calls.entry(n).or_default();
+        *count += 1;
+        *count
+    }
+
+    fn snapshot(&self) -> BTreeMap<u64, u64> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn of(&self, n: u64) -> u64 {
+        self.snapshot().get(&n).copied().unwrap_or(0)
+    }
+}
+
+fn number(message: &StreamMessage<serde_json::Value>) -> u64 {
+    message.payload["n"].as_u64().unwrap_or(u64::MAX)
+}
+
+/// Steps the subscription until `done` holds or 30 s pass; between steps,
+/// ages the group's pending entries when `age` (so failed ones are claimed).
+async fn step_until<B: StreamBackend>(
+    backend: &B,
+    subscription: &StreamSubscription<B::Store, B::Store>,
+    age: bool,
+    mut done: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !done() {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "not done within 30 s"
+        );
+        subscription.step().await?;
+        if age {
+            let c = subscription.config();
+            backend
+                .age_pending(&c.key, &c.name, Duration::from_secs(120))
+                .await?;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+async fn every_entry_takes_effect_once_and_is_acked<B: StreamBackend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store().clone();
+    let key = key()?;
+    let calls = Calls::default();
+    let handler = {
+        let calls = calls.clone();
+        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
+            let calls = calls.clone();
+            async move {
+                calls.record(number(&message));
+                Ok::<(), HandlerError>(())
+            }
+        })
+    };
+    let subscription = StreamSubscription::new(
+        store.clone(),
+        store.clone(),
+        config("billing", &key)?,
+        handler,
+    )?;
+    subscription.ensure_group().await?;
+    let ids = append_numbered(&store, &key, 0..250).await?;
+    step_until(&backend, &subscription, false, || {
+        calls.snapshot().len() == 250
+    })
+    .await?;
+    assert!(
+        calls.snapshot().values().all(|&n| n == 1),
+        "each entry handled once"
+    );
+    assert_eq!(
+        store.pending_summary(&key, "billing").await?.count,
+        0,
+        "all acked"
+    );
+    let correlation: Vec<String> = ids
+        .iter()
+        .map(|id| format!("billing:events:{id}"))
+        .collect();
+    assert_eq!(
+        store
+            .find_stream_receipts("billing", &correlation)
+            .await?
+            .len(),
+        250
+    );
+    Ok(())
+}
+
+async fn two_subscriptions_on_a_stream_each_get_every_entry<B: StreamBackend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store().clone();
+    let key = key()?;
+    let mut subscriptions = Vec::new();
+    let mut counters = Vec::new();
+    for name in ["workflow-a", "workflow-b"] {
+        let calls = Calls::default();
+        counters.push(calls.clone());
+        let handler = stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
+            let calls = calls.clone();
+            async move {
+                calls.record(number(&message));
+                Ok::<(), HandlerError>(())
+            }
+        });
+        let subscription =
+            StreamSubscription::new(store.clone(), store.clone(), config(name, &key)?, handler)?;
+        subscription.ensure_group().await?;
+        subscriptions.push(subscription);
+    }
+    append_numbered(&store, &key, 0..40).await?;
+    for (subscription, calls) in subscriptions.iter().zip(&counters) {
+        step_until(&backend, subscription, false, || {
+            calls.snapshot().len() == 40
+        })
+        .await?;
+        assert!(calls.snapshot().values().all(|&n| n == 1));
+    }
+    Ok(())
+}
+
+async fn a_found_receipt_skips_the_effect_and_acks<B: StreamBackend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store().clone();
+    let key = key()?;
+    let calls = Calls::default();
+    let handler = {
+        let calls = calls.clone();
+        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
+            let calls = calls.clone();
+            async move {
+                calls.record(number(&message));
+                Ok::<(), HandlerError>(())
+            }
+        })
+    };
+    let config = config("billing", &key)?;
+    let subscription =
+        StreamSubscription::new(store.clone(), store.clone(), config.clone(), handler)?;
+    subscription.ensure_group().await?;
+    let ids = append_numbered(&store, &key, 0..3).await?;
+    // Entry 1's effect was made before a crash that came before its ack.
+    store
+        .record_stream_receipts("billing", &[config.correlation_id(ids[1])])
+        .await?;
+    step_until(&backend, &subscription, false, || {
+        calls.snapshot().len() == 2
+    })
+    .await?;
+    assert_eq!(calls.of(1), 0, "the receipt skipped the effect");
+    assert_eq!(
+        store.pending_summary(&key, "billing").await?.count,
+        0,
+        "and the entry was acked"
+    );
+    Ok(())
+}
+
+async fn a_poison_entry_is_dead_lettered_after_exactly_max_deliveries<B: StreamBackend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store().clone();
+    let key = key()?;
+    let calls = Calls::default();
+    let handler = {
+        let calls = calls.clone();
+        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
+            let calls = calls.clone();
+            async move {
+                let n = number(&message);
+                let call = calls.record(n);
+                if n == 1 {
+                    return Err(HandlerError::retry(format!("poison, call {call}")));
+                }
+                Ok(())
+            }
+        })
+    };
+    let mut config = config("billing", &key)?;
+    config.max_deliveries = 3;
+    let subscription = StreamSubscription::new(store.clone(), store.clone(), config, handler)?;
+    subscription.ensure_group().await?;
+    let ids = append_numbered(&store, &key, 0..3).await?;
+    let dead = key.dead_letters()?;
+    step_until(&backend, &subscription, true, || {
+        calls.of(1) >= 3 && calls.snapshot().len() == 3
+    })
+    .await?;
+    // A few more rounds: nothing may run it a fourth time.
+    for _ in 0..3 {
+        subscription.step().await?;
+        backend
+            .age_pending(&key, "billing", Duration::from_secs(120))
+            .await?;
+    }
+    assert_eq!(
+        calls.of(1),
+        3,
+        "the poison entry ran exactly max_deliveries times"
+    );
+    assert_eq!(calls.of(0), 1);
+    assert_eq!(calls.of(2), 1);
+    assert_eq!(store.pending_summary(&key, "billing").await?.count, 0);
+    let letters = store.range(&dead, StreamEntryId::ZERO, 10).await?;
+    assert_eq!(letters.len(), 1, "one dead letter");
+    assert_eq!(
+        letters[0].headers.get("courier-original-id"),
+        Some(&ids[1].to_string())
+    );
+    let errors: Vec<String> = serde_json::from_str(
+        letters[0]
+            .headers
+            .get("courier-errors")
+            .map(String::as_str)
+            .unwrap_or("[]"),
+    )?;
+    assert_eq!(errors.len(), 3, "every error kept: {errors:?}");
+    assert_eq!(letters[0].payload, json!({"n": 1}));
+    Ok(())
+}
+
+async fn a_permanent_failure_is_dead_lettered_at_once<B: StreamBackend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store().clone();
+    let key = key()?;
+    let calls = Calls::default();
+    let handler = {
+        let calls = calls.clone();
+        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
+            let calls = calls.clone();
+            async move {
+                calls.record(number(&message));
+                Err::<(), _>(HandlerError::permanent("not a valid order"))
+            }
+        })
+    };
+    let subscription = StreamSubscription::new(
+        store.clone(),
+        store.clone(),
+        config("billing", &key)?,
+        handler,
+    )?;
+    subscription.ensure_group().await?;
+    append_numbered(&store, &key, 0..1).await?;
+    step_until(&backend, &subscription, true, || calls.of(0) == 1).await?;
+    subscription.step().await?;
+    assert_eq!(calls.of(0), 1);
+    assert_eq!(
+        store
+            .range(&key.dead_letters()?, StreamEntryId::ZERO, 10)
+            .await?
+            .len(),
+        1
+    );
+    assert_eq!(store.pending_summary(&key, "billing").await?.count, 0);
+    Ok(())
+}
+
+async fn deferrals_never_count_toward_max_deliveries<B: StreamBackend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store().clone();
+    let key = key()?;
+    let calls = Calls::default();
+    let handler = {
+        let calls = calls.clone();
+        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
+            let calls = calls.clone();
+            async move {
+                if calls.record(number(&message)) <= 5 {
+                    return Err(HandlerError::snooze(
+                        Duration::from_millis(1),
+                        "run quota exhausted",
+                    ));
+                }
+                Ok(())
+            }
+        })
+    };
+    let mut config = config("billing", &key)?;
+    config.max_deliveries = 2;
+    config.defer_min = Duration::from_millis(1);
+    config.defer_max = Duration::from_millis(2);
+    let subscription = StreamSubscription::new(store.clone(), store.clone(), config, handler)?;
+    subscription.ensure_group().await?;
+    append_numbered(&store, &key, 0..1).await?;
+    step_until(&backend, &subscription, true, || calls.of(0) == 6).await?;
+    subscription.step().await?;
+    assert_eq!(calls.of(0), 6, "five deferrals, then the success");
+    assert!(store
+        .range(&key.dead_letters()?, StreamEntryId::ZERO, 10)
+        .await?
+        .is_empty());
+    assert_eq!(store.pending_summary(&key, "billing").await?.count, 0);
+    Ok(())
+}
+
+async fn a_deferring_subscription_stops_reading_and_claiming_for_its_backoff<B: StreamBackend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store().clone();
+    let key = key()?;
+    let calls = Arc::new(AtomicU64::new(0));
+    let handler = {
+        let calls = calls.clone();
+        stream_handler_fn(move |_message: StreamMessage<serde_json::Value>| {
+            let calls = calls.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err::<(), _>(HandlerError::snooze(Duration::from_millis(1), "quota"))
+            }
+        })
+    };
+    let mut config = config("billing", &key)?;
+    config.min_idle = Duration::ZERO;
+    config.claim_interval = Duration::from_millis(20);
+    config.block = Duration::from_millis(20);
+    config.defer_min = Duration::from_secs(2);
+    config.defer_max = Duration::from_secs(4);
+    config.batch = 1;
+    let subscription = StreamSubscription::new(store.clone(), store.clone(), config, handler)?;
+    subscription.ensure_group().await?;
+    append_numbered(&store, &key, 0..5).await?;
+    let running = subscription.start();
+    // Without the pause, claims every 20 ms of entries idle 0 ms would call
+    // the handler dozens of times in this second.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while calls.load(Ordering::SeqCst) == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    running.shutdown().await;
+    let calls = calls.load(Ordering::SeqCst);
+    assert_eq!(
+        calls, 1,
+        "one deferral pauses reads and claims for at least 1 s"
+    );
+    Ok(())
+}
+
+async fn a_crashed_consumer_s_entries_are_claimed_once_idle<B: StreamBackend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store().clone();
+    let key = key()?;
+    let calls = Calls::default();
+    let handler = {
+        let calls = calls.clone();
+        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
+            let calls = calls.clone();
+            async move {
+                calls.record(number(&message));
+                Ok::<(), HandlerError>(())
+            }
+        })
+    };
+    let subscription = StreamSubscription::new(
+        store.clone(),
+        store.clone(),
+        config("billing", &key)?,
+        handler,
+    )?;
+    subscription.ensure_group().await?;
+    append_numbered(&store, &key, 0..10).await?;
+    // Another process's consumer read them all and died before acking.
+    let read = ReadNew {
+        group: "billing".into(),
+        consumer: "crashed".into(),
+        count: 10,
+        block: None,
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut taken = 0;
+    while taken < 10 {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "entries not readable"
+        );
+        taken += store.read_new(&key, &read).await?.len();
+    }
+    subscription.step().await?;
+    assert!(
+        calls.snapshot().is_empty(),
+        "not idle long enough yet: not claimed"
+    );
+    backend
+        .age_pending(&key, "billing", Duration::from_secs(120))
+        .await?;
+    subscription.step().await?;
+    assert_eq!(calls.snapshot().len(), 10, "all ten claimed and handled");
+    assert_eq!(store.pending_summary(&key, "billing").await?.count, 0);
+    Ok(())
+}
+
+async fn a_restarted_consumer_handles_its_own_pending_entries_first<B: StreamBackend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store().clone();
+    let key = key()?;
+    let config = config("billing", &key)?;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let handler = {
+        let seen = seen.clone();
+        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
+            let seen = seen.clone();
+            async move {
+                seen.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push((number(&message), message.deliveries));
+                Ok::<(), HandlerError>(())
+            }
+        })
+    };
+    let subscription =
+        StreamSubscription::new(store.clone(), store.clone(), config.clone(), handler)?;
+    subscription.ensure_group().await?;
+    append_numbered(&store, &key, 0..3).await?;
+    // The previous run of this consumer read them; its reply was lost.
+    let read = ReadNew {
+        group: "billing".into(),
+        consumer: config.consumer.clone(),
+        count: 3,
+        block: None,
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut taken = 0;
+    while taken < 3 {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "entries not readable"
+        );
+        taken += store.read_new(&key, &read).await?.len();
+    }
+    append_numbered(&store, &key, 3..4).await?;
+    step_until(&backend, &subscription, false, || {
+        seen.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+            == 4
+    })
+    .await?;
+    let seen = seen
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    assert_eq!(
+        seen[..3],
+        [(0, 2), (1, 2), (2, 2)],
+        "own pending first, delivered a second time"
+    );
+    assert_eq!(seen[3], (3, 1));
+    Ok(())
+}
+
+async fn a_panicking_handler_leaves_its_entry_pending<B: StreamBackend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store().clone();
+    let key = key()?;
+    let calls = Calls::default();
+    let handler = {
+        let calls = calls.clone();
+        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
+            let calls = calls.clone();
+            async move {
+                if calls.record(number(&message)) == 1 {
+                    panic!("handler bug");
+                }
+                Ok::<(), HandlerError>(())
+            }
+        })
+    };
+    let subscription = StreamSubscription::new(
+        store.clone(),
+        store.clone(),
+        config("billing", &key)?,
+        handler,
+    )?;
+    subscription.ensure_group().await?;
+    append_numbered(&store, &key, 0..1).await?;
+    step_until(&backend, &subscription, false, || calls.of(0) == 1).await?;
+    assert_eq!(
+        store.pending_summary(&key, "billing").await?.count,
+        1,
+        "the panic left it pending"
+    );
+    backend
+        .age_pending(&key, "billing", Duration::from_secs(120))
+        .await?;
+    subscription.step().await?;
+    assert_eq!(calls.of(0), 2);
+    assert_eq!(store.pending_summary(&key, "billing").await?.count, 0);
+    Ok(())
+}
+
+/// Writes one `effects` row per entry through the receipt's transaction;
+/// fails (after writing) on the first delivery of entry 1.
+struct RecordEffect;
+
+impl<C: EffectConnection> TransactionalStreamHandler<C> for RecordEffect {
+    type Payload = serde_json::Value;
+
+    async fn handle(
+        &self,
+        message: &StreamMessage<serde_json::Value>,
+        conn: &mut C,
+    ) -> Result<(), HandlerError> {
+        conn.record_effect(&message.subscription, message.correlation_id.clone())
+            .await
+            .map_err(HandlerError::from)?;
+        if message.payload["n"] == 1 && message.deliveries == 1 {
+            return Err(HandlerError::retry("failed after writing"));
+        }
+        Ok(())
+    }
+}
+
+async fn a_transactional_handler_s_writes_commit_with_its_receipt<B: StreamBackend>(
+    backend: B,
+) -> anyhow::Result<()>
+where
+    <B::Store as OutboxStore>::Connection: EffectConnection,
+{
+    backend.create_effects_table().await?;
+    let store = backend.courier().store().clone();
+    let key = key()?;
+    let config = config("billing", &key)?;
+    let subscription = StreamSubscription::transactional(
+        store.clone(),
+        store.clone(),
+        config.clone(),
+        RecordEffect,
+    )?;
+    subscription.ensure_group().await?;
+    let ids = append_numbered(&store, &key, 0..3).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        subscription.step().await?;
+        backend
+            .age_pending(&key, "billing", Duration::from_secs(120))
+            .await?;
+        if store.pending_summary(&key, "billing").await?.count == 0
+            && backend.scalar("SELECT count(*) FROM effects").await? == 3
+        {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "not done within 30 s"
+        );
+    }
+    // The failed first delivery of entry 1 rolled its write back.
+    assert_eq!(backend.scalar("SELECT sum(calls) FROM effects").await?, 3);
+    // A receipt for each: handing them in again changes nothing.
+    let correlation: Vec<String> = ids.iter().map(|id| config.correlation_id(*id)).collect();
+    assert_eq!(
+        store
+            .find_stream_receipts("billing", &correlation)
+            .await?
+            .len(),
+        3
+    );
+    Ok(())
+}
+
+macro_rules! stream_subscription_tests {
+    ($($case:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() -> anyhow::Result<()> {
+                    super::$case(courier_testkit::PgFixture::new().await?).await
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() -> anyhow::Result<()> {
+                    super::$case(courier_testkit::SqliteFixture::new().await?).await
+                }
+            )*
+        }
+    };
+}
+
+stream_subscription_tests!(
+    every_entry_takes_effect_once_and_is_acked,
+    two_subscriptions_on_a_stream_each_get_every_entry,
+    a_found_receipt_skips_the_effect_and_acks,
+    a_poison_entry_is_dead_lettered_after_exactly_max_deliveries,
+    a_permanent_failure_is_dead_lettered_at_once,
+    deferrals_never_count_toward_max_deliveries,
+    a_deferring_subscription_stops_reading_and_claiming_for_its_backoff,
+    a_crashed_consumer_s_entries_are_claimed_once_idle,
+    a_restarted_consumer_handles_its_own_pending_entries_first,
+    a_panicking_handler_leaves_its_entry_pending,
+    a_transactional_handler_s_writes_commit_with_its_receipt,
+);

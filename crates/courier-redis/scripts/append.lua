@@ -8,7 +8,8 @@
 -- the batch. Redis has no rollback: an XADD that fails after others went in
 -- (the stream's ids exhausted, say) is undone here by deleting what this call
 -- added, and the stream itself if this call created it, before the error is
--- returned. The first XADD is the first write, so an out-of-memory refusal
+-- returned; only the stream's id counter stays advanced, so ids are never
+-- reused. The first XADD is the first write, so an out-of-memory refusal
 -- comes before anything changed.
 local key = KEYS[1]
 local kind = redis.call('TYPE', key).ok

@@ -11,11 +11,14 @@
 -- Its reply carries no counts, so XPENDING reads each claimed id's count in
 -- the same script: no other claim or ack comes between them. One XPENDING
 -- per id, not a range, because the claimer may own other entries between the
--- first and the last claimed one. Touches only KEYS[1]. NOGROUP when the key
+-- first and the last claimed one. XAUTOCLAIM creates the claiming consumer
+-- only when it takes something (Redis 7.0); XGROUP CREATECONSUMER makes it
+-- exist from its first claim on. Touches only KEYS[1]. NOGROUP when the key
 -- or group does not exist.
 local key, group = KEYS[1], ARGV[1]
 local reply = redis.call('XAUTOCLAIM', key, group, ARGV[2], ARGV[3], ARGV[4],
   'COUNT', ARGV[5])
+redis.call('XGROUP', 'CREATECONSUMER', key, group, ARGV[2])
 
 local out = {}
 for i, entry in ipairs(reply[2]) do

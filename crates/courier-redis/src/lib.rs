@@ -30,8 +30,8 @@
 //! Every command that returns at once goes through one multiplexed
 //! connection ([`redis::aio::ConnectionManager`]) that reconnects by itself:
 //! a command that finds it broken fails with a transient error and the next
-//! one gets a new connection. A blocking read (`read_new` with a `block`)
-//! never goes there — Redis answers one connection's commands in order, so
+//! one gets a new connection. A blocking read (`read_new` with a `block`,
+//! when nothing is ready at once) never waits there — Redis answers one connection's commands in order, so
 //! it would stall every other caller — but takes a dedicated connection from
 //! a small pool kept by the store (see [`RedisConfig::idle_blocking_connections`]),
 //! opened on demand, one per read in flight. Every command has a response
@@ -46,9 +46,14 @@
 //! done in one step is one script (run with `EVALSHA`, loaded on first use
 //! and again after a server restart):
 //! - `append`: all XADDs of a batch; one that fails mid-batch has the ones
-//!   before it deleted in the same script, so a batch is all or nothing.
+//!   before it deleted in the same script, so a batch is all or nothing
+//!   (only the stream's id counter stays advanced: ids are never reused).
+//! - `read_new` without waiting: XREADGROUP and XGROUP CREATECONSUMER, since
+//!   Redis 7.0 creates a consumer only when a read hands it something (a
+//!   blocking read runs this first and waits only when nothing was ready).
 //! - `read_pending` and `claim_idle`: the read or claim and the XPENDING that
-//!   reads the delivery counts it left, so the counts are the ones it made.
+//!   reads the delivery counts it left, so the counts are the ones it made
+//!   (and, for a claim, CREATECONSUMER as for reads).
 //! - `ack`: XACK, and telling a missing group from nothing pending.
 //! - `delete_consumer`: the check for pending entries and the DELCONSUMER
 //!   (which alone would drop them).
@@ -203,6 +208,7 @@ struct Shared {
 /// The Lua scripts, hashed once.
 struct Scripts {
     append: Script,
+    read_new: Script,
     read_pending: Script,
     claim_idle: Script,
     ack: Script,
@@ -214,6 +220,7 @@ impl Scripts {
     fn new() -> Self {
         Self {
             append: Script::new(include_str!("../scripts/append.lua")),
+            read_new: Script::new(include_str!("../scripts/read_new.lua")),
             read_pending: Script::new(include_str!("../scripts/read_pending.lua")),
             claim_idle: Script::new(include_str!("../scripts/claim_idle.lua")),
             ack: Script::new(include_str!("../scripts/ack.lua")),

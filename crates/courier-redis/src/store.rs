@@ -28,8 +28,8 @@ fn millis(duration: Duration) -> u64 {
 /// A blocking read's `BLOCK` in milliseconds: rounded up, since `BLOCK 0`
 /// would wait forever.
 fn block_millis(block: Duration) -> u64 {
-    let nanos = block.as_nanos().div_ceil(1_000_000);
-    u64::try_from(nanos).unwrap_or(u64::MAX).max(1)
+    let millis = block.as_nanos().div_ceil(1_000_000);
+    u64::try_from(millis).unwrap_or(u64::MAX).max(1)
 }
 
 /// The inclusive start of a range above `after`, `None` when nothing is.
@@ -167,35 +167,50 @@ impl StreamStore for RedisStreamStore {
         }
     }
 
-    /// A `block` of zero reads without blocking (Redis's `BLOCK 0` would wait
-    /// forever); a blocking read runs on a dedicated connection.
+    /// First reads without blocking, on the shared connection (a script
+    /// that also creates the consumer); only when nothing is ready and
+    /// `block` is set does it wait, on a dedicated connection. A `block` of
+    /// zero does not wait (Redis's `BLOCK 0` would wait forever).
     async fn read_new(
         &self,
         key: &StreamKey,
         read: &ReadNew,
     ) -> Result<Vec<DeliveredEntry>, StoreError> {
         read.validate()?;
-        let block = read.block.filter(|block| !block.is_zero());
-        let mut command = redis::cmd("XREADGROUP");
-        command
-            .arg("GROUP")
+        let mut invocation = self.shared.scripts.read_new.key(self.redis_key(key));
+        invocation
             .arg(&read.group)
             .arg(&read.consumer)
-            .arg("COUNT")
             .arg(read.count);
-        if let Some(block) = block {
-            command.arg("BLOCK").arg(block_millis(block));
-        }
-        command.arg("STREAMS").arg(self.redis_key(key)).arg(">");
-        let reply = match block {
-            None => self.query(&command).await,
-            Some(block) => {
+        let reply = self
+            .invoke(&invocation)
+            .await
+            .map_err(|e| map_group(e, key, &read.group))?;
+        let mut entries = read_reply(reply)?;
+        if let Some(block) = read.block.filter(|block| !block.is_zero()) {
+            if entries.is_empty() {
+                let mut command = redis::cmd("XREADGROUP");
+                command
+                    .arg("GROUP")
+                    .arg(&read.group)
+                    .arg(&read.consumer)
+                    .arg("COUNT")
+                    .arg(read.count)
+                    .arg("BLOCK")
+                    .arg(block_millis(block))
+                    .arg("STREAMS")
+                    .arg(self.redis_key(key))
+                    .arg(">");
                 let timeout = block.saturating_add(self.shared.config.response_timeout);
-                self.blocking.query(&command, timeout).await
+                let reply = self
+                    .blocking
+                    .query(&command, timeout)
+                    .await
+                    .map_err(|e| map_group(e, key, &read.group))?;
+                entries = read_reply(reply)?;
             }
         }
-        .map_err(|e| map_group(e, key, &read.group))?;
-        read_reply(reply)?
+        entries
             .into_iter()
             .map(|(entry_id, fields)| {
                 let fields = fields.ok_or_else(|| {

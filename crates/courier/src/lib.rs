@@ -40,13 +40,18 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use courier_core::{
-    truncate_chars, validate_name, AdminStore, Availability, BatchItem, BatchRollback, ClaimBatch,
-    ClaimParams, ClaimedDelivery, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore,
-    DeliveryStats, DeliverySummary, EnqueueOutcome, ErrorEntry, Failure, FailureApplied,
-    HandlerError, LeaseRef, Message, MessageFilter, MessagePage, NewMessage, OutboxStore,
-    PruneReport, RateLimit, Registration, Replay, RescueParams, RetryPolicy, Route, Snooze,
-    StoreError, StoredMessage, SubscriptionInfo, SubscriptionSpec, TransactionalBatchOutcome,
-    TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS, MAX_PAYLOAD_BYTES, MAX_SNOOZES,
+    dead_letter_entry, truncate_chars, validate_name, AdminStore, Availability, BatchItem,
+    BatchRollback, ClaimBatch, ClaimIdle, ClaimParams, ClaimedDelivery, ClaimedEntries,
+    ConsumerInfo, ConsumerRemoval, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore,
+    DeliveredEntry, DeliveryStats, DeliverySummary, EnqueueOutcome, EntryOrigin, ErrorEntry,
+    Failure, FailureApplied, GroupStart, HandlerError, LeaseRef, Message, MessageFilter,
+    MessagePage, NewMessage, NewStreamEntry, OutboxStore, PendingDetail, PendingEntry,
+    PendingQuery, PendingSummary, PruneReport, RateLimit, ReadNew, Registration, Replay,
+    RescueParams, RetryPolicy, Route, Snooze, StoreError, StoredMessage, StreamEntry,
+    StreamEntryId, StreamKey, StreamStore, SubscriptionInfo, SubscriptionSpec,
+    TransactionalBatchOutcome, TransactionalOutcome, TrimBound, TxWork, ValidationError,
+    DEAD_STREAM_SUFFIX, MAX_ERROR_CHARS, MAX_PAYLOAD_BYTES, MAX_SNOOZES, MAX_STREAM_BATCH,
+    MAX_STREAM_BLOCK,
 };
 pub use courier_engine::{
     handler_fn, EngineError, Handler, Maintenance, MaintenanceConfig, TransactionalHandler, Worker,
@@ -63,6 +68,12 @@ pub mod postgres {
 #[cfg(feature = "sqlite")]
 pub mod sqlite {
     pub use courier_sqlite::*;
+}
+
+/// The Redis Streams backend of [`StreamStore`].
+#[cfg(feature = "redis")]
+pub mod redis {
+    pub use courier_redis::*;
 }
 
 /// Handlers running at once per worker by default on PostgreSQL: one and a

@@ -73,6 +73,12 @@ pub mod sqlite {
     pub use courier_sqlite::*;
 }
 
+/// The Redis Streams backend of [`StreamStore`].
+#[cfg(feature = "redis")]
+pub mod redis {
+    pub use courier_redis::*;
+}
+
 /// Handlers running at once per worker by default on PostgreSQL: one and a
 /// half times the batch size, so that while one full claim's handlers run a
 /// second claim can be on its way (each claim reserves the slots it may fill;

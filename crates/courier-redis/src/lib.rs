@@ -1,0 +1,337 @@
+//! Courier's Redis Streams store: [`StreamStore`] on a Redis stream per
+//! tenant's stream, with Redis's own consumer groups.
+//!
+//! Requires Redis 7.0 or newer (`XAUTOCLAIM`'s report of trimmed entries,
+//! `XPENDING ... IDLE`) on a single server or a primary; Redis Cluster is not
+//! supported (a dead letter's script touches two keys).
+//!
+//! # Key layout
+//!
+//! The stream `stream` of tenant `tenant` is the Redis stream at
+//! `{prefix}{tenant}:{stream}` ([`RedisStreamStore::redis_key`]); its
+//! dead-letter stream is `{prefix}{tenant}:{stream}.dead`. The prefix (see
+//! [`validate_key_prefix`]) keeps stores, or tests, sharing one server apart;
+//! tenant and stream names cannot hold `:`, so no two keys collide. Groups
+//! and consumers are Redis's own, named as given.
+//!
+//! # Entry encoding
+//!
+//! An entry is stored as the fields `payload` (compact JSON text), `headers`
+//! (a JSON object of strings, left out when there are none) and, when it
+//! relays an outbox message, `message_id`, `tenant`, `topic` and
+//! `schema_version`. An entry written by another program reads back as a
+//! *foreign* entry: its payload is a JSON object of its fields (string
+//! values), with no headers and no origin. An entry counts as Courier's only
+//! when its `payload` parses as JSON and its other fields are all among the
+//! known ones (and parse); decoding never fails.
+//!
+//! # Connections
+//!
+//! Every command that returns at once goes through one multiplexed
+//! connection ([`redis::aio::ConnectionManager`]) that reconnects by itself:
+//! a command that finds it broken fails with a transient error and the next
+//! one gets a new connection. A blocking read (`read_new` with a `block`,
+//! when nothing is ready at once) never waits there — Redis answers one connection's commands in order, so
+//! it would stall every other caller — but takes a dedicated connection from
+//! a small pool kept by the store (see [`RedisConfig::idle_blocking_connections`]),
+//! opened on demand, one per read in flight. Every command has a response
+//! timeout ([`RedisConfig::response_timeout`]; a blocking read's is its block
+//! plus that), and every connection attempt a connection timeout, so a server
+//! that is down or silent gives a transient [`StoreError`], never a hang.
+//! The store speaks RESP2 whatever the URL asks for.
+//!
+//! # What is atomic, and how
+//!
+//! Redis runs each command and each Lua script alone. What the trait wants
+//! done in one step is one script (run with `EVALSHA`, loaded on first use
+//! and again after a server restart):
+//! - `append`: all XADDs of a batch; one that fails mid-batch has the ones
+//!   before it deleted in the same script, so a batch is all or nothing
+//!   (only the stream's id counter stays advanced: ids are never reused).
+//! - `read_new` without waiting: XREADGROUP and XGROUP CREATECONSUMER, since
+//!   Redis 7.0 creates a consumer only when a read hands it something (a
+//!   blocking read runs this first and waits only when nothing was ready).
+//! - `read_pending` and `claim_idle`: the read or claim and the XPENDING that
+//!   reads the delivery counts it left, so the counts are the ones it made
+//!   (and, for a claim, CREATECONSUMER as for reads).
+//! - `ack`: XACK, and telling a missing group from nothing pending.
+//! - `delete_consumer`: the check for pending entries and the DELCONSUMER
+//!   (which alone would drop them).
+//! - `dead_letter`: the pending check, the XADD to the dead-letter stream and
+//!   the XACK; an error leaves both streams unchanged.
+//!
+//! Each script opens with what it touches and why it is shaped so
+//! (`scripts/*.lua`).
+//!
+//! # Errors
+//!
+//! A missing stream or group (`NOGROUP`) is [`StoreError::NotFound`]; bad
+//! input is [`StoreError::Invalid`] before anything is sent; everything else
+//! is [`StoreError::Database`], transient for I/O errors (refused, reset or
+//! dropped connections), timeouts, `LOADING`, `BUSY`, `TRYAGAIN`,
+//! `CLUSTERDOWN` and `MASTERDOWN`.
+
+mod blocking;
+mod encoding;
+mod error;
+mod reply;
+mod store;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use courier_core::{StoreError, StreamKey, ValidationError};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, IntoConnectionInfo, ProtocolVersion, Script};
+
+/// The `redis` crate this store is built on, for work on
+/// [`RedisStreamStore::connection`].
+pub use redis;
+
+#[cfg(doc)]
+use courier_core::StreamStore;
+
+use blocking::BlockingConnections;
+use error::map;
+
+/// How long a connection attempt may take unless configured otherwise.
+pub const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a command may wait for its reply unless configured otherwise
+/// (a blocking read: its block plus this).
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connection attempts after the first failed one, when connecting or
+/// reconnecting, unless configured otherwise.
+pub const DEFAULT_RECONNECT_RETRIES: usize = 2;
+
+/// Idle dedicated connections for blocking reads kept unless configured
+/// otherwise.
+pub const DEFAULT_IDLE_BLOCKING_CONNECTIONS: usize = 4;
+
+/// The longest key prefix, in bytes.
+pub const MAX_KEY_PREFIX_BYTES: usize = 64;
+
+/// Checks a key prefix: at most [`MAX_KEY_PREFIX_BYTES`] printable ASCII
+/// characters, no spaces; empty is allowed.
+pub fn validate_key_prefix(prefix: &str) -> Result<(), ValidationError> {
+    if prefix.len() > MAX_KEY_PREFIX_BYTES {
+        return Err(ValidationError::new(
+            "key_prefix",
+            format!(
+                "is {} bytes long; the limit is {MAX_KEY_PREFIX_BYTES}",
+                prefix.len()
+            ),
+        ));
+    }
+    if let Some(bad) = prefix.chars().find(|c| !c.is_ascii_graphic()) {
+        return Err(ValidationError::new(
+            "key_prefix",
+            format!("may contain only printable ASCII characters other than space, found {bad:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// How a [`RedisStreamStore`] connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// Put before every key the store touches (see [`validate_key_prefix`]).
+    pub key_prefix: String,
+    /// How long one connection attempt may take (TCP connect and handshake).
+    pub connection_timeout: Duration,
+    /// How long a command may wait for its reply; a blocking read waits its
+    /// block plus this.
+    pub response_timeout: Duration,
+    /// Connection attempts after the first failed one, with a backoff from
+    /// 100 ms doubling (jittered), when connecting or reconnecting.
+    pub reconnect_retries: usize,
+    /// How many idle dedicated connections for blocking reads the store
+    /// keeps for the next reads (more are opened while more reads block).
+    pub idle_blocking_connections: usize,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            key_prefix: String::new(),
+            connection_timeout: DEFAULT_CONNECTION_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            reconnect_retries: DEFAULT_RECONNECT_RETRIES,
+            idle_blocking_connections: DEFAULT_IDLE_BLOCKING_CONNECTIONS,
+        }
+    }
+}
+
+impl RedisConfig {
+    /// The defaults with keys under `key_prefix`.
+    pub fn new(key_prefix: impl Into<String>) -> Self {
+        Self {
+            key_prefix: key_prefix.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Checks the prefix and that both timeouts are above zero.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        validate_key_prefix(&self.key_prefix)?;
+        for (field, timeout) in [
+            ("connection_timeout", self.connection_timeout),
+            ("response_timeout", self.response_timeout),
+        ] {
+            if timeout.is_zero() {
+                return Err(ValidationError::new(field, "must be above zero"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Courier's streams on Redis. Cheap to clone; clones share the connections.
+#[derive(Clone)]
+pub struct RedisStreamStore {
+    shared: Arc<Shared>,
+    prefix: Arc<str>,
+    blocking: Arc<BlockingConnections>,
+}
+
+/// What every store over the same connections shares.
+struct Shared {
+    client: Client,
+    manager: ConnectionManager,
+    config: RedisConfig,
+    scripts: Scripts,
+}
+
+/// The Lua scripts, hashed once.
+struct Scripts {
+    append: Script,
+    read_new: Script,
+    read_pending: Script,
+    claim_idle: Script,
+    ack: Script,
+    delete_consumer: Script,
+    dead_letter: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Self {
+            append: Script::new(include_str!("../scripts/append.lua")),
+            read_new: Script::new(include_str!("../scripts/read_new.lua")),
+            read_pending: Script::new(include_str!("../scripts/read_pending.lua")),
+            claim_idle: Script::new(include_str!("../scripts/claim_idle.lua")),
+            ack: Script::new(include_str!("../scripts/ack.lua")),
+            delete_consumer: Script::new(include_str!("../scripts/delete_consumer.lua")),
+            dead_letter: Script::new(include_str!("../scripts/dead_letter.lua")),
+        }
+    }
+}
+
+impl fmt::Debug for RedisStreamStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStreamStore")
+            .field("key_prefix", &&*self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStreamStore {
+    /// Connects to the Redis at `url` (`redis://[user:password@]host[:port][/db]`)
+    /// with the default timeouts, keys under `key_prefix`.
+    pub async fn connect(url: &str, key_prefix: &str) -> Result<Self, StoreError> {
+        Self::connect_with(url, RedisConfig::new(key_prefix)).await
+    }
+
+    /// Connects to the Redis at `url` as `config` says. Fails with a
+    /// transient error when the server cannot be reached within the
+    /// connection timeout and retries.
+    pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self, StoreError> {
+        config.validate()?;
+        let info = url.into_connection_info().map_err(|e| {
+            ValidationError::new("url", format!("is not a Redis URL ({})", e.category()))
+        })?;
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP2);
+        let client = Client::open(info.set_redis_settings(settings)).map_err(map)?;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connection_timeout))
+            .set_response_timeout(Some(config.response_timeout))
+            .set_number_of_retries(config.reconnect_retries);
+        let manager = ConnectionManager::new_with_config(client.clone(), manager_config)
+            .await
+            .map_err(map)?;
+        let blocking = BlockingConnections::new(
+            client.clone(),
+            config.connection_timeout,
+            &config.key_prefix,
+            config.idle_blocking_connections,
+        );
+        Ok(Self {
+            prefix: Arc::from(config.key_prefix.as_str()),
+            blocking: Arc::new(blocking),
+            shared: Arc::new(Shared {
+                client,
+                manager,
+                config,
+                scripts: Scripts::new(),
+            }),
+        })
+    }
+
+    /// The same server and shared connection with keys under `key_prefix`
+    /// (its blocking reads get their own pool).
+    pub fn with_prefix(&self, key_prefix: &str) -> Result<Self, ValidationError> {
+        validate_key_prefix(key_prefix)?;
+        let config = &self.shared.config;
+        Ok(Self {
+            shared: Arc::clone(&self.shared),
+            prefix: Arc::from(key_prefix),
+            blocking: Arc::new(BlockingConnections::new(
+                self.shared.client.clone(),
+                config.connection_timeout,
+                key_prefix,
+                config.idle_blocking_connections,
+            )),
+        })
+    }
+
+    /// The prefix before every key this store touches.
+    pub fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The configuration the store connected with (its `key_prefix` is the
+    /// one it was connected with, not a later [`RedisStreamStore::with_prefix`]).
+    pub fn config(&self) -> &RedisConfig {
+        &self.shared.config
+    }
+
+    /// The Redis key of `key`'s stream: `{prefix}{tenant}:{stream}`.
+    pub fn redis_key(&self, key: &StreamKey) -> String {
+        format!("{}{}:{}", self.prefix, key.tenant(), key.stream())
+    }
+
+    /// The shared multiplexed connection, for backend-specific work. Never
+    /// send it a blocking command: every other caller would wait behind it.
+    pub fn connection(&self) -> ConnectionManager {
+        self.shared.manager.clone()
+    }
+
+    /// Checks that the server answers (`PING` on the shared connection).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        redis::cmd("PING")
+            .exec_async(&mut self.connection())
+            .await
+            .map_err(map)
+    }
+
+    /// Idle dedicated connections kept for blocking reads (for diagnostics).
+    pub fn idle_blocking_connections(&self) -> usize {
+        self.blocking.idle()
+    }
+}

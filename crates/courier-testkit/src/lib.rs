@@ -24,7 +24,10 @@ use uuid::Uuid;
 pub mod store_suite;
 pub mod stream_suite;
 pub use store_suite::{HeldSnapshot, StoreFixture, SuiteConnection};
-pub use stream_suite::{PgStreamFixture, SqliteStreamFixture, StreamFixture};
+pub use stream_suite::{
+    redis_url, PgStreamFixture, ReadablePgStore, RedisStreamFixture, SqliteStreamFixture,
+    StreamFixture,
+};
 
 /// The PostgreSQL server tests use: `DATABASE_URL`, or the project machines' default.
 pub fn database_url() -> String {

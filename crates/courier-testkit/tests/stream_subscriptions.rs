@@ -1,6 +1,6 @@
-//! Stream subscriptions (`courier::StreamSubscription`) on the native stream
-//! backends, PostgreSQL and SQLite, with their receipts in the same
-//! database: every entry takes effect once, receipts skip repeated effects,
+//! Stream subscriptions (`courier::StreamSubscription`) on every stream
+//! backend: PostgreSQL and SQLite with their receipts in the same database,
+//! Redis with its receipts in SQLite: every entry takes effect once, receipts skip repeated effects,
 //! poison entries are dead-lettered after exactly `max_deliveries`, deferrals
 //! never count and pause the subscription, crashed consumers' entries are
 //! claimed once idle, and a restarted consumer re-reads its own pending
@@ -11,28 +11,57 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use courier::postgres::PgStore;
+use courier::redis::RedisStreamStore;
+use courier::sqlite::SqliteStore;
 use courier::{
-    stream_handler_fn, GroupStart, HandlerError, NewStreamEntry, OutboxStore, ReadNew,
-    StreamEntryId, StreamKey, StreamMessage, StreamReceipts, StreamStore, StreamSubscription,
-    StreamSubscriptionConfig, TransactionalStreamHandler,
+    stream_handler_fn, GroupStart, HandlerError, NewStreamEntry, ReadNew, StreamEntryId, StreamKey,
+    StreamMessage, StreamReceipts, StreamStore, StreamSubscription, StreamSubscriptionConfig,
+    TransactionalStreamHandler,
 };
-use courier_testkit::{Backend, EffectConnection, PgFixture, SqliteFixture};
+use courier_testkit::{
+    Backend, EffectConnection, PgFixture, RedisStreamFixture, SqliteFixture, StreamFixture,
+};
 use serde_json::json;
 
-/// A backend whose store is its own stream store and receipt store.
-trait StreamBackend:
-    Backend<Store: StreamStore + StreamReceipts<Connection = <Self::Store as OutboxStore>::Connection>>
-{
-    /// Makes every pending entry of `group` on `key` `by` older.
+/// Where a case's streams and receipts live.
+trait Harness: Send + Sync + 'static {
+    /// The stream backend.
+    type Streams: StreamStore;
+    /// The database the receipts (and transactional effects) are in.
+    type Receipts: StreamReceipts<Connection: EffectConnection>;
+
+    fn streams(&self) -> Self::Streams;
+
+    fn receipts(&self) -> Self::Receipts;
+
+    /// Makes every pending entry of `group` on `key` idle for at least `by`.
     fn age_pending(
         &self,
         key: &StreamKey,
         group: &str,
         by: Duration,
     ) -> impl std::future::Future<Output = anyhow::Result<()>> + Send;
+
+    /// Creates the `effects` table in the receipts' database.
+    fn create_effects_table(&self) -> impl std::future::Future<Output = anyhow::Result<()>> + Send;
+
+    /// One integer from the receipts' database.
+    fn scalar(&self, sql: &str) -> impl std::future::Future<Output = anyhow::Result<i64>> + Send;
 }
 
-impl StreamBackend for PgFixture {
+impl Harness for PgFixture {
+    type Streams = PgStore;
+    type Receipts = PgStore;
+
+    fn streams(&self) -> PgStore {
+        self.courier().store().clone()
+    }
+
+    fn receipts(&self) -> PgStore {
+        self.courier().store().clone()
+    }
+
     async fn age_pending(&self, key: &StreamKey, group: &str, by: Duration) -> anyhow::Result<()> {
         sqlx::query(
             "UPDATE stream_pending SET delivered_at = delivered_at - $4::bigint * interval '1 millisecond'
@@ -46,9 +75,28 @@ impl StreamBackend for PgFixture {
         .await?;
         Ok(())
     }
+
+    async fn create_effects_table(&self) -> anyhow::Result<()> {
+        Backend::create_effects_table(self).await
+    }
+
+    async fn scalar(&self, sql: &str) -> anyhow::Result<i64> {
+        Backend::scalar(self, sql).await
+    }
 }
 
-impl StreamBackend for SqliteFixture {
+impl Harness for SqliteFixture {
+    type Streams = SqliteStore;
+    type Receipts = SqliteStore;
+
+    fn streams(&self) -> SqliteStore {
+        self.courier().store().clone()
+    }
+
+    fn receipts(&self) -> SqliteStore {
+        self.courier().store().clone()
+    }
+
     async fn age_pending(&self, key: &StreamKey, group: &str, by: Duration) -> anyhow::Result<()> {
         sqlx::query(
             "UPDATE stream_pending SET delivered_at = delivered_at - ?4
@@ -61,6 +109,54 @@ impl StreamBackend for SqliteFixture {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    async fn create_effects_table(&self) -> anyhow::Result<()> {
+        Backend::create_effects_table(self).await
+    }
+
+    async fn scalar(&self, sql: &str) -> anyhow::Result<i64> {
+        Backend::scalar(self, sql).await
+    }
+}
+
+/// Streams on Redis (a fresh key prefix), receipts in SQLite (a fresh file).
+struct RedisHarness {
+    redis: RedisStreamFixture,
+    db: SqliteFixture,
+}
+
+impl RedisHarness {
+    async fn new() -> anyhow::Result<Self> {
+        Ok(Self {
+            redis: RedisStreamFixture::fresh().await?,
+            db: SqliteFixture::new().await?,
+        })
+    }
+}
+
+impl Harness for RedisHarness {
+    type Streams = RedisStreamStore;
+    type Receipts = SqliteStore;
+
+    fn streams(&self) -> RedisStreamStore {
+        self.redis.store().clone()
+    }
+
+    fn receipts(&self) -> SqliteStore {
+        self.db.courier().store().clone()
+    }
+
+    async fn age_pending(&self, key: &StreamKey, group: &str, by: Duration) -> anyhow::Result<()> {
+        self.redis.age_pending(key, group, by).await
+    }
+
+    async fn create_effects_table(&self) -> anyhow::Result<()> {
+        Backend::create_effects_table(&self.db).await
+    }
+
+    async fn scalar(&self, sql: &str) -> anyhow::Result<i64> {
+        Backend::scalar(&self.db, sql).await
     }
 }
 
@@ -120,9 +216,9 @@ fn number(message: &StreamMessage<serde_json::Value>) -> u64 {
 
 /// Steps the subscription until `done` holds or 30 s pass; between steps,
 /// ages the group's pending entries when `age` (so failed ones are claimed).
-async fn step_until<B: StreamBackend>(
+async fn step_until<B: Harness>(
     backend: &B,
-    subscription: &StreamSubscription<B::Store, B::Store>,
+    subscription: &StreamSubscription<B::Streams, B::Receipts>,
     age: bool,
     mut done: impl FnMut() -> bool,
 ) -> anyhow::Result<()> {
@@ -144,10 +240,9 @@ async fn step_until<B: StreamBackend>(
     Ok(())
 }
 
-async fn every_entry_takes_effect_once_and_is_acked<B: StreamBackend>(
-    backend: B,
-) -> anyhow::Result<()> {
-    let store = backend.courier().store().clone();
+async fn every_entry_takes_effect_once_and_is_acked<B: Harness>(backend: B) -> anyhow::Result<()> {
+    let store = backend.streams();
+    let receipts = backend.receipts();
     let key = key()?;
     let calls = Calls::default();
     let handler = {
@@ -162,7 +257,7 @@ async fn every_entry_takes_effect_once_and_is_acked<B: StreamBackend>(
     };
     let subscription = StreamSubscription::new(
         store.clone(),
-        store.clone(),
+        receipts.clone(),
         config("billing", &key)?,
         handler,
     )?;
@@ -186,7 +281,7 @@ async fn every_entry_takes_effect_once_and_is_acked<B: StreamBackend>(
         .map(|id| format!("billing:events:{id}"))
         .collect();
     assert_eq!(
-        store
+        receipts
             .find_stream_receipts("billing", &correlation)
             .await?
             .len(),
@@ -195,10 +290,11 @@ async fn every_entry_takes_effect_once_and_is_acked<B: StreamBackend>(
     Ok(())
 }
 
-async fn two_subscriptions_on_a_stream_each_get_every_entry<B: StreamBackend>(
+async fn two_subscriptions_on_a_stream_each_get_every_entry<B: Harness>(
     backend: B,
 ) -> anyhow::Result<()> {
-    let store = backend.courier().store().clone();
+    let store = backend.streams();
+    let receipts = backend.receipts();
     let key = key()?;
     let mut subscriptions = Vec::new();
     let mut counters = Vec::new();
@@ -212,8 +308,12 @@ async fn two_subscriptions_on_a_stream_each_get_every_entry<B: StreamBackend>(
                 Ok::<(), HandlerError>(())
             }
         });
-        let subscription =
-            StreamSubscription::new(store.clone(), store.clone(), config(name, &key)?, handler)?;
+        let subscription = StreamSubscription::new(
+            store.clone(),
+            receipts.clone(),
+            config(name, &key)?,
+            handler,
+        )?;
         subscription.ensure_group().await?;
         subscriptions.push(subscription);
     }
@@ -228,10 +328,9 @@ async fn two_subscriptions_on_a_stream_each_get_every_entry<B: StreamBackend>(
     Ok(())
 }
 
-async fn a_found_receipt_skips_the_effect_and_acks<B: StreamBackend>(
-    backend: B,
-) -> anyhow::Result<()> {
-    let store = backend.courier().store().clone();
+async fn a_found_receipt_skips_the_effect_and_acks<B: Harness>(backend: B) -> anyhow::Result<()> {
+    let store = backend.streams();
+    let receipts = backend.receipts();
     let key = key()?;
     let calls = Calls::default();
     let handler = {
@@ -246,11 +345,11 @@ async fn a_found_receipt_skips_the_effect_and_acks<B: StreamBackend>(
     };
     let config = config("billing", &key)?;
     let subscription =
-        StreamSubscription::new(store.clone(), store.clone(), config.clone(), handler)?;
+        StreamSubscription::new(store.clone(), receipts.clone(), config.clone(), handler)?;
     subscription.ensure_group().await?;
     let ids = append_numbered(&store, &key, 0..3).await?;
     // Entry 1's effect was made before a crash that came before its ack.
-    store
+    receipts
         .record_stream_receipts("billing", &[config.correlation_id(ids[1])])
         .await?;
     step_until(&backend, &subscription, false, || {
@@ -266,10 +365,11 @@ async fn a_found_receipt_skips_the_effect_and_acks<B: StreamBackend>(
     Ok(())
 }
 
-async fn a_poison_entry_is_dead_lettered_after_exactly_max_deliveries<B: StreamBackend>(
+async fn a_poison_entry_is_dead_lettered_after_exactly_max_deliveries<B: Harness>(
     backend: B,
 ) -> anyhow::Result<()> {
-    let store = backend.courier().store().clone();
+    let store = backend.streams();
+    let receipts = backend.receipts();
     let key = key()?;
     let calls = Calls::default();
     let handler = {
@@ -288,7 +388,7 @@ async fn a_poison_entry_is_dead_lettered_after_exactly_max_deliveries<B: StreamB
     };
     let mut config = config("billing", &key)?;
     config.max_deliveries = 3;
-    let subscription = StreamSubscription::new(store.clone(), store.clone(), config, handler)?;
+    let subscription = StreamSubscription::new(store.clone(), receipts.clone(), config, handler)?;
     subscription.ensure_group().await?;
     let ids = append_numbered(&store, &key, 0..3).await?;
     let dead = key.dead_letters()?;
@@ -329,10 +429,11 @@ async fn a_poison_entry_is_dead_lettered_after_exactly_max_deliveries<B: StreamB
     Ok(())
 }
 
-async fn a_permanent_failure_is_dead_lettered_at_once<B: StreamBackend>(
+async fn a_permanent_failure_is_dead_lettered_at_once<B: Harness>(
     backend: B,
 ) -> anyhow::Result<()> {
-    let store = backend.courier().store().clone();
+    let store = backend.streams();
+    let receipts = backend.receipts();
     let key = key()?;
     let calls = Calls::default();
     let handler = {
@@ -347,7 +448,7 @@ async fn a_permanent_failure_is_dead_lettered_at_once<B: StreamBackend>(
     };
     let subscription = StreamSubscription::new(
         store.clone(),
-        store.clone(),
+        receipts.clone(),
         config("billing", &key)?,
         handler,
     )?;
@@ -367,10 +468,9 @@ async fn a_permanent_failure_is_dead_lettered_at_once<B: StreamBackend>(
     Ok(())
 }
 
-async fn deferrals_never_count_toward_max_deliveries<B: StreamBackend>(
-    backend: B,
-) -> anyhow::Result<()> {
-    let store = backend.courier().store().clone();
+async fn deferrals_never_count_toward_max_deliveries<B: Harness>(backend: B) -> anyhow::Result<()> {
+    let store = backend.streams();
+    let receipts = backend.receipts();
     let key = key()?;
     let calls = Calls::default();
     let handler = {
@@ -392,7 +492,7 @@ async fn deferrals_never_count_toward_max_deliveries<B: StreamBackend>(
     config.max_deliveries = 2;
     config.defer_min = Duration::from_millis(1);
     config.defer_max = Duration::from_millis(2);
-    let subscription = StreamSubscription::new(store.clone(), store.clone(), config, handler)?;
+    let subscription = StreamSubscription::new(store.clone(), receipts.clone(), config, handler)?;
     subscription.ensure_group().await?;
     append_numbered(&store, &key, 0..1).await?;
     step_until(&backend, &subscription, true, || calls.of(0) == 6).await?;
@@ -406,10 +506,11 @@ async fn deferrals_never_count_toward_max_deliveries<B: StreamBackend>(
     Ok(())
 }
 
-async fn a_deferring_subscription_stops_reading_and_claiming_for_its_backoff<B: StreamBackend>(
+async fn a_deferring_subscription_stops_reading_and_claiming_for_its_backoff<B: Harness>(
     backend: B,
 ) -> anyhow::Result<()> {
-    let store = backend.courier().store().clone();
+    let store = backend.streams();
+    let receipts = backend.receipts();
     let key = key()?;
     let calls = Arc::new(AtomicU64::new(0));
     let handler = {
@@ -429,7 +530,7 @@ async fn a_deferring_subscription_stops_reading_and_claiming_for_its_backoff<B: 
     config.defer_min = Duration::from_secs(2);
     config.defer_max = Duration::from_secs(4);
     config.batch = 1;
-    let subscription = StreamSubscription::new(store.clone(), store.clone(), config, handler)?;
+    let subscription = StreamSubscription::new(store.clone(), receipts.clone(), config, handler)?;
     subscription.ensure_group().await?;
     append_numbered(&store, &key, 0..5).await?;
     let running = subscription.start();
@@ -449,10 +550,11 @@ async fn a_deferring_subscription_stops_reading_and_claiming_for_its_backoff<B: 
     Ok(())
 }
 
-async fn a_crashed_consumer_s_entries_are_claimed_once_idle<B: StreamBackend>(
+async fn a_crashed_consumer_s_entries_are_claimed_once_idle<B: Harness>(
     backend: B,
 ) -> anyhow::Result<()> {
-    let store = backend.courier().store().clone();
+    let store = backend.streams();
+    let receipts = backend.receipts();
     let key = key()?;
     let calls = Calls::default();
     let handler = {
@@ -467,7 +569,7 @@ async fn a_crashed_consumer_s_entries_are_claimed_once_idle<B: StreamBackend>(
     };
     let subscription = StreamSubscription::new(
         store.clone(),
-        store.clone(),
+        receipts.clone(),
         config("billing", &key)?,
         handler,
     )?;
@@ -503,10 +605,11 @@ async fn a_crashed_consumer_s_entries_are_claimed_once_idle<B: StreamBackend>(
     Ok(())
 }
 
-async fn a_restarted_consumer_handles_its_own_pending_entries_first<B: StreamBackend>(
+async fn a_restarted_consumer_handles_its_own_pending_entries_first<B: Harness>(
     backend: B,
 ) -> anyhow::Result<()> {
-    let store = backend.courier().store().clone();
+    let store = backend.streams();
+    let receipts = backend.receipts();
     let key = key()?;
     let config = config("billing", &key)?;
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -523,7 +626,7 @@ async fn a_restarted_consumer_handles_its_own_pending_entries_first<B: StreamBac
         })
     };
     let subscription =
-        StreamSubscription::new(store.clone(), store.clone(), config.clone(), handler)?;
+        StreamSubscription::new(store.clone(), receipts.clone(), config.clone(), handler)?;
     subscription.ensure_group().await?;
     append_numbered(&store, &key, 0..3).await?;
     // The previous run of this consumer read them; its reply was lost.
@@ -563,10 +666,11 @@ async fn a_restarted_consumer_handles_its_own_pending_entries_first<B: StreamBac
     Ok(())
 }
 
-async fn a_panicking_handler_leaves_its_entry_pending<B: StreamBackend>(
+async fn a_panicking_handler_leaves_its_entry_pending<B: Harness>(
     backend: B,
 ) -> anyhow::Result<()> {
-    let store = backend.courier().store().clone();
+    let store = backend.streams();
+    let receipts = backend.receipts();
     let key = key()?;
     let calls = Calls::default();
     let handler = {
@@ -583,7 +687,7 @@ async fn a_panicking_handler_leaves_its_entry_pending<B: StreamBackend>(
     };
     let subscription = StreamSubscription::new(
         store.clone(),
-        store.clone(),
+        receipts.clone(),
         config("billing", &key)?,
         handler,
     )?;
@@ -626,19 +730,17 @@ impl<C: EffectConnection> TransactionalStreamHandler<C> for RecordEffect {
     }
 }
 
-async fn a_transactional_handler_s_writes_commit_with_its_receipt<B: StreamBackend>(
+async fn a_transactional_handler_s_writes_commit_with_its_receipt<B: Harness>(
     backend: B,
-) -> anyhow::Result<()>
-where
-    <B::Store as OutboxStore>::Connection: EffectConnection,
-{
+) -> anyhow::Result<()> {
     backend.create_effects_table().await?;
-    let store = backend.courier().store().clone();
+    let store = backend.streams();
+    let receipts = backend.receipts();
     let key = key()?;
     let config = config("billing", &key)?;
     let subscription = StreamSubscription::transactional(
         store.clone(),
-        store.clone(),
+        receipts.clone(),
         config.clone(),
         RecordEffect,
     )?;
@@ -665,7 +767,7 @@ where
     // A receipt for each: handing them in again changes nothing.
     let correlation: Vec<String> = ids.iter().map(|id| config.correlation_id(*id)).collect();
     assert_eq!(
-        store
+        receipts
             .find_stream_receipts("billing", &correlation)
             .await?
             .len(),
@@ -681,6 +783,14 @@ macro_rules! stream_subscription_tests {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() -> anyhow::Result<()> {
                     super::$case(courier_testkit::PgFixture::new().await?).await
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() -> anyhow::Result<()> {
+                    super::$case(super::RedisHarness::new().await?).await
                 }
             )*
         }

@@ -88,7 +88,7 @@ impl StreamFixture for SqliteStreamFixture {
 /// and the suite runs beside other tests that hold transactions open. Its
 /// cases are written for read-after-write, as Redis and SQLite give it, so
 /// this store waits ([`PgStore::wait_until_readable`], at most 30 s) after
-/// each append; everything else goes straight to the store. The delay itself
+/// each append and dead letter; everything else goes straight to the store. The delay itself
 /// is tested in `tests/pg_streams.rs`.
 #[derive(Clone, Debug)]
 pub struct ReadablePgStore(pub PgStore);
@@ -213,14 +213,29 @@ impl StreamStore for ReadablePgStore {
         self.0.trim(key, bound)
     }
 
-    fn dead_letter<'c>(
+    async fn dead_letter<'c>(
         &'c self,
         key: &'c StreamKey,
         group: &'c str,
         entry: &'c DeliveredEntry,
         errors: &'c [String],
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'c {
-        self.0.dead_letter(key, group, entry, errors)
+    ) -> Result<bool, StoreError> {
+        let dead = self.0.dead_letter(key, group, entry, errors).await?;
+        // The dead letter is an append too: wait for the newest entry.
+        let newest: i64 = sqlx::query_scalar(&format!(
+            "SELECT coalesce(max(major), 0) FROM {}.stream_entries",
+            self.0.schema()
+        ))
+        .fetch_one(self.0.pool())
+        .await
+        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let newest = StreamEntryId::new(u64::try_from(newest).unwrap_or(0), 0);
+        if !self.0.wait_until_readable(newest, READABLE_WITHIN).await? {
+            return Err(StoreError::Corrupt(format!(
+                "entry {newest} was not readable within {READABLE_WITHIN:?}"
+            )));
+        }
+        Ok(dead)
     }
 }
 
@@ -266,6 +281,68 @@ impl StreamFixture for PgStreamFixture {
         .bind(by)
         .execute(self.store.0.pool())
         .await?;
+        Ok(())
+    }
+}
+
+/// The Redis server tests use: `REDIS_URL`, or the project machines' default.
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// The Redis store under a fresh key prefix (`t_{random}:`) of its own, so
+/// tests share the server without sharing keys.
+pub struct RedisStreamFixture {
+    store: courier::redis::RedisStreamStore,
+    /// The key prefix every stream of the test lives under.
+    pub prefix: String,
+}
+
+impl StreamFixture for RedisStreamFixture {
+    type Store = courier::redis::RedisStreamStore;
+
+    async fn fresh() -> anyhow::Result<Self> {
+        let prefix = format!("t_{}:", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+        let store = courier::redis::RedisStreamStore::connect(&redis_url(), &prefix).await?;
+        Ok(Self { store, prefix })
+    }
+
+    fn store(&self) -> &courier::redis::RedisStreamStore {
+        &self.store
+    }
+
+    async fn open_store(&self) -> anyhow::Result<courier::redis::RedisStreamStore> {
+        Ok(courier::redis::RedisStreamStore::connect(&redis_url(), &self.prefix).await?)
+    }
+
+    /// Sets each pending entry's idle time to `by` (Redis keeps idle as a
+    /// delivery time it can only set, with `XCLAIM … IDLE … JUSTID`, to the
+    /// entry's own consumer: neither owner nor delivery count changes).
+    async fn age_pending(&self, key: &StreamKey, group: &str, by: Duration) -> anyhow::Result<()> {
+        use courier::redis::redis;
+        let mut conn = self.store.connection();
+        let redis_key = self.store.redis_key(key);
+        let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+            .arg(&redis_key)
+            .arg(group)
+            .arg("-")
+            .arg("+")
+            .arg(100_000)
+            .query_async(&mut conn)
+            .await?;
+        for (id, consumer, _idle, _deliveries) in pending {
+            let _: redis::Value = redis::cmd("XCLAIM")
+                .arg(&redis_key)
+                .arg(group)
+                .arg(&consumer)
+                .arg(0)
+                .arg(&id)
+                .arg("IDLE")
+                .arg(u64::try_from(by.as_millis())?)
+                .arg("JUSTID")
+                .query_async(&mut conn)
+                .await?;
+        }
         Ok(())
     }
 }

@@ -38,7 +38,9 @@ use courier_core::{StreamKey, StreamStore};
 pub use blocking::*;
 pub use claims::*;
 pub use entries::*;
-pub use fixtures::{PgStreamFixture, ReadablePgStore, SqliteStreamFixture};
+pub use fixtures::{
+    redis_url, PgStreamFixture, ReadablePgStore, RedisStreamFixture, SqliteStreamFixture,
+};
 pub use groups::*;
 pub use load::*;
 pub use pending::*;

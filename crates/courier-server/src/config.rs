@@ -263,6 +263,45 @@ fn default_concurrency() -> usize {
     16
 }
 
+/// `[redis]`: the Redis server streams (`[streams] backend = "redis"`) and
+/// Redis relays use.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSection {
+    /// `redis://` or `rediss://` URL.
+    pub url: String,
+    /// Prepended to every key Courier writes (`{prefix}{tenant}:{stream}`).
+    #[serde(default)]
+    pub key_prefix: String,
+}
+
+/// `[nats]`: the NATS server JetStream relays publish to.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsSection {
+    /// `nats://` or `tls://` URL.
+    pub url: String,
+}
+
+/// Where the daemon's streams live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamBackendKind {
+    /// Native streams in the outbox database (PostgreSQL or SQLite).
+    #[default]
+    Native,
+    /// Redis Streams at `[redis] url`.
+    Redis,
+}
+
+/// `[streams]`: the stream backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamsSection {
+    /// `native` (default) or `redis`.
+    pub backend: StreamBackendKind,
+}
+
 /// The daemon's whole configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -286,6 +325,12 @@ pub struct Config {
     /// Publish a sample event every 2 s to a built-in `demo` subscription that
     /// logs what it receives, so a newcomer sees messages flow at once.
     pub demo: bool,
+    /// The Redis server, when streams or relays use one.
+    pub redis: Option<RedisSection>,
+    /// The NATS server, when relays use one.
+    pub nats: Option<NatsSection>,
+    /// Where streams live.
+    pub streams: StreamsSection,
 }
 
 impl Default for Config {
@@ -300,6 +345,9 @@ impl Default for Config {
             tokens: Vec::new(),
             subscriptions: Vec::new(),
             demo: false,
+            redis: None,
+            nats: None,
+            streams: StreamsSection::default(),
         }
     }
 }
@@ -420,6 +468,32 @@ impl Config {
                     "must name at least one of admin, publish, read",
                 ));
             }
+        }
+        if let Some(redis) = &self.redis {
+            if !(redis.url.starts_with("redis://") || redis.url.starts_with("rediss://")) {
+                return Err(bad("redis.url", &redis.url, "must be a redis:// or rediss:// URL"));
+            }
+            courier::redis::validate_key_prefix(&redis.key_prefix)
+                .map_err(|e| bad("redis.key_prefix", &redis.key_prefix, &e.reason))?;
+        }
+        if let Some(nats) = &self.nats {
+            if !["nats://", "tls://", "ws://", "wss://"]
+                .iter()
+                .any(|scheme| nats.url.starts_with(scheme))
+            {
+                return Err(bad(
+                    "nats.url",
+                    &nats.url,
+                    "must be a nats://, tls://, ws:// or wss:// URL",
+                ));
+            }
+        }
+        if self.streams.backend == StreamBackendKind::Redis && self.redis.is_none() {
+            return Err(ConfigError::invalid(
+                "streams.backend",
+                Some("\"redis\"".into()),
+                "needs a [redis] section with the server's url",
+            ));
         }
         let mut subscription_names = BTreeSet::new();
         for (i, subscription) in self.subscriptions.iter().enumerate() {

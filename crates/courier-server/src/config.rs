@@ -471,7 +471,11 @@ impl Config {
         }
         if let Some(redis) = &self.redis {
             if !(redis.url.starts_with("redis://") || redis.url.starts_with("rediss://")) {
-                return Err(bad("redis.url", &redis.url, "must be a redis:// or rediss:// URL"));
+                return Err(bad(
+                    "redis.url",
+                    &redis.url,
+                    "must be a redis:// or rediss:// URL",
+                ));
             }
             courier::redis::validate_key_prefix(&redis.key_prefix)
                 .map_err(|e| bad("redis.key_prefix", &redis.key_prefix, &e.reason))?;

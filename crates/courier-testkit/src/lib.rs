@@ -21,6 +21,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool, SqliteConnection, SqlitePool};
 use uuid::Uuid;
 
+pub mod servers;
 pub mod store_suite;
 pub mod stream_suite;
 pub use store_suite::{HeldSnapshot, StoreFixture, SuiteConnection};

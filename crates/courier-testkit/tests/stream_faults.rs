@@ -1,0 +1,218 @@
+//! Stream subscriptions across Redis restarts, on Redis servers these tests
+//! start for themselves (a free port each; never the shared server): a
+//! durable server killed mid-run loses and doubles nothing, and a server
+//! that comes back empty gets its group recreated at its start.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use courier::redis::RedisStreamStore;
+use courier::{
+    stream_handler_fn, GroupStart, HandlerError, NewStreamEntry, StreamEntryId, StreamKey,
+    StreamMessage, StreamStore, StreamSubscription, StreamSubscriptionConfig,
+};
+use courier_testkit::servers::RedisServer;
+use courier_testkit::{Backend, SqliteFixture};
+use serde_json::json;
+
+/// Handler runs per entry id, and the payload number of each.
+#[derive(Clone, Default)]
+struct Runs(Arc<Mutex<BTreeMap<StreamEntryId, (u64, u32)>>>);
+
+impl Runs {
+    fn handler(&self) -> impl courier::StreamHandler<Payload = serde_json::Value> {
+        let runs = self.clone();
+        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
+            let runs = runs.clone();
+            async move {
+                let n = message.payload["n"].as_u64().unwrap_or(u64::MAX);
+                let mut runs = runs
+                    .0
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                runs.entry(message.id).or_insert((n, 0)).1 += 1;
+                Ok::<(), HandlerError>(())
+            }
+        })
+    }
+
+    fn snapshot(&self) -> BTreeMap<StreamEntryId, (u64, u32)> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+fn config(key: &StreamKey) -> anyhow::Result<StreamSubscriptionConfig> {
+    let mut config = StreamSubscriptionConfig::new("workflow", key.clone())?;
+    config.consumer = "workflow-test".into();
+    config.start = GroupStart::Beginning;
+    config.block = Duration::from_millis(200);
+    config.claim_interval = Duration::from_millis(200);
+    config.min_idle = Duration::from_secs(1);
+    config.batch = 50;
+    Ok(config)
+}
+
+/// Appends entry `n`, retrying through an outage (a lost reply may append
+/// it twice: those are two entries, each handled once).
+async fn append_retrying(store: &RedisStreamStore, key: &StreamKey, n: u64) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match store
+            .append(key, &[NewStreamEntry::new(json!({ "n": n }))])
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(error) if error.is_transient() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
+/// Every entry of the stream, read in pages, retrying through an outage.
+async fn all_entries(
+    store: &RedisStreamStore,
+    key: &StreamKey,
+) -> anyhow::Result<Vec<(StreamEntryId, u64)>> {
+    let mut entries = Vec::new();
+    let mut after = StreamEntryId::ZERO;
+    loop {
+        let page = store.range(key, after, 1000).await?;
+        let Some(last) = page.last() else {
+            return Ok(entries);
+        };
+        after = last.id;
+        entries.extend(
+            page.iter()
+                .map(|e| (e.id, e.payload["n"].as_u64().unwrap_or(u64::MAX))),
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_killed_mid_run_loses_and_doubles_nothing() -> anyhow::Result<()> {
+    const ENTRIES: u64 = 1_000;
+    let mut server = RedisServer::start(true).await?;
+    let streams = RedisStreamStore::connect(&server.url(), "fault:").await?;
+    let receipts = SqliteFixture::new().await?;
+    let key = StreamKey::new("acme", "events")?;
+    let runs = Runs::default();
+    let subscription = StreamSubscription::new(
+        streams.clone(),
+        receipts.courier().store().clone(),
+        config(&key)?,
+        runs.handler(),
+    )?;
+    subscription.ensure_group().await?;
+    let running = subscription.start();
+
+    for n in 0..ENTRIES {
+        if n == ENTRIES / 3 {
+            server.kill()?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            server.restart().await?;
+        }
+        append_retrying(&streams, &key, n).await?;
+        if n % 50 == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let stored = loop {
+        let stored = all_entries(&streams, &key).await?;
+        let handled = runs.snapshot();
+        let pending = streams.pending_summary(&key, "workflow").await?.count;
+        if stored.iter().all(|(id, _)| handled.contains_key(id)) && pending == 0 {
+            break stored;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "after 60 s: {} of {} stored entries handled, {pending} pending",
+            stored
+                .iter()
+                .filter(|(id, _)| handled.contains_key(id))
+                .count(),
+            stored.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    running.shutdown().await;
+
+    let numbers: BTreeSet<u64> = stored.iter().map(|(_, n)| *n).collect();
+    assert_eq!(
+        numbers,
+        (0..ENTRIES).collect(),
+        "every acknowledged append survived the kill"
+    );
+    let handled = runs.snapshot();
+    let twice: Vec<_> = handled.iter().filter(|(_, (_, runs))| *runs != 1).collect();
+    assert!(
+        twice.is_empty(),
+        "entries handled more than once: {twice:?}"
+    );
+    assert_eq!(
+        handled.len(),
+        stored.len(),
+        "only stored entries were handled"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_lost_with_an_empty_restart_is_recreated_at_its_start() -> anyhow::Result<()> {
+    let mut server = RedisServer::start(false).await?;
+    let streams = RedisStreamStore::connect(&server.url(), "fault:").await?;
+    let receipts = SqliteFixture::new().await?;
+    let key = StreamKey::new("acme", "events")?;
+    let runs = Runs::default();
+    let subscription = StreamSubscription::new(
+        streams.clone(),
+        receipts.courier().store().clone(),
+        config(&key)?,
+        runs.handler(),
+    )?;
+    subscription.ensure_group().await?;
+    let running = subscription.start();
+    for n in 0..10 {
+        append_retrying(&streams, &key, n).await?;
+    }
+    let wait_for = |count: usize| {
+        let runs = runs.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while runs.snapshot().len() < count {
+                anyhow::ensure!(
+                    tokio::time::Instant::now() < deadline,
+                    "{} of {count} handled after 30 s",
+                    runs.snapshot().len()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            anyhow::Ok(())
+        }
+    };
+    wait_for(10).await?;
+
+    // The server comes back with nothing: no stream, no group.
+    server.restart().await?;
+    for n in 10..20 {
+        append_retrying(&streams, &key, n).await?;
+    }
+    wait_for(20).await?;
+    running.shutdown().await;
+    let handled = runs.snapshot();
+    let numbers: BTreeSet<u64> = handled.values().map(|(n, _)| *n).collect();
+    assert_eq!(
+        numbers,
+        (0..20).collect(),
+        "the entries after the restart were handled too"
+    );
+    assert!(handled.values().all(|(_, runs)| *runs == 1));
+    Ok(())
+}

@@ -17,7 +17,8 @@
 //! - [`HandlerError::Snooze`] (a deferral, e.g. a tenant over its quota): the
 //!   entry stays pending and the subscription stops reading and claiming for
 //!   a backoff that grows from `defer_min` to `defer_max` (with jitter) while
-//!   deferrals continue.
+//!   deferrals continue; after the pause it takes up its own pending entries
+//!   (the deferred ones) first.
 //!
 //! On start and after every backend outage the subscription re-reads its own
 //! pending entries first (a lost reply leaves entries there); it claims idle
@@ -564,6 +565,7 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
         let mut claim_cursor = StreamEntryId::ZERO;
         let mut outage: Option<Duration> = None;
         let mut group_ready = false;
+        let mut resume_at: Option<tokio::time::Instant> = None;
         tracing::info!(subscription, stream = %c.key, consumer = c.consumer, "stream subscription started");
         while !stop.is_cancelled() {
             let result: Result<(), StoreError> = async {
@@ -576,10 +578,27 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                     }
                     group_ready = true;
                 }
+                if let Some(until) = resume_at.take() {
+                    // Deferred: no reads, no claims until the pause ends.
+                    tokio::select! {
+                        () = stop.cancelled() => return Ok(()),
+                        () = tokio::time::sleep_until(until) => {}
+                    }
+                    // The deferred entries are this consumer's own pending
+                    // ones: take them up again first, not after min_idle.
+                    own_pending = true;
+                }
                 let mut step = StreamStep::default();
+                let deferred = |step: &StreamStep| {
+                    (step.deferred > 0).then(|| tokio::time::Instant::now() + self.deferred_pause())
+                };
                 if own_pending {
                     self.drain_own_pending(&mut step).await?;
                     own_pending = false;
+                    resume_at = deferred(&step);
+                    if resume_at.is_some() {
+                        return Ok(());
+                    }
                 }
                 if tokio::time::Instant::now() >= next_claim {
                     let (next, _) = self.claim_once(claim_cursor, &mut step).await?;
@@ -588,14 +607,10 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                         next_claim = tokio::time::Instant::now() + c.claim_interval;
                         self.delete_idle_consumers().await?;
                     }
-                }
-                let pause = self.deferred_pause();
-                if !pause.is_zero() {
-                    tokio::select! {
-                        () = stop.cancelled() => {}
-                        () = tokio::time::sleep(pause) => {}
+                    resume_at = deferred(&step);
+                    if resume_at.is_some() {
+                        return Ok(());
                     }
-                    return Ok(());
                 }
                 let until_claim = next_claim.saturating_duration_since(tokio::time::Instant::now());
                 let block = c.block.min(until_claim);
@@ -604,6 +619,7 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                     entries = self.read_new(Some(block)) => entries?,
                 };
                 self.handle_batch(entries, &mut step).await?;
+                resume_at = deferred(&step);
                 Ok(())
             }
             .await;

@@ -550,6 +550,49 @@ async fn a_deferring_subscription_stops_reading_and_claiming_for_its_backoff<B: 
     Ok(())
 }
 
+async fn a_deferred_entry_is_taken_up_again_after_the_pause_not_after_min_idle<B: Harness>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.streams();
+    let receipts = backend.receipts();
+    let key = key()?;
+    let calls = Calls::default();
+    let handler = {
+        let calls = calls.clone();
+        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
+            let calls = calls.clone();
+            async move {
+                if calls.record(number(&message)) <= 2 {
+                    return Err(HandlerError::snooze(Duration::from_millis(1), "quota"));
+                }
+                Ok(())
+            }
+        })
+    };
+    let mut config = config("billing", &key)?;
+    config.min_idle = Duration::from_secs(600);
+    config.claim_interval = Duration::from_secs(600);
+    config.block = Duration::from_millis(50);
+    config.defer_min = Duration::from_millis(50);
+    config.defer_max = Duration::from_millis(100);
+    let subscription = StreamSubscription::new(store.clone(), receipts.clone(), config, handler)?;
+    subscription.ensure_group().await?;
+    append_numbered(&store, &key, 0..1).await?;
+    let running = subscription.start();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while store.pending_summary(&key, "billing").await?.count > 0 || calls.of(0) < 3 {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the deferred entry waited for min_idle (calls: {})",
+            calls.of(0)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    running.shutdown().await;
+    assert_eq!(calls.of(0), 3, "two deferrals, then the run");
+    Ok(())
+}
+
 async fn a_crashed_consumer_s_entries_are_claimed_once_idle<B: Harness>(
     backend: B,
 ) -> anyhow::Result<()> {
@@ -813,6 +856,7 @@ stream_subscription_tests!(
     a_permanent_failure_is_dead_lettered_at_once,
     deferrals_never_count_toward_max_deliveries,
     a_deferring_subscription_stops_reading_and_claiming_for_its_backoff,
+    a_deferred_entry_is_taken_up_again_after_the_pause_not_after_min_idle,
     a_crashed_consumer_s_entries_are_claimed_once_idle,
     a_restarted_consumer_handles_its_own_pending_entries_first,
     a_panicking_handler_leaves_its_entry_pending,

@@ -302,6 +302,10 @@ struct BenchArgs {
     /// Seconds held-xmin holds its REPEATABLE READ snapshot open [default: 180, or 5 with --quick].
     #[arg(long)]
     hold_seconds: Option<u64>,
+    /// The Redis server the streams scenario also measures (beside raw
+    /// XADD and XREADGROUP + XACK loops); without it, native streams only.
+    #[arg(long, env = "REDIS_URL")]
+    redis_url: Option<String>,
     /// Print the report as JSON on stdout instead of a table.
     #[arg(long)]
     json: bool,
@@ -319,6 +323,8 @@ enum ScenarioArg {
     HeldXmin,
     /// EXPLAIN (ANALYZE, BUFFERS) of the hot queries (PostgreSQL; not in `all`).
     Explain,
+    /// Streams natively and, with --redis-url, on Redis beside raw commands (not in `all`).
+    Streams,
     /// Every scenario but explain.
     All,
 }
@@ -332,6 +338,7 @@ impl From<ScenarioArg> for Scenario {
             ScenarioArg::Fairness => Scenario::Fairness,
             ScenarioArg::HeldXmin => Scenario::HeldXmin,
             ScenarioArg::Explain => Scenario::Explain,
+            ScenarioArg::Streams => Scenario::Streams,
             ScenarioArg::All => Scenario::All,
         }
     }
@@ -518,6 +525,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 concurrency: args.concurrency,
                 batch_size: args.batch_size,
                 hold_seconds: args.hold_seconds,
+                redis_url: args.redis_url.clone(),
             };
             let report = bench::run(&options).await?;
             if args.json {

@@ -86,7 +86,6 @@ fn quick_bench_on_sqlite_prints_the_table_and_removes_its_file() {
         "held_xmin.held",
         "skipped: PostgreSQL only",
         "(backend default)",
-        "not measured yet: streams",
     ] {
         assert!(table.contains(id), "{id} missing from:\n{table}");
     }
@@ -96,6 +95,63 @@ fn quick_bench_on_sqlite_prints_the_table_and_removes_its_file() {
         .map(|entry| entry.expect("entry").file_name())
         .collect();
     assert!(left.is_empty(), "files left behind: {left:?}");
+}
+
+#[tokio::test]
+async fn quick_streams_bench_measures_native_and_redis_streams_beside_raw_commands() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let schema = fresh_schema("bench_streams");
+    let url = database_url();
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let output = courier(
+        dir.path(),
+        &[
+            "bench",
+            "--quick",
+            "--scenario",
+            "streams",
+            "--json",
+            "--database-url",
+            &url,
+            "--schema",
+            &schema,
+            "--redis-url",
+            &redis,
+        ],
+    );
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let report: serde_json::Value =
+        serde_json::from_str(&stdout(&output)).expect("stdout is one JSON document");
+    let measurements = report["measurements"].as_array().expect("measurements");
+    let find = |id: &str| {
+        measurements
+            .iter()
+            .find(|m| m["id"] == id)
+            .unwrap_or_else(|| panic!("{id} missing from {report:#}"))
+    };
+    for backend in ["postgres", "redis"] {
+        for case in [
+            "append.1",
+            "append.16",
+            "read_ack.1",
+            "read_ack.4",
+            "subscription",
+            "claim",
+        ] {
+            let m = find(&format!("streams.{backend}.{case}"));
+            assert!(m["per_second"].as_f64().is_some_and(|r| r > 0.0), "{m:#}");
+        }
+        assert_eq!(find(&format!("streams.{backend}.claim"))["count"], 10_000);
+        assert_eq!(
+            find(&format!("streams.{backend}.subscription"))["count"],
+            2000
+        );
+        assert!(find(&format!("streams.{backend}.latency"))["latency"]["p99_ms"].is_number());
+    }
+    // Redis figures stand beside raw commands.
+    for case in ["append.1", "read_ack.1", "subscription"] {
+        assert!(find(&format!("streams.redis.{case}"))["ratio"].is_number());
+    }
 }
 
 #[tokio::test]

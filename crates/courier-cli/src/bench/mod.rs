@@ -41,6 +41,7 @@ mod held_xmin;
 mod latency;
 mod measure;
 mod report;
+mod streams;
 
 use std::time::Duration;
 
@@ -89,13 +90,18 @@ pub enum Scenario {
     HeldXmin,
     /// `EXPLAIN (ANALYZE, BUFFERS)` of the hot queries (PostgreSQL; not part of `All`).
     Explain,
+    /// Streams: appends, group reads, a stream subscription, latency and
+    /// claims, natively and (with a Redis URL) on Redis beside raw commands
+    /// (not part of `All`).
+    Streams,
     /// Every scenario above except `Explain`.
     All,
 }
 
 impl Scenario {
     fn includes(self, other: Scenario) -> bool {
-        self == other || (self == Scenario::All && other != Scenario::Explain)
+        self == other
+            || (self == Scenario::All && !matches!(other, Scenario::Explain | Scenario::Streams))
     }
 }
 
@@ -129,6 +135,8 @@ pub struct BenchOptions {
     /// Seconds the held-xmin scenario holds its snapshot open;
     /// [`DEFAULT_HOLD_SECONDS`] (or [`QUICK_HOLD_SECONDS`] when quick) if `None`.
     pub hold_seconds: Option<u64>,
+    /// The Redis server the streams scenario also measures, if any.
+    pub redis_url: Option<String>,
 }
 
 impl BenchOptions {
@@ -147,6 +155,7 @@ impl BenchOptions {
             concurrency: None,
             batch_size: None,
             hold_seconds: None,
+            redis_url: None,
         }
     }
 }
@@ -296,13 +305,25 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<Report> {
             let schema = options.schema.clone().unwrap_or_else(random_schema);
             crate::database::validate_schema(&schema)?;
             let fixture = PgBench::connect(url, &schema).await?;
-            run_on(fixture, options.scenario, plan).await
+            run_on(
+                fixture,
+                options.scenario,
+                plan,
+                options.redis_url.as_deref(),
+            )
+            .await
         }
         Database::Sqlite { path } => {
             if options.schema.is_some() {
                 anyhow::bail!("invalid schema: schemas are for PostgreSQL; SQLite uses a file");
             }
-            run_on(SqliteBench::new(path)?, options.scenario, plan).await
+            run_on(
+                SqliteBench::new(path)?,
+                options.scenario,
+                plan,
+                options.redis_url.as_deref(),
+            )
+            .await
         }
     }
 }
@@ -311,9 +332,13 @@ async fn run_on<F: Fixture>(
     mut fixture: F,
     scenario: Scenario,
     plan: Plan,
-) -> anyhow::Result<Report> {
+    redis_url: Option<&str>,
+) -> anyhow::Result<Report>
+where
+    F::Store: courier::StreamStore + courier::StreamReceipts,
+{
     let outcome = tokio::select! {
-        outcome = scenarios(&mut fixture, scenario, plan) => outcome,
+        outcome = scenarios(&mut fixture, scenario, plan, redis_url) => outcome,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
     };
     let cleaned = fixture.cleanup().await;
@@ -326,7 +351,11 @@ async fn scenarios<F: Fixture>(
     fixture: &mut F,
     scenario: Scenario,
     plan: Plan,
-) -> anyhow::Result<Report> {
+    redis_url: Option<&str>,
+) -> anyhow::Result<Report>
+where
+    F::Store: courier::StreamStore + courier::StreamReceipts,
+{
     drop(fixture.fresh().await?);
     let database = fixture.describe().await?;
     let workers = fixture.worker_defaults();
@@ -349,6 +378,9 @@ async fn scenarios<F: Fixture>(
     }
     if scenario.includes(Scenario::Explain) {
         explained = explain::run(fixture, &plan, &mut measurements).await?;
+    }
+    if scenario.includes(Scenario::Streams) {
+        streams::run(fixture, &plan, redis_url, &mut measurements).await?;
     }
     let mut report = Report::new(database, &plan, workers, measurements);
     if let Some(explained) = explained {

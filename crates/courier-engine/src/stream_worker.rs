@@ -25,6 +25,13 @@
 //! entries every `claim_interval`, even while reads keep returning entries;
 //! consumers of its group idle for `consumer_idle_limit` with nothing pending
 //! are deleted.
+//!
+//! Metrics (labelled by subscription only, never tenant or stream):
+//! `courier_stream_{read,claimed,acked,dead_lettered,deferred}_total`,
+//! `courier_stream_pending` (the group's pending entries, every claim
+//! interval), `courier_stream_handler_duration_seconds`,
+//! `courier_stream_groups_recreated_total` and
+//! `courier_backend_reconnects_total` (by backend).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -606,6 +613,9 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                     if next == StreamEntryId::ZERO {
                         next_claim = tokio::time::Instant::now() + c.claim_interval;
                         self.delete_idle_consumers().await?;
+                        let pending = self.streams.pending_summary(&c.key, &c.name).await?;
+                        metrics::gauge!(PENDING, "subscription" => c.name.clone())
+                            .set(pending.count as f64);
                     }
                     resume_at = deferred(&step);
                     if resume_at.is_some() {
@@ -1026,4 +1036,5 @@ const DEAD_LETTERED: &str = "courier_stream_dead_lettered_total";
 const DEFERRED: &str = "courier_stream_deferred_total";
 const HANDLER_SECONDS: &str = "courier_stream_handler_duration_seconds";
 const RECONNECTS: &str = "courier_backend_reconnects_total";
+const PENDING: &str = "courier_stream_pending";
 const GROUPS_RECREATED: &str = "courier_stream_groups_recreated_total";

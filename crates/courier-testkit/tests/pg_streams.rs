@@ -11,6 +11,9 @@ use courier::{GroupStart, NewStreamEntry, ReadNew, StreamEntryId, StreamKey, Str
 use courier_testkit::{Backend, PgFixture};
 use serde_json::json;
 
+/// How long a test waits for an append to become readable.
+const READABLE: Duration = Duration::from_secs(30);
+
 fn entry(n: u64) -> NewStreamEntry {
     NewStreamEntry::new(json!({ "n": n }))
 }
@@ -57,6 +60,8 @@ async fn an_open_appending_transaction_delays_later_entries_and_loses_none() -> 
         .await?
         .is_empty());
     open.commit().await?;
+    // Other tests' open transactions may hold the horizon back a while.
+    assert!(store.wait_until_readable(second[0], READABLE).await?);
     let got = store.read_new(&key, &read("billing", "c1", 10)).await?;
     assert_eq!(numbers(&got), vec![1, 2]);
     assert!(store
@@ -82,7 +87,8 @@ async fn a_group_at_the_end_splits_entries_by_its_creation_snapshot() -> anyhow:
     store.append(&key, &[entry(0)]).await?;
     assert!(store.ensure_group(&key, "late", GroupStart::End).await?);
     open.commit().await?;
-    store.append(&key, &[entry(2)]).await?;
+    let last = store.append(&key, &[entry(2)]).await?;
+    assert!(store.wait_until_readable(last[0], READABLE).await?);
 
     let got = store.read_new(&key, &read("late", "c1", 10)).await?;
     assert_eq!(
@@ -237,17 +243,24 @@ async fn a_blocked_read_wakes_when_another_store_appends() -> anyhow::Result<()>
         let store = store.clone();
         let key = key.clone();
         tokio::spawn(async move {
-            let started = std::time::Instant::now();
             let mut blocked = read("g", "c1", 10);
-            blocked.block = Some(Duration::from_secs(10));
+            blocked.block = Some(Duration::from_secs(30));
             let got = store.read_new(&key, &blocked).await?;
-            anyhow::Ok((got, started.elapsed()))
+            anyhow::Ok((got, std::time::Instant::now()))
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    other.append(&key, &[entry(7)]).await?;
-    let (got, waited) = reader.await??;
+    let ids = other.append(&key, &[entry(7)]).await?;
+    // Readable once no older writing transaction is open (other tests'
+    // may be); from then on the blocked reader must return promptly.
+    assert!(other.wait_until_readable(ids[0], READABLE).await?);
+    let readable = std::time::Instant::now();
+    let (got, returned) = reader.await??;
     assert_eq!(numbers(&got), vec![7]);
-    assert!(waited < Duration::from_secs(5), "woken after {waited:?}");
+    let late = returned.saturating_duration_since(readable);
+    assert!(
+        late < Duration::from_secs(2),
+        "returned {late:?} after the entry was readable"
+    );
     Ok(())
 }

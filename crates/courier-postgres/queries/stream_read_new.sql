@@ -17,14 +17,17 @@ horizon AS (
   SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin
 ),
 picked AS (
+  -- The cursor and the horizon are scalar subqueries (computed once, then
+  -- bound like parameters), so the scan starts at the cursor in the primary
+  -- key instead of filtering every entry the group has already read.
   SELECT e.major, e.minor, e.payload, e.headers, e.message_id, e.origin_tenant, e.topic,
          e.schema_version
-  FROM g, horizon h, {schema}.stream_entries e
+  FROM {schema}.stream_entries e
   WHERE e.tenant = $1 AND e.stream = $2
-    AND (e.major, e.minor) > (g.last_major, g.last_minor)
-    AND e.major < h.xmin
-    AND (g.start_snapshot IS NULL
-         OR NOT pg_visible_in_snapshot(e.major::text::xid8, g.start_snapshot))
+    AND (e.major, e.minor) > ((SELECT last_major FROM g), (SELECT last_minor FROM g))
+    AND e.major < (SELECT xmin FROM horizon)
+    AND ((SELECT start_snapshot FROM g) IS NULL
+         OR NOT pg_visible_in_snapshot(e.major::text::xid8, (SELECT start_snapshot FROM g)))
   ORDER BY e.major, e.minor
   LIMIT $5
 ),

@@ -22,6 +22,8 @@ pub mod daemon;
 pub mod error;
 pub mod metrics;
 pub mod store;
+pub mod stream_api;
+pub mod stream_store;
 pub mod webhook;
 
 pub use api::{openapi, router, ApiState};
@@ -29,4 +31,5 @@ pub use auth::{Authenticator, Principal, TenantScope};
 pub use config::{Config, ConfigError};
 pub use daemon::{bind, init_logging, run, Running, ServeError};
 pub use error::ApiError;
+pub use stream_store::ApiStreams;
 pub use webhook::WebhookHandler;

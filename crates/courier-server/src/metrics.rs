@@ -17,6 +17,11 @@ pub const WEBHOOK_REQUESTS: &str = "courier_webhook_requests_total";
 /// Webhook request duration by `subscription`.
 pub const WEBHOOK_SECONDS: &str = "courier_webhook_duration_seconds";
 
+/// Stream entries appended over the API, by `backend`.
+pub const STREAM_ENTRIES_APPENDED: &str = "courier_stream_entries_appended_total";
+/// Blocking stream reads over the API waiting right now.
+pub const STREAM_READS_BLOCKED: &str = "courier_stream_reads_blocked";
+
 /// Histogram buckets for durations, in seconds.
 const SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,

@@ -12,7 +12,8 @@ pub const PUBLISHED: &str = "courier_messages_published_total";
 pub const QUEUE_DEPTH: &str = "courier_queue_depth";
 /// Age of the oldest open delivery by `subscription`, set at scrape.
 pub const OLDEST_PENDING_AGE: &str = "courier_oldest_pending_age_seconds";
-/// Webhook requests by `subscription` and `outcome` (`delivered`, `retry`, `permanent`, `skipped`).
+/// Webhook requests by `subscription` and `outcome` (`delivered`, `retry`,
+/// `permanent`, `skipped`; for stream subscriptions also `deferred`).
 pub const WEBHOOK_REQUESTS: &str = "courier_webhook_requests_total";
 /// Webhook request duration by `subscription`.
 pub const WEBHOOK_SECONDS: &str = "courier_webhook_duration_seconds";

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use courier_cli::bench::{self, BenchOptions, Scenario};
 use courier_cli::database::{self, Database};
 use courier_cli::ops;
+use courier_cli::streams::{self, StreamsCommand};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -26,13 +27,20 @@ Examples:
   courier dlq retry 42 43                        # or: courier dlq retry --topic invoice.paid
   courier subscriptions pause billing
   courier subscriptions create audit --topic 'invoice.*' --replay all
+  courier streams append --tenant acme --stream orders --payload '{\"order\": 7}'
+  courier streams group --tenant acme --stream orders --group billing --start beginning
+  courier streams read --tenant acme --stream orders --group billing --consumer c1 --block-ms 5000
+  courier streams ack --tenant acme --stream orders --group billing 1-0 2-0
+  courier streams pending --url http://127.0.0.1:7070 --token $TOKEN --tenant acme --stream orders --group billing
   courier migrate --database-url postgres://postgres@127.0.0.1:5432/app --schema courier
   courier bench --quick
   courier bench --scenario all --baseline --database-url postgres://postgres@127.0.0.1:5432/test
   courier bench --scenario drain --messages 20000 --json > drain.json
   courier bench --scenario explain --database-url postgres://postgres@127.0.0.1:5432/test
 
-The database URL may also come from COURIER_DATABASE_URL. `courier bench`
+The database URL may also come from COURIER_DATABASE_URL; `courier streams`
+reads Redis with --backend redis --redis-url (or COURIER_STREAMS__BACKEND and
+COURIER_REDIS__URL, as the daemon does). `courier bench`
 without one measures SQLite in ./courier-bench.db (deleted and recreated);
 on PostgreSQL it creates a schema of its own (courier_bench_<random>) and
 drops it when done.";
@@ -79,6 +87,10 @@ enum Command {
     /// Subscriptions: list, pause, resume, create (with replay), remove topics.
     #[command(subcommand)]
     Subscriptions(SubscriptionsCommand),
+    /// Streams: append, read (a range, or new entries for a group's
+    /// consumer), group, ack, claim, pending, trim, consumers.
+    #[command(subcommand)]
+    Streams(StreamsCommand),
     /// Create or upgrade Courier's tables (safe to run from many processes at once).
     Migrate {
         /// `postgres://…`, or a SQLite file path (`sqlite:` prefix optional).
@@ -426,6 +438,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Dlq(command) => dlq(command).await?,
+        Command::Streams(command) => streams::run(command).await?,
         Command::Subscriptions(command) => match command {
             SubscriptionsCommand::List { db } if db.url.is_some() => {
                 ops::print_json(&remote(&db)?.get("/v1/subscriptions").await?)?;

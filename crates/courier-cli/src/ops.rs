@@ -1,6 +1,7 @@
 //! Operators' verbs over a Courier database: publish, status, dead letters
 //! and subscriptions. They talk to the database directly (the same one a
 //! `courier serve` uses); `publish` can also go through a running daemon.
+//! The streams verbs are in [`crate::streams`].
 
 use std::io::BufRead;
 
@@ -61,6 +62,11 @@ impl Store {
             bail!("the database's Courier schema is missing or not current; run `courier migrate`");
         }
         Ok(store)
+    }
+
+    /// The database's native streams.
+    pub fn streams(&self) -> std::sync::Arc<dyn courier_server::ApiStreams> {
+        with_store!(self, courier => std::sync::Arc::new(courier.store().clone()))
     }
 
     /// Publishes messages in one transaction.
@@ -254,6 +260,26 @@ impl Remote {
             .header("content-type", "application/json")
             .body(body.to_string());
         self.send(request, path).await
+    }
+
+    /// `PUT path` with a JSON body.
+    pub async fn put(
+        &self,
+        path: &str,
+        body: serde_json::Value,
+    ) -> anyhow::Result<serde_json::Value> {
+        let request = self
+            .client
+            .put(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        self.send(request, path).await
+    }
+
+    /// `DELETE path`.
+    pub async fn delete(&self, path: &str) -> anyhow::Result<serde_json::Value> {
+        self.send(self.client.delete(format!("{}{path}", self.base)), path)
+            .await
     }
 
     async fn send(

@@ -12,7 +12,8 @@
 //! stored all or nothing.
 //!
 //! Access: `publish` to publish, `read` (or `admin`) to read, `admin` for
-//! dead-letter retry/discard and subscription pause/resume. A token sees only
+//! dead-letter retry/discard and subscription pause/resume. The streams
+//! routes under `/v1/streams` are in [`crate::stream_api`]. A token sees only
 //! its tenants: another tenant's message is 404, publishing for another tenant
 //! 403. Pausing a subscription affects every tenant, so it needs a token
 //! scoped to `*`. `/healthz`, `/readyz` and `/v1/openapi.json` are public.
@@ -47,6 +48,7 @@ use crate::config::{Config, ConfigError};
 use crate::error::{ApiError, ErrorBody};
 use crate::metrics::{prometheus, OLDEST_PENDING_AGE, PUBLISHED, QUEUE_DEPTH};
 use crate::store::ApiStore;
+use crate::stream_store::ApiStreams;
 
 /// Room for the envelope around a message's payload (names, keys, up to 64
 /// headers of 4 KiB) and for whitespace in the payload as sent.
@@ -61,6 +63,8 @@ pub const MAX_IDS: usize = 1000;
 pub const DEFAULT_PAGE: usize = 50;
 /// The largest page.
 pub const MAX_PAGE: usize = 500;
+/// The cap on a stream request's body other than an append (10,000 ids fit).
+pub const STREAM_BODY_BYTES: usize = 1024 * 1024;
 
 /// What the router serves from: the store, the token checker and the limits.
 #[derive(Clone)]
@@ -69,6 +73,8 @@ pub struct ApiState {
     auth: Arc<Authenticator>,
     max_payload_bytes: usize,
     metrics: PrometheusHandle,
+    streams: Option<Arc<dyn ApiStreams>>,
+    shutdown: tokio_util::sync::CancellationToken,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -108,7 +114,34 @@ impl ApiState {
             auth: Arc::new(auth),
             max_payload_bytes: max_payload_bytes.clamp(1, MAX_PAYLOAD_BYTES),
             metrics: prometheus(),
+            streams: None,
+            shutdown: tokio_util::sync::CancellationToken::new(),
         }
+    }
+
+    /// The same state serving `/v1/streams` from `streams`.
+    #[must_use]
+    pub fn with_streams<T: ApiStreams>(mut self, streams: T) -> Self {
+        self.streams = Some(Arc::new(streams));
+        self
+    }
+
+    /// Cancelled when the daemon shuts down: blocking stream reads then end
+    /// at once instead of holding shutdown up.
+    pub fn shutdown_token(&self) -> tokio_util::sync::CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// The stream backend; 404 on a router built without one.
+    pub(crate) fn streams(&self) -> Result<&dyn ApiStreams, ApiError> {
+        self.streams
+            .as_deref()
+            .ok_or_else(|| ApiError::not_found("this server has no stream backend", None))
+    }
+
+    /// The largest accepted payload.
+    pub(crate) fn max_payload_bytes(&self) -> usize {
+        self.max_payload_bytes
     }
 
     /// Whether no tokens are configured.
@@ -173,6 +206,7 @@ fn api_routes(single_limit: usize, batch_limit: usize) -> OpenApiRouter<ApiState
                 .routes(routes!(publish_batch))
                 .layer(limit(batch_limit)),
         )
+        .merge(crate::stream_api::routes(batch_limit, STREAM_BODY_BYTES))
         .merge(
             OpenApiRouter::new()
                 .routes(routes!(get_message))
@@ -194,7 +228,7 @@ fn api_routes(single_limit: usize, batch_limit: usize) -> OpenApiRouter<ApiState
 #[openapi(
     info(
         title = "Courier",
-        description = "Durable event delivery: publish messages, inspect their delivery, manage dead letters and subscriptions. Errors are always `{\"error\": {\"code\", \"message\", \"field\"}}`."
+        description = "Durable event delivery: publish messages, inspect their delivery, manage dead letters and subscriptions; append to streams and consume them through groups. Errors are always `{\"error\": {\"code\", \"message\", \"field\"}}`."
     ),
     components(schemas(ErrorBody)),
     modifiers(&BearerAuth),
@@ -202,6 +236,7 @@ fn api_routes(single_limit: usize, batch_limit: usize) -> OpenApiRouter<ApiState
         (name = "messages", description = "Publish and inspect messages"),
         (name = "dead-letters", description = "Messages a subscription gave up on"),
         (name = "subscriptions", description = "Subscriptions and their pause state"),
+        (name = "streams", description = "Streams and their consumer groups"),
         (name = "operations", description = "Health, readiness, statistics and metrics")
     )
 )]

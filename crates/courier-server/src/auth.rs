@@ -3,7 +3,8 @@
 //! A request's token is hashed and compared in constant time with every
 //! configured digest (all of them, so timing does not tell which matched).
 //! No token or an unknown one is 401; a token without the route's role is 403;
-//! another tenant's message is 404 to it, and publishing to another tenant 403.
+//! another tenant's message or stream is 404 to it, and publishing (or
+//! appending) to another tenant 403.
 //! With no tokens configured the API is open (the configuration allows that
 //! on loopback addresses only) and every request acts with every role.
 
@@ -62,7 +63,7 @@ impl Principal {
         Self {
             name: None,
             tenants: TenantScope::All,
-            roles: [Role::Admin, Role::Publish, Role::Read]
+            roles: [Role::Admin, Role::Consume, Role::Publish, Role::Read]
                 .into_iter()
                 .collect(),
         }
@@ -242,6 +243,11 @@ role_extractor!(
     "A caller holding the `read` role, or `admin`."
 );
 role_extractor!(Admin, Role::Admin, "A caller holding the `admin` role.");
+role_extractor!(
+    Consumer,
+    Role::Consume,
+    "A caller holding the `consume` role (reads, acks and claims through a stream's group)."
+);
 
 #[cfg(test)]
 mod tests {

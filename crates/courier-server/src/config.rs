@@ -116,11 +116,15 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
-    /// Dead letters (retry, discard) and subscriptions (pause, resume); implies `read`.
+    /// Dead letters (retry, discard), subscriptions (pause, resume) and
+    /// streams (create groups, trim, delete consumers); implies `read`.
     Admin,
-    /// Publishing messages.
+    /// Consuming streams through a group: read, ack and claim entries.
+    Consume,
+    /// Publishing messages and appending stream entries.
     Publish,
-    /// Reading messages, dead letters, stats, subscriptions and metrics.
+    /// Reading messages, dead letters, stats, subscriptions, metrics, stream
+    /// entries, pending entries and consumers.
     Read,
 }
 
@@ -128,6 +132,7 @@ impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Role::Admin => "admin",
+            Role::Consume => "consume",
             Role::Publish => "publish",
             Role::Read => "read",
         })
@@ -302,6 +307,153 @@ pub struct StreamsSection {
     pub backend: StreamBackendKind,
 }
 
+/// One `[[stream_subscriptions]]` entry: a tenant's stream delivered to a
+/// target through a consumer group named after the subscription (see
+/// [`courier::StreamSubscription`]). Durations are in milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamSubscriptionSettings {
+    /// The subscription's name: also its consumer group's, and the first part
+    /// of each entry's correlation id `{name}:{stream}:{entry id}`.
+    pub name: String,
+    /// The tenant whose stream is read.
+    pub tenant: String,
+    /// The stream.
+    pub stream: String,
+    /// This daemon's consumer in the group (default
+    /// `{hostname}-{name}`, stable across restarts).
+    #[serde(default)]
+    pub consumer: Option<String>,
+    /// Where the group starts when the daemon creates it: `end` (default),
+    /// `beginning`, or an entry id (the entries after it).
+    #[serde(default = "default_stream_start")]
+    pub start: String,
+    /// Entries per read or claim.
+    #[serde(default = "default_stream_batch")]
+    pub batch: usize,
+    /// How long a read waits for new entries.
+    #[serde(default = "default_stream_block_ms")]
+    pub block_ms: u64,
+    /// How long an entry must be pending and idle before it is claimed again
+    /// (the redelivery delay after a failed delivery).
+    #[serde(default = "default_min_idle_ms")]
+    pub min_idle_ms: u64,
+    /// How often idle entries are claimed.
+    #[serde(default = "default_claim_interval_ms")]
+    pub claim_interval_ms: u64,
+    /// Deliveries after which a failing entry is dead-lettered to
+    /// `{stream}.dead`.
+    #[serde(default = "default_max_deliveries")]
+    pub max_deliveries: u64,
+    /// The first pause after the target asked to wait (429, or 503 with
+    /// `Retry-After`).
+    #[serde(default = "default_defer_min_ms")]
+    pub defer_min_ms: u64,
+    /// The longest such pause.
+    #[serde(default = "default_defer_max_ms")]
+    pub defer_max_ms: u64,
+    /// Entries delivered at once.
+    #[serde(default = "default_stream_concurrency")]
+    pub concurrency: usize,
+    /// How long one delivery may take before it counts as failed.
+    #[serde(default = "default_handler_timeout_ms")]
+    pub handler_timeout_ms: u64,
+    /// Where entries go.
+    pub target: StreamTargetConfig,
+}
+
+/// Where a stream subscription delivers.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum StreamTargetConfig {
+    /// An HTTP endpoint, signed per Standard Webhooks; `webhook-id` is the
+    /// entry's correlation id.
+    Webhook(WebhookConfig),
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn default_stream_start() -> String {
+    "end".to_owned()
+}
+
+fn default_stream_batch() -> usize {
+    courier::DEFAULT_STREAM_BATCH
+}
+
+fn default_stream_block_ms() -> u64 {
+    millis(courier::DEFAULT_STREAM_BLOCK)
+}
+
+fn default_min_idle_ms() -> u64 {
+    millis(courier::DEFAULT_MIN_IDLE)
+}
+
+fn default_claim_interval_ms() -> u64 {
+    millis(courier::DEFAULT_CLAIM_INTERVAL)
+}
+
+fn default_max_deliveries() -> u64 {
+    courier::DEFAULT_MAX_DELIVERIES
+}
+
+fn default_defer_min_ms() -> u64 {
+    millis(courier::DEFAULT_DEFER_MIN)
+}
+
+fn default_defer_max_ms() -> u64 {
+    millis(courier::DEFAULT_DEFER_MAX)
+}
+
+fn default_stream_concurrency() -> usize {
+    1
+}
+
+fn default_handler_timeout_ms() -> u64 {
+    millis(courier::DEFAULT_HANDLER_TIMEOUT)
+}
+
+/// The longest accepted stream subscription duration setting (one day).
+pub const MAX_STREAM_SETTING_MS: u64 = 86_400_000;
+
+impl StreamSubscriptionSettings {
+    /// Where the group starts (checked when the configuration loads).
+    pub fn group_start(&self) -> Result<courier::GroupStart, courier::ValidationError> {
+        self.start.parse()
+    }
+
+    /// The tenant's stream (checked when the configuration loads).
+    pub fn key(&self) -> Result<courier::StreamKey, courier::ValidationError> {
+        courier::StreamKey::new(self.tenant.clone(), self.stream.clone())
+    }
+
+    /// The engine's settings for this subscription, with `shutdown_timeout`.
+    pub fn engine_config(
+        &self,
+        shutdown_timeout: Duration,
+    ) -> Result<courier::StreamSubscriptionConfig, courier::ValidationError> {
+        let mut config = courier::StreamSubscriptionConfig::new(self.name.clone(), self.key()?)?;
+        if let Some(consumer) = &self.consumer {
+            config.consumer = consumer.clone();
+        }
+        config.start = self.group_start()?;
+        config.batch = self.batch;
+        config.block = Duration::from_millis(self.block_ms);
+        config.min_idle = Duration::from_millis(self.min_idle_ms);
+        config.claim_interval = Duration::from_millis(self.claim_interval_ms);
+        config.max_deliveries = self.max_deliveries;
+        config.defer_min = Duration::from_millis(self.defer_min_ms);
+        config.defer_max = Duration::from_millis(self.defer_max_ms);
+        config.concurrency = self.concurrency;
+        config.handler_timeout = Some(Duration::from_millis(self.handler_timeout_ms));
+        config.shutdown_timeout = shutdown_timeout;
+        config.validate()?;
+        Ok(config)
+    }
+}
+
 /// The daemon's whole configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -331,6 +483,8 @@ pub struct Config {
     pub nats: Option<NatsSection>,
     /// Where streams live.
     pub streams: StreamsSection,
+    /// Stream subscriptions the daemon delivers.
+    pub stream_subscriptions: Vec<StreamSubscriptionSettings>,
 }
 
 impl Default for Config {
@@ -348,6 +502,7 @@ impl Default for Config {
             redis: None,
             nats: None,
             streams: StreamsSection::default(),
+            stream_subscriptions: Vec::new(),
         }
     }
 }
@@ -465,7 +620,7 @@ impl Config {
                 return Err(ConfigError::invalid(
                     key("roles"),
                     Some("[]".into()),
-                    "must name at least one of admin, publish, read",
+                    "must name at least one of admin, consume, publish, read",
                 ));
             }
         }
@@ -561,42 +716,109 @@ impl Config {
             }
             match &subscription.target {
                 TargetConfig::Webhook(webhook) => {
-                    match reqwest::Url::parse(&webhook.url) {
-                        Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
-                        Ok(_) => {
-                            return Err(bad(
-                                &key("target.url"),
-                                &webhook.url,
-                                "must be an http:// or https:// URL with a host",
-                            ))
-                        }
-                        Err(e) => {
-                            return Err(bad(
-                                &key("target.url"),
-                                &webhook.url,
-                                &format!("is not a URL: {e}"),
-                            ))
-                        }
-                    }
-                    let secret = webhook.secret_bytes().map_err(|reason| {
-                        ConfigError::invalid(key("target.secret"), None, reason)
-                    })?;
-                    if secret.is_empty() {
-                        return Err(ConfigError::invalid(
-                            key("target.secret"),
-                            None,
-                            "must not be empty",
-                        ));
-                    }
-                    if webhook.timeout_ms == 0 || webhook.timeout_ms > MAX_WEBHOOK_TIMEOUT_MS {
-                        return Err(bad(
-                            &key("target.timeout_ms"),
-                            &webhook.timeout_ms,
-                            &format!("must be between 1 and {MAX_WEBHOOK_TIMEOUT_MS}"),
-                        ));
-                    }
+                    validate_webhook(&key("target"), webhook)?;
                 }
             }
+        }
+        self.validate_stream_subscriptions()?;
+        Ok(())
+    }
+
+    /// Checks `[[stream_subscriptions]]`, naming
+    /// `stream_subscriptions[i].key`.
+    fn validate_stream_subscriptions(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, value: &dyn fmt::Display, reason: &str| {
+            ConfigError::invalid(key, Some(format!("{:?}", value.to_string())), reason)
+        };
+        // Receipts are kept per (subscription, correlation id) and the
+        // correlation id `{name}:{stream}:{entry id}` holds no tenant, so a
+        // name may serve a stream name once, whatever the tenant.
+        let mut seen = BTreeSet::new();
+        for (i, sub) in self.stream_subscriptions.iter().enumerate() {
+            let key = |field: &str| format!("stream_subscriptions[{i}].{field}");
+            validate_name("name", &sub.name)
+                .map_err(|e| bad(&key("name"), &sub.name, &e.reason))?;
+            validate_name("tenant", &sub.tenant)
+                .map_err(|e| bad(&key("tenant"), &sub.tenant, &e.reason))?;
+            // The stream's dead-letter stream, `{stream}.dead`, must be a name too.
+            sub.key()
+                .and_then(|k| k.dead_letters())
+                .map_err(|e| bad(&key("stream"), &sub.stream, &e.reason))?;
+            if !seen.insert((sub.name.as_str(), sub.stream.as_str())) {
+                return Err(bad(
+                    &key("name"),
+                    &sub.name,
+                    &format!(
+                        "another stream subscription with this name reads a stream named {:?}; \
+                         a name may read each stream name once (its consumer group and \
+                         receipts are keyed by name and stream)",
+                        sub.stream
+                    ),
+                ));
+            }
+            if let Some(consumer) = &sub.consumer {
+                validate_name("consumer", consumer)
+                    .map_err(|e| bad(&key("consumer"), consumer, &e.reason))?;
+            }
+            sub.group_start()
+                .map_err(|e| bad(&key("start"), &sub.start, &e.reason))?;
+            if sub.batch == 0 || sub.batch > courier::MAX_STREAM_BATCH {
+                return Err(bad(
+                    &key("batch"),
+                    &sub.batch,
+                    &format!("must be between 1 and {}", courier::MAX_STREAM_BATCH),
+                ));
+            }
+            let max_block = millis(courier::MAX_STREAM_BLOCK);
+            if sub.block_ms == 0 || sub.block_ms > max_block {
+                return Err(bad(
+                    &key("block_ms"),
+                    &sub.block_ms,
+                    &format!("must be between 1 and {max_block}"),
+                ));
+            }
+            for (field, value) in [
+                ("min_idle_ms", sub.min_idle_ms),
+                ("claim_interval_ms", sub.claim_interval_ms),
+                ("defer_min_ms", sub.defer_min_ms),
+                ("defer_max_ms", sub.defer_max_ms),
+                ("handler_timeout_ms", sub.handler_timeout_ms),
+            ] {
+                if value == 0 || value > MAX_STREAM_SETTING_MS {
+                    return Err(bad(
+                        &key(field),
+                        &value,
+                        &format!("must be between 1 and {MAX_STREAM_SETTING_MS} (one day)"),
+                    ));
+                }
+            }
+            if sub.defer_min_ms > sub.defer_max_ms {
+                return Err(bad(
+                    &key("defer_min_ms"),
+                    &sub.defer_min_ms,
+                    &format!("must be at most defer_max_ms ({})", sub.defer_max_ms),
+                ));
+            }
+            if sub.max_deliveries == 0 {
+                return Err(bad(
+                    &key("max_deliveries"),
+                    &sub.max_deliveries,
+                    "must be at least 1",
+                ));
+            }
+            if sub.concurrency == 0 || sub.concurrency > MAX_CONCURRENCY {
+                return Err(bad(
+                    &key("concurrency"),
+                    &sub.concurrency,
+                    &format!("must be between 1 and {MAX_CONCURRENCY}"),
+                ));
+            }
+            match &sub.target {
+                StreamTargetConfig::Webhook(webhook) => validate_webhook(&key("target"), webhook)?,
+            }
+            // The engine's own checks, should they ever be stricter.
+            sub.engine_config(self.shutdown_timeout())
+                .map_err(|e| ConfigError::invalid(key(e.field), None, e.reason))?;
         }
         Ok(())
     }
@@ -627,6 +849,46 @@ impl Config {
     pub fn shutdown_timeout(&self) -> Duration {
         Duration::from_millis(self.shutdown_timeout_ms)
     }
+}
+
+/// Checks a webhook target at `key` (`subscriptions[0].target`).
+fn validate_webhook(key: &str, webhook: &WebhookConfig) -> Result<(), ConfigError> {
+    let bad = |field: &str, value: &dyn fmt::Display, reason: &str| {
+        ConfigError::invalid(
+            format!("{key}.{field}"),
+            Some(format!("{:?}", value.to_string())),
+            reason,
+        )
+    };
+    match reqwest::Url::parse(&webhook.url) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
+        Ok(_) => {
+            return Err(bad(
+                "url",
+                &webhook.url,
+                "must be an http:// or https:// URL with a host",
+            ))
+        }
+        Err(e) => return Err(bad("url", &webhook.url, &format!("is not a URL: {e}"))),
+    }
+    let secret = webhook
+        .secret_bytes()
+        .map_err(|reason| ConfigError::invalid(format!("{key}.secret"), None, reason))?;
+    if secret.is_empty() {
+        return Err(ConfigError::invalid(
+            format!("{key}.secret"),
+            None,
+            "must not be empty",
+        ));
+    }
+    if webhook.timeout_ms == 0 || webhook.timeout_ms > MAX_WEBHOOK_TIMEOUT_MS {
+        return Err(bad(
+            "timeout_ms",
+            &webhook.timeout_ms,
+            &format!("must be between 1 and {MAX_WEBHOOK_TIMEOUT_MS}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Decodes a hex SHA-256 digest (64 hex digits, any case).
@@ -1117,6 +1379,176 @@ mod tests {
         let text = "[[subscriptions]]\nname = \"s\"\ntopics = [\"a\"]\ntarget = { type = \"webhook\", url = \"http://x/\", secret = \"hunter2\" }\n";
         let config = Config::from_toml_str(text).unwrap();
         assert!(!format!("{config:?}").contains("hunter2"));
+    }
+
+    const STREAM_SUBSCRIPTION: &str = r#"
+        [[stream_subscriptions]]
+        name = "billing"
+        tenant = "acme"
+        stream = "orders"
+        target = { type = "webhook", url = "http://127.0.0.1:1/a", secret = "s" }
+    "#;
+
+    #[test]
+    fn stream_subscriptions_take_the_engine_defaults() {
+        let config = Config::from_toml_str(STREAM_SUBSCRIPTION).unwrap();
+        let sub = &config.stream_subscriptions[0];
+        assert_eq!(sub.start, "end");
+        assert_eq!(sub.min_idle_ms, 30_000);
+        assert_eq!(sub.claim_interval_ms, 10_000);
+        assert_eq!(sub.max_deliveries, 10);
+        assert_eq!((sub.defer_min_ms, sub.defer_max_ms), (1_000, 60_000));
+        let engine = sub.engine_config(config.shutdown_timeout()).unwrap();
+        assert_eq!(engine.name, "billing");
+        assert_eq!(engine.key.to_string(), "acme/orders");
+        assert_eq!(engine.start, courier::GroupStart::End);
+        assert_eq!(engine.batch, courier::DEFAULT_STREAM_BATCH);
+        assert_eq!(engine.block, courier::DEFAULT_STREAM_BLOCK);
+        assert_eq!(engine.min_idle, courier::DEFAULT_MIN_IDLE);
+        assert_eq!(
+            engine.handler_timeout,
+            Some(courier::DEFAULT_HANDLER_TIMEOUT)
+        );
+        assert_eq!(engine.consumer, courier::default_consumer("billing"));
+    }
+
+    #[test]
+    fn every_stream_subscription_key_comes_from_the_environment() {
+        let config = Config::from_sources(
+            None,
+            None,
+            env(&[
+                ("COURIER_STREAM_SUBSCRIPTIONS__0__NAME", "billing"),
+                ("COURIER_STREAM_SUBSCRIPTIONS__0__TENANT", "acme"),
+                ("COURIER_STREAM_SUBSCRIPTIONS__0__STREAM", "orders"),
+                ("COURIER_STREAM_SUBSCRIPTIONS__0__CONSUMER", "daemon-1"),
+                ("COURIER_STREAM_SUBSCRIPTIONS__0__START", "beginning"),
+                ("COURIER_STREAM_SUBSCRIPTIONS__0__BATCH", "7"),
+                ("COURIER_STREAM_SUBSCRIPTIONS__0__BLOCK_MS", "250"),
+                ("COURIER_STREAM_SUBSCRIPTIONS__0__MIN_IDLE_MS", "500"),
+                ("COURIER_STREAM_SUBSCRIPTIONS__0__CLAIM_INTERVAL_MS", "100"),
+                ("COURIER_STREAM_SUBSCRIPTIONS__0__MAX_DELIVERIES", "3"),
+                ("COURIER_STREAM_SUBSCRIPTIONS__0__DEFER_MIN_MS", "20"),
+                ("COURIER_STREAM_SUBSCRIPTIONS__0__DEFER_MAX_MS", "40"),
+                ("COURIER_STREAM_SUBSCRIPTIONS__0__CONCURRENCY", "4"),
+                ("COURIER_STREAM_SUBSCRIPTIONS__0__HANDLER_TIMEOUT_MS", "900"),
+                ("COURIER_STREAM_SUBSCRIPTIONS__0__TARGET__TYPE", "webhook"),
+                (
+                    "COURIER_STREAM_SUBSCRIPTIONS__0__TARGET__URL",
+                    "http://127.0.0.1:2/b",
+                ),
+                ("COURIER_STREAM_SUBSCRIPTIONS__0__TARGET__SECRET", "s"),
+                ("COURIER_STREAM_SUBSCRIPTIONS__0__TARGET__TIMEOUT_MS", "800"),
+            ]),
+        )
+        .unwrap();
+        let sub = &config.stream_subscriptions[0];
+        let engine = sub.engine_config(Duration::from_secs(1)).unwrap();
+        assert_eq!(engine.consumer, "daemon-1");
+        assert_eq!(engine.start, courier::GroupStart::Beginning);
+        assert_eq!(engine.batch, 7);
+        assert_eq!(engine.block, Duration::from_millis(250));
+        assert_eq!(engine.min_idle, Duration::from_millis(500));
+        assert_eq!(engine.claim_interval, Duration::from_millis(100));
+        assert_eq!(engine.max_deliveries, 3);
+        assert_eq!(engine.defer_min, Duration::from_millis(20));
+        assert_eq!(engine.defer_max, Duration::from_millis(40));
+        assert_eq!(engine.concurrency, 4);
+        assert_eq!(engine.handler_timeout, Some(Duration::from_millis(900)));
+        let StreamTargetConfig::Webhook(webhook) = &sub.target;
+        assert_eq!(webhook.url, "http://127.0.0.1:2/b");
+        assert_eq!(webhook.timeout_ms, 800);
+        let err = Config::from_sources(
+            Some(STREAM_SUBSCRIPTION),
+            None,
+            env(&[("COURIER_STREAM_SUBSCRIPTIONS__0__MAX_DELIVERIES", "0")]),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.key(),
+            Some("stream_subscriptions[0].max_deliveries (from COURIER_STREAM_SUBSCRIPTIONS__0__MAX_DELIVERIES)"),
+            "{err}"
+        );
+    }
+
+    /// A `[[stream_subscriptions]]` entry with `key = value` set (replacing
+    /// the default of `name`, `tenant` or `stream`).
+    fn stream_subscription(key: &str, value: &str) -> String {
+        let mut lines = vec![
+            "[[stream_subscriptions]]".to_owned(),
+            "target = { type = \"webhook\", url = \"http://127.0.0.1:1/a\", secret = \"s\" }"
+                .to_owned(),
+        ];
+        for (name, default) in [
+            ("name", "\"billing\""),
+            ("tenant", "\"acme\""),
+            ("stream", "\"orders\""),
+        ] {
+            if name != key {
+                lines.push(format!("{name} = {default}"));
+            }
+        }
+        lines.push(format!("{key} = {value}"));
+        lines.join("\n")
+    }
+
+    #[test]
+    fn every_stream_subscription_key_is_checked_by_name() {
+        let cases: &[(&str, &str)] = &[
+            ("name", "\"a:b\""),
+            ("tenant", "\"\""),
+            ("stream", "\"x y\""),
+            ("stream", &format!("\"{}\"", "s".repeat(125))),
+            ("consumer", "\"-c\""),
+            ("start", "\"middle\""),
+            ("batch", "0"),
+            ("batch", "10001"),
+            ("block_ms", "0"),
+            ("block_ms", "30001"),
+            ("min_idle_ms", "0"),
+            ("claim_interval_ms", "0"),
+            ("max_deliveries", "0"),
+            ("max_deliveries", "-1"),
+            ("defer_min_ms", "0"),
+            ("defer_min_ms", "70000"),
+            ("defer_max_ms", "86400001"),
+            ("concurrency", "0"),
+            ("handler_timeout_ms", "0"),
+            ("colour", "1"),
+        ];
+        for (key, value) in cases {
+            let text = stream_subscription(key, value);
+            let err = Config::from_toml_str(&text).unwrap_err();
+            let expected = format!("stream_subscriptions[0].{key}");
+            assert_eq!(err.key(), Some(expected.as_str()), "{key} = {value}: {err}");
+        }
+        let text = STREAM_SUBSCRIPTION.replace("http://127.0.0.1:1/a", "ftp://x/");
+        let err = Config::from_toml_str(&text).unwrap_err();
+        assert_eq!(
+            err.key(),
+            Some("stream_subscriptions[0].target.url"),
+            "{err}"
+        );
+        let text = STREAM_SUBSCRIPTION.replace("type = \"webhook\"", "type = \"pigeon\"");
+        let err = Config::from_toml_str(&text).unwrap_err();
+        assert!(
+            err.to_string().contains("stream_subscriptions[0].target"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_stream_subscription_name_reads_each_stream_name_once() {
+        let other_tenant = STREAM_SUBSCRIPTION.replace("\"acme\"", "\"globex\"");
+        let text = format!("{STREAM_SUBSCRIPTION}{other_tenant}");
+        let err = Config::from_toml_str(&text).unwrap_err();
+        assert_eq!(err.key(), Some("stream_subscriptions[1].name"), "{err}");
+        let other_stream = STREAM_SUBSCRIPTION.replace("\"orders\"", "\"refunds\"");
+        let config =
+            Config::from_toml_str(&format!("{STREAM_SUBSCRIPTION}{other_stream}")).unwrap();
+        assert_eq!(config.stream_subscriptions.len(), 2);
+        let other_name = STREAM_SUBSCRIPTION.replace("\"billing\"", "\"audit\"");
+        assert!(Config::from_toml_str(&format!("{STREAM_SUBSCRIPTION}{other_name}")).is_ok());
     }
 
     #[test]

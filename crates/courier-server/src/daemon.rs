@@ -3,12 +3,14 @@
 //!
 //! [`bind`] does everything that can fail at start — validating the config,
 //! opening the database (PostgreSQL for `postgres://` URLs, SQLite otherwise),
-//! running migrations, registering every subscription and binding the
-//! listener — and returns a [`Running`] daemon with its bound address (so
+//! running migrations, opening the stream backend (see
+//! [`crate::stream_subscriptions`]), registering every subscription, creating
+//! every stream subscription's group and binding the listener — and returns a [`Running`] daemon with its bound address (so
 //! tests can listen on port 0). [`run`] is `bind` then wait.
 //!
 //! Shutdown, when the `shutdown` future completes: the listener stops
-//! accepting and open HTTP requests finish; every worker stops claiming, lets
+//! accepting, blocking stream reads end at once and other open HTTP requests
+//! finish; every stream subscription stops reading; every worker stops claiming, lets
 //! its in-flight deliveries finish for up to `shutdown_timeout_ms` (those still
 //! running then are recorded as failed attempts, retried at once by the next
 //! daemon) and hands back claimed-but-unstarted ones without spending an
@@ -21,7 +23,7 @@ use std::time::Duration;
 
 use courier::{
     AdminStore, Courier, DeadLetterStore, EngineError, MaintenanceConfig, OutboxStore, StoreError,
-    WorkerHandle,
+    StreamReceipts, StreamStore, WorkerHandle,
 };
 use futures_util::future::BoxFuture;
 use tokio::net::TcpListener;
@@ -30,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{router, ApiState};
 use crate::config::{Config, ConfigError, DatabaseKind, LogFormat};
 use crate::metrics::prometheus;
+use crate::stream_subscriptions::{stop_subscriptions, StreamBackend};
 use crate::webhook::{WebhookError, WebhookHandler};
 
 /// PostgreSQL connections the daemon opens.
@@ -63,6 +66,17 @@ pub enum ServeError {
         /// The engine's error.
         #[source]
         source: EngineError,
+    },
+    /// The stream backend could not be reached at start.
+    #[error("cannot open the stream backend ({backend}) at {address}: {source}")]
+    Streams {
+        /// `redis`, `postgres` or `sqlite`.
+        backend: &'static str,
+        /// Where (`host:port`, never credentials) or what (a stream).
+        address: String,
+        /// The backend's error.
+        #[source]
+        source: StoreError,
     },
     /// The listen address could not be bound.
     #[error("cannot listen on {address}: {source}")]
@@ -151,10 +165,12 @@ async fn start<S>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Running, ServeError>
 where
-    S: OutboxStore + DeadLetterStore + AdminStore,
+    S: OutboxStore + DeadLetterStore + AdminStore + StreamStore + StreamReceipts,
 {
     courier.migrate().await.map_err(ServeError::Migrate)?;
-    let state = ApiState::new(courier.store().clone(), &config)?;
+    let streams = StreamBackend::open(courier.store(), &config).await?;
+    let state = streams.serve_api(ApiState::new(courier.store().clone(), &config)?);
+    let stop_requests = state.shutdown_token();
     let open = state.is_open();
     let app = router(state);
 
@@ -210,10 +226,22 @@ where
         }
     }
 
+    let stream_subscriptions = match streams.start_subscriptions(courier.store(), &config).await {
+        Ok(running) => running,
+        Err(error) => {
+            stop_workers(workers).await;
+            return Err(error);
+        }
+    };
+
     let listener = match TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
         Err(source) => {
-            stop_workers(workers).await;
+            futures_util::future::join(
+                stop_workers(workers),
+                stop_subscriptions(stream_subscriptions),
+            )
+            .await;
             return Err(ServeError::Bind {
                 address: config.listen,
                 source,
@@ -230,7 +258,12 @@ where
             "no [[tokens]] configured: the API is open to anyone who can reach this loopback address"
         );
     }
-    tracing::info!(%address, subscriptions = workers.len(), "courier is serving");
+    tracing::info!(
+        %address,
+        subscriptions = workers.len(),
+        stream_subscriptions = stream_subscriptions.len(),
+        "courier is serving"
+    );
 
     let maintenance = match courier.maintenance(MaintenanceConfig::default()) {
         Ok(maintenance) => Some(tokio::spawn(maintenance.run(services.clone()))),
@@ -254,6 +287,7 @@ where
             finished = &mut server => server_result = Some(finished),
         }
         stop_accepting.cancel();
+        stop_requests.cancel();
         let server_result = match server_result {
             Some(result) => result,
             None => match tokio::time::timeout(shutdown_timeout, &mut server).await {
@@ -271,7 +305,11 @@ where
         if let Some(publisher) = demo_publisher {
             let _ = publisher.await;
         }
-        stop_workers(workers).await;
+        futures_util::future::join(
+            stop_workers(workers),
+            stop_subscriptions(stream_subscriptions),
+        )
+        .await;
         if let Some(maintenance) = maintenance {
             let _ = maintenance.await;
         }

@@ -7,6 +7,9 @@ use courier::{StoreError, ValidationError};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+/// The `Retry-After` of every 503, in seconds.
+pub const RETRY_AFTER_SECONDS: u64 = 1;
+
 /// An API failure: its status, a stable code, a message for people and the
 /// request field it concerns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +97,11 @@ impl ApiError {
         )
     }
 
+    /// 409: the request conflicts with the current state.
+    pub fn conflict(message: impl Into<String>, field: Option<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "conflict", message, field)
+    }
+
     /// 413: the body or a payload is over its limit.
     pub fn too_large(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self::new(
@@ -114,7 +122,8 @@ impl ApiError {
         )
     }
 
-    /// 503: the database is unreachable for now.
+    /// 503: the database or stream backend is unreachable for now; the
+    /// response carries `Retry-After` ([`RETRY_AFTER_SECONDS`]).
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -160,6 +169,7 @@ impl From<StoreError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let unauthorized = self.status == StatusCode::UNAUTHORIZED;
+        let unavailable = self.status == StatusCode::SERVICE_UNAVAILABLE;
         let body = ErrorBody {
             error: ErrorDetail {
                 code: self.code.to_owned(),
@@ -173,6 +183,11 @@ impl IntoResponse for ApiError {
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Bearer realm=\"courier\""),
             );
+        }
+        if unavailable {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
         }
         response
     }

@@ -1,6 +1,7 @@
 //! Courier's daemon as a library: the configuration, the HTTP API (with its
-//! auth, metrics and OpenAPI document), webhook delivery, and the serve loop
-//! that ties them to a database.
+//! auth, metrics and OpenAPI document) and its streams routes, webhook
+//! delivery for subscriptions and stream subscriptions, and the serve loop
+//! that ties them to a database and a stream backend.
 //!
 //! `courier serve` is a thin wrapper over [`run`]:
 //!
@@ -22,6 +23,10 @@ pub mod daemon;
 pub mod error;
 pub mod metrics;
 pub mod store;
+pub mod stream_api;
+pub mod stream_store;
+pub mod stream_subscriptions;
+pub mod stream_webhook;
 pub mod webhook;
 
 pub use api::{openapi, router, ApiState};
@@ -29,4 +34,5 @@ pub use auth::{Authenticator, Principal, TenantScope};
 pub use config::{Config, ConfigError};
 pub use daemon::{bind, init_logging, run, Running, ServeError};
 pub use error::ApiError;
+pub use stream_store::ApiStreams;
 pub use webhook::WebhookHandler;

@@ -12,10 +12,16 @@ pub const PUBLISHED: &str = "courier_messages_published_total";
 pub const QUEUE_DEPTH: &str = "courier_queue_depth";
 /// Age of the oldest open delivery by `subscription`, set at scrape.
 pub const OLDEST_PENDING_AGE: &str = "courier_oldest_pending_age_seconds";
-/// Webhook requests by `subscription` and `outcome` (`delivered`, `retry`, `permanent`, `skipped`).
+/// Webhook requests by `subscription` and `outcome` (`delivered`, `retry`,
+/// `permanent`, `skipped`; for stream subscriptions also `deferred`).
 pub const WEBHOOK_REQUESTS: &str = "courier_webhook_requests_total";
 /// Webhook request duration by `subscription`.
 pub const WEBHOOK_SECONDS: &str = "courier_webhook_duration_seconds";
+
+/// Stream entries appended over the API, by `backend`.
+pub const STREAM_ENTRIES_APPENDED: &str = "courier_stream_entries_appended_total";
+/// Blocking stream reads over the API waiting right now.
+pub const STREAM_READS_BLOCKED: &str = "courier_stream_reads_blocked";
 
 /// Histogram buckets for durations, in seconds.
 const SECONDS_BUCKETS: &[f64] = &[

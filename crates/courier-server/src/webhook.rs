@@ -64,21 +64,154 @@ pub struct WebhookHandler {
 }
 
 struct Inner {
-    subscription: String,
-    client: reqwest::Client,
-    url: reqwest::Url,
-    secret: Vec<u8>,
-    timeout: Duration,
+    endpoint: Endpoint,
     tenants: Option<BTreeSet<String>>,
 }
 
 impl std::fmt::Debug for WebhookHandler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WebhookHandler")
-            .field("subscription", &self.inner.subscription)
-            .field("host", &self.inner.url.host_str())
-            .field("timeout", &self.inner.timeout)
+            .field("subscription", &self.inner.endpoint.subscription)
+            .field("host", &self.inner.endpoint.url.host_str())
+            .field("timeout", &self.inner.endpoint.timeout)
             .finish_non_exhaustive()
+    }
+}
+
+/// One signed HTTP endpoint, as outbox and stream subscriptions share it:
+/// its client, URL, secret and timeout.
+pub(crate) struct Endpoint {
+    subscription: String,
+    client: reqwest::Client,
+    url: reqwest::Url,
+    secret: Vec<u8>,
+    timeout: Duration,
+}
+
+/// Why an endpoint did not take a delivery.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    /// The status it answered, if it answered.
+    pub(crate) status: Option<StatusCode>,
+    /// Its `Retry-After`, in seconds, if it sent one.
+    pub(crate) retry_after: Option<Duration>,
+    /// Whether a later delivery may succeed (5xx, 408, 429, a connection
+    /// error or a timeout); any other status is permanent.
+    pub(crate) retryable: bool,
+    /// The status and the start of the body, or the transport error.
+    pub(crate) reason: String,
+}
+
+impl Endpoint {
+    /// An endpoint POSTing to `url`, signing with `secret`, giving each
+    /// request `timeout`; redirects are not followed.
+    pub(crate) fn new(
+        subscription: &str,
+        url: reqwest::Url,
+        secret: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Self, WebhookError> {
+        if secret.is_empty() {
+            return Err(WebhookError::Invalid {
+                subscription: subscription.to_owned(),
+                reason: "the secret is empty".into(),
+            });
+        }
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(timeout)
+            .user_agent(concat!("courier/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|source| WebhookError::Client {
+                subscription: subscription.to_owned(),
+                source,
+            })?;
+        Ok(Self {
+            subscription: subscription.to_owned(),
+            client,
+            url,
+            secret,
+            timeout,
+        })
+    }
+
+    /// The subscription the endpoint serves.
+    pub(crate) fn subscription(&self) -> &str {
+        &self.subscription
+    }
+
+    /// Counts one request by `outcome` and its duration since `started`.
+    pub(crate) fn count(&self, outcome: &'static str, started: Instant) {
+        let subscription = self.subscription.clone();
+        metrics::counter!(WEBHOOK_REQUESTS, "subscription" => subscription.clone(), "outcome" => outcome)
+            .increment(1);
+        metrics::histogram!(WEBHOOK_SECONDS, "subscription" => subscription)
+            .record(started.elapsed().as_secs_f64());
+    }
+
+    /// POSTs `body` as JSON with `webhook-id: id`, its timestamp and
+    /// signature, and `extra` headers; `Ok` on a 2xx answer.
+    pub(crate) async fn post(
+        &self,
+        id: &str,
+        extra: HeaderMap,
+        body: Vec<u8>,
+    ) -> Result<Result<(), Refusal>, HandlerError> {
+        let timestamp = chrono::Utc::now().timestamp();
+        let signature = sign(&self.secret, id, timestamp, &body)
+            .ok_or_else(|| HandlerError::permanent("the signing secret is unusable"))?;
+        let mut headers = extra;
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert("webhook-id", header(id)?);
+        headers.insert("webhook-timestamp", header(&timestamp.to_string())?);
+        headers.insert("webhook-signature", header(&signature)?);
+        let sent = self
+            .client
+            .post(self.url.clone())
+            .timeout(self.timeout)
+            .headers(headers)
+            .body(body)
+            .send()
+            .await;
+        let transport = |reason: String| Refusal {
+            status: None,
+            retry_after: None,
+            retryable: true,
+            reason,
+        };
+        let response = match sent {
+            Ok(response) => response,
+            Err(error) if error.is_timeout() => {
+                return Ok(Err(transport(format!(
+                    "webhook timed out after {} ms",
+                    self.timeout.as_millis()
+                ))));
+            }
+            Err(error) => {
+                let mut reason = error.to_string();
+                let mut source = std::error::Error::source(&error);
+                while let Some(cause) = source {
+                    reason.push_str(": ");
+                    reason.push_str(&cause.to_string());
+                    source = cause.source();
+                }
+                return Ok(Err(transport(format!("webhook unreachable: {reason}"))));
+            }
+        };
+        let status = response.status();
+        if status.is_success() {
+            return Ok(Ok(()));
+        }
+        let wait = retry_after(response.headers());
+        let text = body_start(response).await;
+        Ok(Err(Refusal {
+            status: Some(status),
+            retry_after: wait,
+            retryable: status.is_server_error()
+                || status == StatusCode::REQUEST_TIMEOUT
+                || status == StatusCode::TOO_MANY_REQUESTS,
+            reason: format!("webhook answered {status}: {text}"),
+        }))
     }
 }
 
@@ -113,39 +246,16 @@ impl WebhookHandler {
         timeout: Duration,
         tenants: Option<BTreeSet<String>>,
     ) -> Result<Self, WebhookError> {
-        if secret.is_empty() {
-            return Err(WebhookError::Invalid {
-                subscription: subscription.to_owned(),
-                reason: "the secret is empty".into(),
-            });
-        }
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(timeout)
-            .user_agent(concat!("courier/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|source| WebhookError::Client {
-                subscription: subscription.to_owned(),
-                source,
-            })?;
         Ok(Self {
             inner: Arc::new(Inner {
-                subscription: subscription.to_owned(),
-                client,
-                url,
-                secret,
-                timeout,
+                endpoint: Endpoint::new(subscription, url, secret, timeout)?,
                 tenants,
             }),
         })
     }
 
     fn count(&self, outcome: &'static str, started: Instant) {
-        let subscription = self.inner.subscription.clone();
-        metrics::counter!(WEBHOOK_REQUESTS, "subscription" => subscription.clone(), "outcome" => outcome)
-            .increment(1);
-        metrics::histogram!(WEBHOOK_SECONDS, "subscription" => subscription)
-            .record(started.elapsed().as_secs_f64());
+        self.inner.endpoint.count(outcome, started);
     }
 }
 
@@ -185,7 +295,7 @@ pub fn verify(
     })
 }
 
-fn header(value: &str) -> Result<HeaderValue, HandlerError> {
+pub(crate) fn header(value: &str) -> Result<HeaderValue, HandlerError> {
     HeaderValue::from_str(value)
         .map_err(|e| HandlerError::permanent(format!("cannot send {value:?} as a header: {e}")))
 }
@@ -232,15 +342,7 @@ impl Handler for WebhookHandler {
         let body = serde_json::to_vec(&message.payload).map_err(|e| {
             HandlerError::permanent(format!("the payload cannot be encoded as JSON: {e}"))
         })?;
-        let id = message.id.to_string();
-        let timestamp = chrono::Utc::now().timestamp();
-        let signature = sign(&inner.secret, &id, timestamp, &body)
-            .ok_or_else(|| HandlerError::permanent("the signing secret is unusable"))?;
         let mut headers = HeaderMap::new();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert("webhook-id", header(&id)?);
-        headers.insert("webhook-timestamp", header(&timestamp.to_string())?);
-        headers.insert("webhook-signature", header(&signature)?);
         headers.insert("courier-tenant", header(&message.tenant)?);
         headers.insert("courier-topic", header(&message.topic)?);
         headers.insert(
@@ -248,56 +350,25 @@ impl Handler for WebhookHandler {
             header(&message.schema_version.to_string())?,
         );
         headers.insert("courier-attempt", header(&message.attempt.to_string())?);
-        let sent = inner
-            .client
-            .post(inner.url.clone())
-            .timeout(inner.timeout)
-            .headers(headers)
-            .body(body)
-            .send()
-            .await;
-        let response = match sent {
-            Ok(response) => response,
-            Err(error) if error.is_timeout() => {
-                self.count("retry", started);
-                return Err(HandlerError::retry(format!(
-                    "webhook timed out after {} ms",
-                    inner.timeout.as_millis()
-                )));
+        let refusal = match inner
+            .endpoint
+            .post(&message.id.to_string(), headers, body)
+            .await?
+        {
+            Ok(()) => {
+                self.count("delivered", started);
+                return Ok(());
             }
-            Err(error) => {
-                self.count("retry", started);
-                let mut reason = error.to_string();
-                let mut source = std::error::Error::source(&error);
-                while let Some(cause) = source {
-                    reason.push_str(": ");
-                    reason.push_str(&cause.to_string());
-                    source = cause.source();
-                }
-                return Err(HandlerError::retry(format!(
-                    "webhook unreachable: {reason}"
-                )));
-            }
+            Err(refusal) => refusal,
         };
-        let status = response.status();
-        if status.is_success() {
-            self.count("delivered", started);
-            return Ok(());
-        }
-        let wait = retry_after(response.headers());
-        let text = body_start(response).await;
-        let reason = format!("webhook answered {status}: {text}");
-        let retryable = status.is_server_error()
-            || status == StatusCode::REQUEST_TIMEOUT
-            || status == StatusCode::TOO_MANY_REQUESTS;
-        if !retryable {
+        if !refusal.retryable {
             self.count("permanent", started);
-            return Err(HandlerError::permanent(reason));
+            return Err(HandlerError::permanent(refusal.reason));
         }
         self.count("retry", started);
-        Err(match wait {
-            Some(delay) => HandlerError::retry_after(delay, reason),
-            None => HandlerError::retry(reason),
+        Err(match refusal.retry_after {
+            Some(delay) => HandlerError::retry_after(delay, refusal.reason),
+            None => HandlerError::retry(refusal.reason),
         })
     }
 }

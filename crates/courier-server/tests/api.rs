@@ -824,6 +824,25 @@ fn the_openapi_document_lists_every_route() {
         ("/readyz", "get"),
         ("/metrics", "get"),
         ("/v1/openapi.json", "get"),
+        ("/v1/streams/{tenant}/{stream}/entries", "post"),
+        ("/v1/streams/{tenant}/{stream}/entries", "get"),
+        ("/v1/streams/{tenant}/{stream}/trim", "post"),
+        ("/v1/streams/{tenant}/{stream}/groups/{group}", "put"),
+        ("/v1/streams/{tenant}/{stream}/groups/{group}/read", "post"),
+        ("/v1/streams/{tenant}/{stream}/groups/{group}/ack", "post"),
+        ("/v1/streams/{tenant}/{stream}/groups/{group}/claim", "post"),
+        (
+            "/v1/streams/{tenant}/{stream}/groups/{group}/pending",
+            "get",
+        ),
+        (
+            "/v1/streams/{tenant}/{stream}/groups/{group}/consumers",
+            "get",
+        ),
+        (
+            "/v1/streams/{tenant}/{stream}/groups/{group}/consumers/{consumer}",
+            "delete",
+        ),
     ];
     let mut listed = 0;
     for (path, operations) in document["paths"].as_object().unwrap() {

@@ -60,6 +60,13 @@ pub use courier_engine::{
     StreamSubscriptionHandle, TransactionalHandler, TransactionalStreamHandler, Worker,
     WorkerBuilder, WorkerConfig, WorkerHandle,
 };
+// What the daemon's configuration and streams API build on.
+pub use courier_core::{validate_count, MAX_HEADERS};
+pub use courier_engine::stream_worker::{
+    default_consumer, DEFAULT_CLAIM_INTERVAL, DEFAULT_DEFER_MAX, DEFAULT_DEFER_MIN,
+    DEFAULT_MAX_DELIVERIES, DEFAULT_MIN_IDLE, DEFAULT_STREAM_BATCH, DEFAULT_STREAM_BLOCK,
+};
+pub use courier_engine::DEFAULT_HANDLER_TIMEOUT;
 
 /// The PostgreSQL backend.
 #[cfg(feature = "postgres")]

@@ -1,0 +1,1183 @@
+//! The streams API under `/v1/streams/{tenant}/{stream}`: append and range,
+//! consumer groups (create, read, ack, claim, pending, consumers) and trim,
+//! over the daemon's stream backend ([`ApiStreams`]).
+//!
+//! Each operation is a plain function here (`append`, `read`, ...) taking
+//! the backend, the stream and its typed request: the HTTP handlers call them
+//! after checking the token, and the CLI calls the same functions when it
+//! talks to a stream backend directly, so both refuse the same input with the
+//! same field named.
+//!
+//! Input is refused before anything is written: names (`tenant`, `stream`,
+//! `group`, `consumer`), entry ids (`ids[3]`, `after`, `cursor`, `min_id`),
+//! counts (1 to 10,000), `block_ms` (at most 30,000), `min_idle_ms` (at most
+//! a year), a trim with both or
+//! neither bound, and headers are 422 naming the field; a payload over
+//! `max_payload_bytes` is 413 (`entries[i].payload`); a body that is not JSON
+//! is 400. An append is all or nothing.
+//!
+//! Access: `publish` appends; `read` (or `admin`) lists entries, pending
+//! entries and consumers; `consume` reads, acks and claims through a group;
+//! `admin` creates groups, trims and deletes consumers. A stream of a tenant
+//! the token does not see is 404 to it, and appending to it 403. An unknown
+//! group is 404 (`group`). When the backend is unreachable the answer is 503
+//! with `Retry-After`.
+//!
+//! A blocking read waits on its own request (other requests go on), and ends
+//! early when the client goes away (its request future is dropped, and the
+//! backend's wait with it) or when the daemon shuts down (it answers the
+//! entries read so far: none). Entries a cancelled read may already have been
+//! handed stay pending for its consumer, to be claimed once idle.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use courier::{
+    validate_count, validate_name, ClaimIdle, ConsumerInfo, ConsumerRemoval, DeliveredEntry,
+    EntryOrigin, GroupStart, NewStreamEntry, PendingDetail, PendingQuery, ReadNew, StoreError,
+    StreamEntry, StreamEntryId, StreamKey, TrimBound, MAX_HEADERS, MAX_STREAM_BATCH,
+    MAX_STREAM_BLOCK,
+};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use crate::api::{ApiJson, ApiQuery, ApiState};
+use crate::auth::{Admin, Consumer, Principal, Publisher, Reader};
+use crate::error::{ApiError, ErrorBody};
+use crate::metrics::{STREAM_ENTRIES_APPENDED, STREAM_READS_BLOCKED};
+use crate::stream_store::ApiStreams;
+
+/// How many entries a read, range, claim or pending page returns when
+/// `count` is not given.
+pub const DEFAULT_STREAM_COUNT: usize = 100;
+/// The longest header name of a stream entry, in bytes.
+pub const MAX_HEADER_NAME_BYTES: usize = 128;
+/// The longest header value of a stream entry, in bytes.
+pub const MAX_HEADER_VALUE_BYTES: usize = 4096;
+/// The largest `min_idle_ms` of a claim or pending query (a year).
+pub const MAX_MIN_IDLE_MS: u64 = 365 * 24 * 3600 * 1000;
+
+// ---------------------------------------------------------------- types
+
+/// An entry to append.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendEntry {
+    /// Any JSON value, at most `max_payload_bytes` as compact text.
+    #[schema(value_type = Object)]
+    pub payload: serde_json::Value,
+    /// String headers (at most 64; names 1 to 128 bytes, values at most 4 KiB).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+}
+
+/// Entries to append, in order, all or nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendRequest {
+    /// 1 to 10,000 entries.
+    pub entries: Vec<AppendEntry>,
+}
+
+/// The ids the appended entries got, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AppendResponse {
+    /// One id (`a-b`) per entry.
+    #[schema(value_type = Vec<String>)]
+    pub ids: Vec<StreamEntryId>,
+}
+
+/// The outbox message a relayed entry carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct OriginView {
+    /// The message id.
+    pub message_id: Uuid,
+    /// The message's tenant.
+    pub tenant: String,
+    /// The message's topic.
+    pub topic: String,
+    /// The message's schema version.
+    pub schema_version: i32,
+}
+
+impl From<EntryOrigin> for OriginView {
+    fn from(origin: EntryOrigin) -> Self {
+        Self {
+            message_id: origin.message_id,
+            tenant: origin.tenant,
+            topic: origin.topic,
+            schema_version: origin.schema_version,
+        }
+    }
+}
+
+/// A stored entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct EntryView {
+    /// Its id (`a-b`).
+    #[schema(value_type = String)]
+    pub id: StreamEntryId,
+    /// Its payload.
+    #[schema(value_type = Object)]
+    pub payload: serde_json::Value,
+    /// Its headers.
+    pub headers: BTreeMap<String, String>,
+    /// The outbox message it relays, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<OriginView>,
+}
+
+impl From<StreamEntry> for EntryView {
+    fn from(entry: StreamEntry) -> Self {
+        Self {
+            id: entry.id,
+            payload: entry.payload,
+            headers: entry.headers,
+            origin: entry.origin.map(OriginView::from),
+        }
+    }
+}
+
+/// Entries, in id order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct EntryList {
+    /// The entries.
+    pub entries: Vec<EntryView>,
+}
+
+/// An entry handed to a consumer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DeliveredView {
+    /// Its id (`a-b`).
+    #[schema(value_type = String)]
+    pub id: StreamEntryId,
+    /// Its payload.
+    #[schema(value_type = Object)]
+    pub payload: serde_json::Value,
+    /// Its headers.
+    pub headers: BTreeMap<String, String>,
+    /// The outbox message it relays, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<OriginView>,
+    /// Deliveries so far, this one included.
+    pub deliveries: u64,
+}
+
+impl From<DeliveredEntry> for DeliveredView {
+    fn from(delivered: DeliveredEntry) -> Self {
+        let entry = EntryView::from(delivered.entry);
+        Self {
+            id: entry.id,
+            payload: entry.payload,
+            headers: entry.headers,
+            origin: entry.origin,
+            deliveries: delivered.deliveries,
+        }
+    }
+}
+
+/// Entries handed to a consumer, in id order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DeliveredList {
+    /// The entries, each now pending for the consumer until acked.
+    pub entries: Vec<DeliveredView>,
+}
+
+/// `GET …/entries`: entries above `after`, outside any group.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct RangeQuery {
+    /// Only entries above this id (default `0-0`: from the start).
+    #[param(value_type = Option<String>)]
+    pub after: Option<StreamEntryId>,
+    /// At most this many, 1 to 10,000 (default 100).
+    pub count: Option<usize>,
+}
+
+/// `PUT …/groups/{group}`: where a new group starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GroupRequest {
+    /// `end` (default: only entries appended from now), `beginning`, or an
+    /// entry id (the entries after it).
+    pub start: Option<String>,
+}
+
+/// A group after `PUT`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct GroupView {
+    /// The group.
+    pub group: String,
+    /// Whether this request created it (`false`: it existed and is unchanged).
+    pub created: bool,
+}
+
+/// `POST …/groups/{group}/read`: new entries for a consumer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadRequest {
+    /// The consumer reading (created on first use).
+    pub consumer: String,
+    /// At most this many, 1 to 10,000 (default 100).
+    pub count: Option<usize>,
+    /// Wait up to this long (at most 30,000) for an entry when none is ready;
+    /// returns as soon as one arrives. Absent or 0: answer at once.
+    pub block_ms: Option<u64>,
+}
+
+/// `POST …/groups/{group}/ack`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AckRequest {
+    /// 1 to 10,000 entry ids.
+    #[schema(value_type = Vec<String>)]
+    pub ids: Vec<StreamEntryId>,
+}
+
+/// How many acked ids were pending.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Acked {
+    /// Ids not pending (or unknown) count 0.
+    pub acked: u64,
+}
+
+/// `POST …/groups/{group}/claim`: take over entries idle in the group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRequest {
+    /// The consumer taking the entries over (created on first use).
+    pub consumer: String,
+    /// Only entries not delivered for at least this long (backend clock; at
+    /// most a year).
+    pub min_idle_ms: u64,
+    /// Scan from this id (default `0-0`: the start); pass the answer's `next`.
+    #[schema(value_type = Option<String>)]
+    pub cursor: Option<StreamEntryId>,
+    /// At most this many, 1 to 10,000 (default 100).
+    pub count: Option<usize>,
+}
+
+/// What a claim took over.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ClaimView {
+    /// Entries now pending for the claiming consumer.
+    pub entries: Vec<DeliveredView>,
+    /// Idle pending ids whose entries were trimmed: dropped from pending.
+    #[schema(value_type = Vec<String>)]
+    pub deleted: Vec<StreamEntryId>,
+    /// The cursor of the next claim; `0-0` when the scan reached the end.
+    #[schema(value_type = String)]
+    pub next: StreamEntryId,
+}
+
+/// `GET …/groups/{group}/pending`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct PendingParams {
+    /// Only entries above this id (default `0-0`).
+    #[param(value_type = Option<String>)]
+    pub after: Option<StreamEntryId>,
+    /// At most this many, 1 to 10,000 (default 100).
+    pub count: Option<usize>,
+    /// Only this consumer's.
+    pub consumer: Option<String>,
+    /// Only entries idle at least this long.
+    pub min_idle_ms: Option<u64>,
+}
+
+/// A group's pending entries, summed up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PendingSummaryView {
+    /// How many entries are pending.
+    pub count: u64,
+    /// The lowest pending id.
+    #[schema(value_type = Option<String>)]
+    pub lowest: Option<StreamEntryId>,
+    /// The highest pending id.
+    #[schema(value_type = Option<String>)]
+    pub highest: Option<StreamEntryId>,
+    /// Pending entries per consumer (consumers with none left out).
+    pub consumers: BTreeMap<String, u64>,
+}
+
+/// One pending entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PendingEntryView {
+    /// The entry's id.
+    #[schema(value_type = String)]
+    pub id: StreamEntryId,
+    /// The consumer it is pending for.
+    pub consumer: String,
+    /// Milliseconds since it was last delivered (backend clock).
+    pub idle_ms: u64,
+    /// How often it has been delivered.
+    pub deliveries: u64,
+}
+
+impl From<PendingDetail> for PendingEntryView {
+    fn from(detail: PendingDetail) -> Self {
+        Self {
+            id: detail.id,
+            consumer: detail.consumer,
+            idle_ms: millis(detail.idle),
+            deliveries: detail.deliveries,
+        }
+    }
+}
+
+/// The summary of a group's pending entries and a page of them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PendingView {
+    /// Over the whole group, whatever the filters.
+    pub summary: PendingSummaryView,
+    /// The page the parameters select, in id order.
+    pub entries: Vec<PendingEntryView>,
+}
+
+/// A consumer of a group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ConsumerView {
+    /// Its name.
+    pub name: String,
+    /// Entries pending for it.
+    pub pending: u64,
+    /// Milliseconds since it last read or claimed (backend clock).
+    pub idle_ms: u64,
+}
+
+impl From<ConsumerInfo> for ConsumerView {
+    fn from(info: ConsumerInfo) -> Self {
+        Self {
+            name: info.name,
+            pending: info.pending,
+            idle_ms: millis(info.idle),
+        }
+    }
+}
+
+/// A group's consumers, by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ConsumerList {
+    /// The consumers.
+    pub consumers: Vec<ConsumerView>,
+}
+
+/// `POST …/trim`: exactly one of `max_len` and `min_id`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TrimRequest {
+    /// Keep the newest this many entries.
+    pub max_len: Option<u64>,
+    /// Keep the entries at or above this id.
+    #[schema(value_type = Option<String>)]
+    pub min_id: Option<StreamEntryId>,
+}
+
+/// How many entries a trim removed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Trimmed {
+    /// The count (entries still pending stay pending).
+    pub removed: u64,
+}
+
+// ---------------------------------------------------------------- operations
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The stream `tenant`/`stream`, or 422 naming `tenant` or `stream`.
+pub fn stream_key(tenant: &str, stream: &str) -> Result<StreamKey, ApiError> {
+    Ok(StreamKey::new(tenant, stream)?)
+}
+
+fn min_idle(min_idle_ms: u64) -> Result<Duration, ApiError> {
+    if min_idle_ms > MAX_MIN_IDLE_MS {
+        return Err(ApiError::invalid(
+            "min_idle_ms",
+            format!("is {min_idle_ms}; the limit is {MAX_MIN_IDLE_MS} (a year)"),
+        ));
+    }
+    Ok(Duration::from_millis(min_idle_ms))
+}
+
+fn count_or_default(count: Option<usize>) -> Result<usize, ApiError> {
+    let count = count.unwrap_or(DEFAULT_STREAM_COUNT);
+    validate_count("count", count)?;
+    Ok(count)
+}
+
+/// A backend error as the API answers it: a missing group is 404
+/// (`group`), an outage 503.
+fn backend_error(streams: &dyn ApiStreams, error: StoreError) -> ApiError {
+    match error {
+        StoreError::NotFound { what } => {
+            ApiError::not_found(format!("no {what}"), Some("group".into()))
+        }
+        StoreError::Invalid(validation) => validation.into(),
+        error if error.is_transient() => {
+            tracing::warn!(backend = streams.backend(), %error, "stream backend temporarily unavailable");
+            ApiError::unavailable(format!(
+                "the stream backend ({}) is temporarily unavailable; try again",
+                streams.backend()
+            ))
+        }
+        error => {
+            tracing::error!(backend = streams.backend(), %error, "stream backend error");
+            ApiError::internal("internal error; the daemon's log has the details")
+        }
+    }
+}
+
+/// Checks entries to append and builds them; nothing is written.
+pub fn validate_entries(
+    request: AppendRequest,
+    max_payload_bytes: usize,
+) -> Result<Vec<NewStreamEntry>, ApiError> {
+    if request.entries.is_empty() || request.entries.len() > MAX_STREAM_BATCH {
+        return Err(ApiError::invalid(
+            "entries",
+            format!(
+                "must hold 1 to {MAX_STREAM_BATCH} entries, got {}",
+                request.entries.len()
+            ),
+        ));
+    }
+    let limit = max_payload_bytes.min(courier::MAX_PAYLOAD_BYTES);
+    let mut entries = Vec::with_capacity(request.entries.len());
+    for (index, entry) in request.entries.into_iter().enumerate() {
+        let field = |name: &str| format!("entries[{index}].{name}");
+        let size = serde_json::to_string(&entry.payload)
+            .map_err(|e| ApiError::invalid(field("payload"), format!("cannot be encoded: {e}")))?
+            .len();
+        if size > limit {
+            return Err(ApiError::too_large(
+                field("payload"),
+                format!("is {size} bytes of JSON; the limit is {limit}"),
+            ));
+        }
+        if entry.headers.len() > MAX_HEADERS {
+            return Err(ApiError::invalid(
+                field("headers"),
+                format!(
+                    "has {} entries; the limit is {MAX_HEADERS}",
+                    entry.headers.len()
+                ),
+            ));
+        }
+        for (name, value) in &entry.headers {
+            if name.is_empty()
+                || name.len() > MAX_HEADER_NAME_BYTES
+                || name.chars().any(char::is_control)
+            {
+                return Err(ApiError::invalid(
+                    field("headers"),
+                    format!("header name {name:?} must be 1 to {MAX_HEADER_NAME_BYTES} bytes without control characters"),
+                ));
+            }
+            if value.len() > MAX_HEADER_VALUE_BYTES {
+                return Err(ApiError::invalid(
+                    format!("{}.{name}", field("headers")),
+                    format!(
+                        "is {} bytes; the limit is {MAX_HEADER_VALUE_BYTES}",
+                        value.len()
+                    ),
+                ));
+            }
+        }
+        let entry = NewStreamEntry {
+            payload: entry.payload,
+            headers: entry.headers,
+            origin: None,
+        };
+        entry
+            .validate(index, limit)
+            .map_err(|e| ApiError::from_validation(&format!("entries[{index}]."), e))?;
+        entries.push(entry);
+    }
+    Ok(entries)
+}
+
+/// Appends entries, all or nothing.
+pub async fn append(
+    streams: &dyn ApiStreams,
+    key: StreamKey,
+    request: AppendRequest,
+    max_payload_bytes: usize,
+) -> Result<AppendResponse, ApiError> {
+    let entries = validate_entries(request, max_payload_bytes)?;
+    let count = entries.len() as u64;
+    let ids = streams
+        .append(key, entries)
+        .await
+        .map_err(|e| backend_error(streams, e))?;
+    metrics::counter!(STREAM_ENTRIES_APPENDED, "backend" => streams.backend()).increment(count);
+    Ok(AppendResponse { ids })
+}
+
+/// Entries above `after`, outside any group.
+pub async fn range(
+    streams: &dyn ApiStreams,
+    key: StreamKey,
+    query: RangeQuery,
+) -> Result<EntryList, ApiError> {
+    let count = count_or_default(query.count)?;
+    let after = query.after.unwrap_or(StreamEntryId::ZERO);
+    let entries = streams
+        .range(key, after, count)
+        .await
+        .map_err(|e| backend_error(streams, e))?;
+    Ok(EntryList {
+        entries: entries.into_iter().map(EntryView::from).collect(),
+    })
+}
+
+/// Creates `group` unless it exists.
+pub async fn ensure_group(
+    streams: &dyn ApiStreams,
+    key: StreamKey,
+    group: String,
+    request: GroupRequest,
+) -> Result<GroupView, ApiError> {
+    validate_name("group", &group)?;
+    let start: GroupStart = request.start.as_deref().unwrap_or("end").parse()?;
+    let created = streams
+        .ensure_group(key, group.clone(), start)
+        .await
+        .map_err(|e| backend_error(streams, e))?;
+    Ok(GroupView { group, created })
+}
+
+/// Counts a blocking read while it waits (`courier_stream_reads_blocked`).
+struct BlockedRead;
+
+impl BlockedRead {
+    fn start() -> Self {
+        metrics::gauge!(STREAM_READS_BLOCKED).increment(1.0);
+        BlockedRead
+    }
+}
+
+impl Drop for BlockedRead {
+    fn drop(&mut self) {
+        metrics::gauge!(STREAM_READS_BLOCKED).decrement(1.0);
+    }
+}
+
+/// Hands `request.consumer` new entries of `group`, waiting up to
+/// `block_ms` for one; a wait ends early, with no entries, when `stop` is
+/// cancelled.
+pub async fn read(
+    streams: &dyn ApiStreams,
+    key: StreamKey,
+    group: String,
+    request: ReadRequest,
+    stop: &CancellationToken,
+) -> Result<DeliveredList, ApiError> {
+    let read = ReadNew {
+        group,
+        consumer: request.consumer,
+        count: count_or_default(request.count)?,
+        block: request
+            .block_ms
+            .filter(|ms| *ms > 0)
+            .map(Duration::from_millis),
+    };
+    if let Some(block) = read.block {
+        if block > MAX_STREAM_BLOCK {
+            return Err(ApiError::invalid(
+                "block_ms",
+                format!(
+                    "is {} ms; the limit is {} ms",
+                    block.as_millis(),
+                    MAX_STREAM_BLOCK.as_millis()
+                ),
+            ));
+        }
+    }
+    read.validate()?;
+    let entries = if read.block.is_some() {
+        let _counted = BlockedRead::start();
+        tokio::select! {
+            entries = streams.read_new(key, read) => entries,
+            () = stop.cancelled() => Ok(Vec::new()),
+        }
+    } else {
+        streams.read_new(key, read).await
+    }
+    .map_err(|e| backend_error(streams, e))?;
+    Ok(DeliveredList {
+        entries: entries.into_iter().map(DeliveredView::from).collect(),
+    })
+}
+
+/// Acknowledges entries of `group`.
+pub async fn ack(
+    streams: &dyn ApiStreams,
+    key: StreamKey,
+    group: String,
+    request: AckRequest,
+) -> Result<Acked, ApiError> {
+    validate_name("group", &group)?;
+    if request.ids.is_empty() || request.ids.len() > MAX_STREAM_BATCH {
+        return Err(ApiError::invalid(
+            "ids",
+            format!(
+                "must hold 1 to {MAX_STREAM_BATCH} ids, got {}",
+                request.ids.len()
+            ),
+        ));
+    }
+    let acked = streams
+        .ack(key, group, request.ids)
+        .await
+        .map_err(|e| backend_error(streams, e))?;
+    Ok(Acked { acked })
+}
+
+/// Takes over entries of `group` idle at least `min_idle_ms`.
+pub async fn claim(
+    streams: &dyn ApiStreams,
+    key: StreamKey,
+    group: String,
+    request: ClaimRequest,
+) -> Result<ClaimView, ApiError> {
+    let claim = ClaimIdle {
+        group,
+        consumer: request.consumer,
+        min_idle: min_idle(request.min_idle_ms)?,
+        cursor: request.cursor.unwrap_or(StreamEntryId::ZERO),
+        count: count_or_default(request.count)?,
+    };
+    claim.validate()?;
+    let claimed = streams
+        .claim_idle(key, claim)
+        .await
+        .map_err(|e| backend_error(streams, e))?;
+    Ok(ClaimView {
+        entries: claimed
+            .entries
+            .into_iter()
+            .map(DeliveredView::from)
+            .collect(),
+        deleted: claimed.deleted,
+        next: claimed.next,
+    })
+}
+
+/// The summary of `group`'s pending entries and the page `params` selects.
+pub async fn pending(
+    streams: &dyn ApiStreams,
+    key: StreamKey,
+    group: String,
+    params: PendingParams,
+) -> Result<PendingView, ApiError> {
+    validate_name("group", &group)?;
+    let query = PendingQuery {
+        after: params.after.unwrap_or(StreamEntryId::ZERO),
+        count: count_or_default(params.count)?,
+        consumer: params.consumer,
+        min_idle: params.min_idle_ms.map(min_idle).transpose()?,
+    };
+    query.validate()?;
+    let summary = streams
+        .pending_summary(key.clone(), group.clone())
+        .await
+        .map_err(|e| backend_error(streams, e))?;
+    let entries = streams
+        .pending_detail(key, group, query)
+        .await
+        .map_err(|e| backend_error(streams, e))?;
+    Ok(PendingView {
+        summary: PendingSummaryView {
+            count: summary.count,
+            lowest: summary.lowest,
+            highest: summary.highest,
+            consumers: summary.consumers,
+        },
+        entries: entries.into_iter().map(PendingEntryView::from).collect(),
+    })
+}
+
+/// `group`'s consumers.
+pub async fn consumers(
+    streams: &dyn ApiStreams,
+    key: StreamKey,
+    group: String,
+) -> Result<ConsumerList, ApiError> {
+    validate_name("group", &group)?;
+    let consumers = streams
+        .consumers(key, group)
+        .await
+        .map_err(|e| backend_error(streams, e))?;
+    Ok(ConsumerList {
+        consumers: consumers.into_iter().map(ConsumerView::from).collect(),
+    })
+}
+
+/// Deletes `consumer` of `group`: 404 when unknown, 409 (with its pending
+/// count) while entries are pending for it.
+pub async fn delete_consumer(
+    streams: &dyn ApiStreams,
+    key: StreamKey,
+    group: String,
+    consumer: String,
+) -> Result<(), ApiError> {
+    validate_name("group", &group)?;
+    validate_name("consumer", &consumer)?;
+    let removal = streams
+        .delete_consumer(key, group.clone(), consumer.clone())
+        .await
+        .map_err(|e| backend_error(streams, e))?;
+    match removal {
+        ConsumerRemoval::Deleted => Ok(()),
+        ConsumerRemoval::NotFound => Err(ApiError::not_found(
+            format!("group {group} has no consumer {consumer}"),
+            Some("consumer".into()),
+        )),
+        ConsumerRemoval::HasPending(pending) => Err(ApiError::conflict(
+            format!(
+                "consumer {consumer} still has pending entries ({pending}); ack them or claim them for another consumer first"
+            ),
+            Some("consumer".into()),
+        )),
+    }
+}
+
+/// Removes the oldest entries down to the request's one bound.
+pub async fn trim(
+    streams: &dyn ApiStreams,
+    key: StreamKey,
+    request: TrimRequest,
+) -> Result<Trimmed, ApiError> {
+    let bound = match (request.max_len, request.min_id) {
+        (Some(max_len), None) => TrimBound::MaxLen(max_len),
+        (None, Some(min_id)) => TrimBound::MinId(min_id),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "min_id",
+                "send exactly one of `max_len` and `min_id`, not both",
+            ))
+        }
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "max_len",
+                "send exactly one of `max_len` and `min_id`",
+            ))
+        }
+    };
+    let removed = streams
+        .trim(key, bound)
+        .await
+        .map_err(|e| backend_error(streams, e))?;
+    Ok(Trimmed { removed })
+}
+
+// ---------------------------------------------------------------- HTTP
+
+/// The path parameters of a stream route, as sent (checked by the handler).
+pub struct StreamPath(HashMap<String, String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for StreamPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Path::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map(|Path(params)| StreamPath(params))
+            .map_err(|rejection| ApiError::invalid("path", rejection.body_text()))
+    }
+}
+
+impl StreamPath {
+    fn param(&self, name: &str) -> &str {
+        self.0.get(name).map_or("", String::as_str)
+    }
+
+    /// The stream, checked; 404 when `principal` does not see its tenant.
+    fn visible_key(&self, principal: &Principal) -> Result<StreamKey, ApiError> {
+        let key = stream_key(self.param("tenant"), self.param("stream"))?;
+        if !principal.tenants.allows(key.tenant()) {
+            return Err(ApiError::not_found(
+                format!("no stream {key}"),
+                Some("stream".into()),
+            ));
+        }
+        Ok(key)
+    }
+
+    fn group(&self) -> Result<String, ApiError> {
+        let group = self.param("group");
+        validate_name("group", group)?;
+        Ok(group.to_owned())
+    }
+
+    fn consumer(&self) -> Result<String, ApiError> {
+        let consumer = self.param("consumer");
+        validate_name("consumer", consumer)?;
+        Ok(consumer.to_owned())
+    }
+}
+
+/// The routes under `/v1/streams`; appends take bodies up to `append_limit`
+/// bytes, the others up to `other_limit`.
+pub(crate) fn routes(append_limit: usize, other_limit: usize) -> OpenApiRouter<ApiState> {
+    let limit = |bytes: usize| axum::extract::DefaultBodyLimit::max(bytes.max(1));
+    OpenApiRouter::new()
+        .routes(routes!(append_entries, list_entries))
+        .layer(limit(append_limit))
+        .merge(
+            OpenApiRouter::new()
+                .routes(routes!(trim_stream))
+                .routes(routes!(create_group))
+                .routes(routes!(read_group))
+                .routes(routes!(ack_entries))
+                .routes(routes!(claim_entries))
+                .routes(routes!(list_pending))
+                .routes(routes!(list_consumers))
+                .routes(routes!(remove_consumer))
+                .layer(limit(other_limit)),
+        )
+}
+
+/// Append entries, all or nothing.
+#[utoipa::path(
+    post,
+    path = "/v1/streams/{tenant}/{stream}/entries",
+    tag = "streams",
+    params(
+        ("tenant" = String, Path, description = "The stream's tenant"),
+        ("stream" = String, Path, description = "The stream"),
+    ),
+    request_body = AppendRequest,
+    responses(
+        (status = 201, description = "Appended", body = AppendResponse),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `publish` role, or another tenant", body = ErrorBody),
+        (status = 413, description = "Body or a payload over the limit (`entries[i].payload`)", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
+        (status = 422, description = "A field is refused; nothing appended", body = ErrorBody),
+        (status = 503, description = "The stream backend is unreachable; see Retry-After", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn append_entries(
+    State(state): State<ApiState>,
+    Publisher(principal): Publisher,
+    path: StreamPath,
+    ApiJson(request): ApiJson<AppendRequest>,
+) -> Result<(StatusCode, Json<AppendResponse>), ApiError> {
+    let key = stream_key(path.param("tenant"), path.param("stream"))?;
+    principal.require_tenant(key.tenant(), "tenant")?;
+    let response = append(state.streams()?, key, request, state.max_payload_bytes()).await?;
+    Ok((StatusCode::CREATED, Json(response)))
+}
+
+/// Entries above `after`, in id order, outside any group.
+#[utoipa::path(
+    get,
+    path = "/v1/streams/{tenant}/{stream}/entries",
+    tag = "streams",
+    params(
+        ("tenant" = String, Path, description = "The stream's tenant"),
+        ("stream" = String, Path, description = "The stream"),
+        RangeQuery,
+    ),
+    responses(
+        (status = 200, body = EntryList),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `read` role", body = ErrorBody),
+        (status = 404, description = "Another tenant's stream", body = ErrorBody),
+        (status = 422, description = "A parameter is refused", body = ErrorBody),
+        (status = 503, description = "The stream backend is unreachable; see Retry-After", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn list_entries(
+    State(state): State<ApiState>,
+    Reader(principal): Reader,
+    path: StreamPath,
+    ApiQuery(query): ApiQuery<RangeQuery>,
+) -> Result<Json<EntryList>, ApiError> {
+    let key = path.visible_key(&principal)?;
+    Ok(Json(range(state.streams()?, key, query).await?))
+}
+
+/// Remove the oldest entries: keep `max_len`, or the entries at or above `min_id`.
+#[utoipa::path(
+    post,
+    path = "/v1/streams/{tenant}/{stream}/trim",
+    tag = "streams",
+    params(
+        ("tenant" = String, Path, description = "The stream's tenant"),
+        ("stream" = String, Path, description = "The stream"),
+    ),
+    request_body = TrimRequest,
+    responses(
+        (status = 200, body = Trimmed),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `admin` role", body = ErrorBody),
+        (status = 404, description = "Another tenant's stream", body = ErrorBody),
+        (status = 422, description = "Both or neither bound, or a bad id", body = ErrorBody),
+        (status = 503, description = "The stream backend is unreachable; see Retry-After", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn trim_stream(
+    State(state): State<ApiState>,
+    Admin(principal): Admin,
+    path: StreamPath,
+    ApiJson(request): ApiJson<TrimRequest>,
+) -> Result<Json<Trimmed>, ApiError> {
+    let key = path.visible_key(&principal)?;
+    Ok(Json(trim(state.streams()?, key, request).await?))
+}
+
+/// Create a consumer group (and the stream) unless it exists.
+#[utoipa::path(
+    put,
+    path = "/v1/streams/{tenant}/{stream}/groups/{group}",
+    tag = "streams",
+    params(
+        ("tenant" = String, Path, description = "The stream's tenant"),
+        ("stream" = String, Path, description = "The stream"),
+        ("group" = String, Path, description = "The group"),
+    ),
+    request_body = GroupRequest,
+    responses(
+        (status = 201, description = "Created", body = GroupView),
+        (status = 200, description = "It existed; unchanged", body = GroupView),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `admin` role", body = ErrorBody),
+        (status = 404, description = "Another tenant's stream", body = ErrorBody),
+        (status = 422, description = "A bad name or start", body = ErrorBody),
+        (status = 503, description = "The stream backend is unreachable; see Retry-After", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn create_group(
+    State(state): State<ApiState>,
+    Admin(principal): Admin,
+    path: StreamPath,
+    ApiJson(request): ApiJson<GroupRequest>,
+) -> Result<Response, ApiError> {
+    let key = path.visible_key(&principal)?;
+    let view = ensure_group(state.streams()?, key, path.group()?, request).await?;
+    let status = if view.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(view)).into_response())
+}
+
+/// Read entries the group has not handed out, for one consumer.
+#[utoipa::path(
+    post,
+    path = "/v1/streams/{tenant}/{stream}/groups/{group}/read",
+    tag = "streams",
+    params(
+        ("tenant" = String, Path, description = "The stream's tenant"),
+        ("stream" = String, Path, description = "The stream"),
+        ("group" = String, Path, description = "The group"),
+    ),
+    request_body = ReadRequest,
+    responses(
+        (status = 200, description = "Entries, now pending for the consumer (none when a wait ended empty)", body = DeliveredList),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `consume` role", body = ErrorBody),
+        (status = 404, description = "No such group, or another tenant's stream", body = ErrorBody),
+        (status = 422, description = "A field is refused", body = ErrorBody),
+        (status = 503, description = "The stream backend is unreachable; see Retry-After", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn read_group(
+    State(state): State<ApiState>,
+    Consumer(principal): Consumer,
+    path: StreamPath,
+    ApiJson(request): ApiJson<ReadRequest>,
+) -> Result<Json<DeliveredList>, ApiError> {
+    let key = path.visible_key(&principal)?;
+    let group = path.group()?;
+    let stop = state.shutdown_token();
+    Ok(Json(
+        read(state.streams()?, key, group, request, &stop).await?,
+    ))
+}
+
+/// Acknowledge entries: they leave the group's pending lists.
+#[utoipa::path(
+    post,
+    path = "/v1/streams/{tenant}/{stream}/groups/{group}/ack",
+    tag = "streams",
+    params(
+        ("tenant" = String, Path, description = "The stream's tenant"),
+        ("stream" = String, Path, description = "The stream"),
+        ("group" = String, Path, description = "The group"),
+    ),
+    request_body = AckRequest,
+    responses(
+        (status = 200, body = Acked),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `consume` role", body = ErrorBody),
+        (status = 404, description = "No such group, or another tenant's stream", body = ErrorBody),
+        (status = 422, description = "A bad id (`ids[i]`) or count", body = ErrorBody),
+        (status = 503, description = "The stream backend is unreachable; see Retry-After", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn ack_entries(
+    State(state): State<ApiState>,
+    Consumer(principal): Consumer,
+    path: StreamPath,
+    ApiJson(request): ApiJson<AckRequest>,
+) -> Result<Json<Acked>, ApiError> {
+    let key = path.visible_key(&principal)?;
+    Ok(Json(
+        ack(state.streams()?, key, path.group()?, request).await?,
+    ))
+}
+
+/// Take over entries idle in the group's pending lists.
+#[utoipa::path(
+    post,
+    path = "/v1/streams/{tenant}/{stream}/groups/{group}/claim",
+    tag = "streams",
+    params(
+        ("tenant" = String, Path, description = "The stream's tenant"),
+        ("stream" = String, Path, description = "The stream"),
+        ("group" = String, Path, description = "The group"),
+    ),
+    request_body = ClaimRequest,
+    responses(
+        (status = 200, body = ClaimView),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `consume` role", body = ErrorBody),
+        (status = 404, description = "No such group, or another tenant's stream", body = ErrorBody),
+        (status = 422, description = "A field is refused", body = ErrorBody),
+        (status = 503, description = "The stream backend is unreachable; see Retry-After", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn claim_entries(
+    State(state): State<ApiState>,
+    Consumer(principal): Consumer,
+    path: StreamPath,
+    ApiJson(request): ApiJson<ClaimRequest>,
+) -> Result<Json<ClaimView>, ApiError> {
+    let key = path.visible_key(&principal)?;
+    Ok(Json(
+        claim(state.streams()?, key, path.group()?, request).await?,
+    ))
+}
+
+/// The group's pending entries: a summary and a page.
+#[utoipa::path(
+    get,
+    path = "/v1/streams/{tenant}/{stream}/groups/{group}/pending",
+    tag = "streams",
+    params(
+        ("tenant" = String, Path, description = "The stream's tenant"),
+        ("stream" = String, Path, description = "The stream"),
+        ("group" = String, Path, description = "The group"),
+        PendingParams,
+    ),
+    responses(
+        (status = 200, body = PendingView),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `read` role", body = ErrorBody),
+        (status = 404, description = "No such group, or another tenant's stream", body = ErrorBody),
+        (status = 422, description = "A parameter is refused", body = ErrorBody),
+        (status = 503, description = "The stream backend is unreachable; see Retry-After", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn list_pending(
+    State(state): State<ApiState>,
+    Reader(principal): Reader,
+    path: StreamPath,
+    ApiQuery(params): ApiQuery<PendingParams>,
+) -> Result<Json<PendingView>, ApiError> {
+    let key = path.visible_key(&principal)?;
+    Ok(Json(
+        pending(state.streams()?, key, path.group()?, params).await?,
+    ))
+}
+
+/// The group's consumers with their pending counts and idle times.
+#[utoipa::path(
+    get,
+    path = "/v1/streams/{tenant}/{stream}/groups/{group}/consumers",
+    tag = "streams",
+    params(
+        ("tenant" = String, Path, description = "The stream's tenant"),
+        ("stream" = String, Path, description = "The stream"),
+        ("group" = String, Path, description = "The group"),
+    ),
+    responses(
+        (status = 200, body = ConsumerList),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `read` role", body = ErrorBody),
+        (status = 404, description = "No such group, or another tenant's stream", body = ErrorBody),
+        (status = 503, description = "The stream backend is unreachable; see Retry-After", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn list_consumers(
+    State(state): State<ApiState>,
+    Reader(principal): Reader,
+    path: StreamPath,
+) -> Result<Json<ConsumerList>, ApiError> {
+    let key = path.visible_key(&principal)?;
+    Ok(Json(consumers(state.streams()?, key, path.group()?).await?))
+}
+
+/// Delete a consumer that has no pending entries.
+#[utoipa::path(
+    delete,
+    path = "/v1/streams/{tenant}/{stream}/groups/{group}/consumers/{consumer}",
+    tag = "streams",
+    params(
+        ("tenant" = String, Path, description = "The stream's tenant"),
+        ("stream" = String, Path, description = "The stream"),
+        ("group" = String, Path, description = "The group"),
+        ("consumer" = String, Path, description = "The consumer"),
+    ),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `admin` role", body = ErrorBody),
+        (status = 404, description = "No such group or consumer, or another tenant's stream", body = ErrorBody),
+        (status = 409, description = "The consumer has pending entries (the message says how many)", body = ErrorBody),
+        (status = 422, description = "A bad name", body = ErrorBody),
+        (status = 503, description = "The stream backend is unreachable; see Retry-After", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn remove_consumer(
+    State(state): State<ApiState>,
+    Admin(principal): Admin,
+    path: StreamPath,
+) -> Result<StatusCode, ApiError> {
+    let key = path.visible_key(&principal)?;
+    delete_consumer(state.streams()?, key, path.group()?, path.consumer()?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -3,8 +3,9 @@
 //!
 //! [`bind`] does everything that can fail at start — validating the config,
 //! opening the database (PostgreSQL for `postgres://` URLs, SQLite otherwise),
-//! running migrations, registering every subscription and binding the
-//! listener — and returns a [`Running`] daemon with its bound address (so
+//! running migrations, connecting to the servers relays write to (Redis,
+//! NATS; a NATS relay also checks its JetStream stream), registering every
+//! subscription and binding the listener — and returns a [`Running`] daemon with its bound address (so
 //! tests can listen on port 0). [`run`] is `bind` then wait.
 //!
 //! Shutdown, when the `shutdown` future completes: the listener stops
@@ -28,8 +29,11 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{router, ApiState};
-use crate::config::{Config, ConfigError, DatabaseKind, LogFormat};
+use crate::config::{
+    Config, ConfigError, DatabaseKind, LogFormat, SubscriptionConfig, TargetConfig,
+};
 use crate::metrics::prometheus;
+use crate::relay::{NativeRelay, NativeStreamStore, RelayConnections, RelayError};
 use crate::webhook::{WebhookError, WebhookHandler};
 
 /// PostgreSQL connections the daemon opens.
@@ -55,6 +59,10 @@ pub enum ServeError {
     /// A subscription's webhook could not be set up.
     #[error(transparent)]
     Webhook(#[from] WebhookError),
+    /// A subscription's relay could not start (its server unreachable, its
+    /// JetStream stream missing or forgetting message ids too soon).
+    #[error(transparent)]
+    Relay(#[from] RelayError),
     /// A subscription's worker could not be built.
     #[error("subscription {subscription}: {source}")]
     Worker {
@@ -151,19 +159,24 @@ async fn start<S>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Running, ServeError>
 where
-    S: OutboxStore + DeadLetterStore + AdminStore,
+    S: OutboxStore + DeadLetterStore + AdminStore + NativeStreamStore,
 {
     courier.migrate().await.map_err(ServeError::Migrate)?;
     let state = ApiState::new(courier.store().clone(), &config)?;
     let open = state.is_open();
     let app = router(state);
+    let relays = RelayConnections::connect(&config).await?;
 
     let mut workers: Vec<(String, WorkerHandle)> = Vec::with_capacity(config.subscriptions.len());
     for subscription in &config.subscriptions {
-        let handler = WebhookHandler::from_config(subscription)?;
-        let mut builder = courier
-            .worker(subscription.name.clone())
-            .handle_all(subscription.topics.clone(), handler)
+        let builder = match with_target(&courier, &relays, subscription).await {
+            Ok(builder) => builder,
+            Err(error) => {
+                stop_workers(workers).await;
+                return Err(error);
+            }
+        };
+        let mut builder = builder
             .retry_policy(subscription.retry.policy())
             .concurrency(subscription.concurrency)
             .batch_size(subscription.concurrency)
@@ -187,6 +200,7 @@ where
         tracing::info!(
             subscription = %subscription.name,
             topics = ?subscription.topics,
+            target = subscription.target.kind(),
             "subscription registered"
         );
         workers.push((subscription.name.clone(), worker.start()));
@@ -286,6 +300,34 @@ where
     Ok(Running {
         address,
         task: Box::pin(task),
+    })
+}
+
+/// A worker for `subscription` with the handler its target calls for: a
+/// webhook, a Redis or NATS relay (plain handlers), or a native stream relay
+/// (transactional: the append commits with the completion).
+async fn with_target<S>(
+    courier: &Courier<S>,
+    relays: &RelayConnections,
+    subscription: &SubscriptionConfig,
+) -> Result<courier::WorkerBuilder<S>, ServeError>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore + NativeStreamStore,
+{
+    let builder = courier.worker(subscription.name.clone());
+    let topics = subscription.topics.clone();
+    Ok(match &subscription.target {
+        TargetConfig::Webhook(_) => {
+            builder.handle_all(topics, WebhookHandler::from_config(subscription)?)
+        }
+        TargetConfig::RedisStream(_) => {
+            builder.handle_all(topics, relays.redis_relay(subscription)?)
+        }
+        TargetConfig::Nats(_) => builder.handle_all(topics, relays.nats_relay(subscription).await?),
+        TargetConfig::Stream(_) => builder.handle_all_transactional(
+            topics,
+            NativeRelay::new(subscription, courier.store().clone())?,
+        ),
     })
 }
 

@@ -1,6 +1,7 @@
 //! Courier's daemon as a library: the configuration, the HTTP API (with its
-//! auth, metrics and OpenAPI document), webhook delivery, and the serve loop
-//! that ties them to a database.
+//! auth, metrics and OpenAPI document), webhook delivery, relays to Redis
+//! streams, NATS JetStream and native streams, and the serve loop that ties
+//! them to a database.
 //!
 //! `courier serve` is a thin wrapper over [`run`]:
 //!
@@ -21,6 +22,7 @@ pub mod config;
 pub mod daemon;
 pub mod error;
 pub mod metrics;
+pub mod relay;
 pub mod store;
 pub mod webhook;
 
@@ -29,4 +31,5 @@ pub use auth::{Authenticator, Principal, TenantScope};
 pub use config::{Config, ConfigError};
 pub use daemon::{bind, init_logging, run, Running, ServeError};
 pub use error::ApiError;
+pub use relay::{NativeRelay, NatsRelay, RedisRelay};
 pub use webhook::WebhookHandler;

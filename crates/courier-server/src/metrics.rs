@@ -17,6 +17,14 @@ pub const WEBHOOK_REQUESTS: &str = "courier_webhook_requests_total";
 /// Webhook request duration by `subscription`.
 pub const WEBHOOK_SECONDS: &str = "courier_webhook_duration_seconds";
 
+/// Relayed messages by `subscription` and `outcome`: `stored` (appended or
+/// published downstream), `duplicate` (the target already held it: nothing
+/// new was written), `retry`, `permanent` and `skipped` (a tenant outside
+/// the subscription's `tenants`).
+pub const RELAY_PUBLISHED: &str = "courier_relay_published_total";
+/// How long one relay of a message took, by `subscription`.
+pub const RELAY_SECONDS: &str = "courier_relay_duration_seconds";
+
 /// Histogram buckets for durations, in seconds.
 const SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,

@@ -259,7 +259,7 @@ pub(crate) struct PgEffects {
 /// The failure of a message the failing exactly-once case refuses.
 fn refused(counter: &Counter, fail_every: Option<u64>, seq: u64) -> Result<(), HandlerError> {
     match fail_every {
-        Some(n) if seq % n.max(1) == 0 => {
+        Some(n) if seq.is_multiple_of(n.max(1)) => {
             counter.hit();
             Err(HandlerError::permanent("bench: refused"))
         }

@@ -820,3 +820,83 @@ async fn the_daemon_refuses_to_start_when_redis_or_nats_is_unreachable() {
         .to_string();
     assert!(error.contains("[nats] url"), "{error}");
 }
+
+/// A message a relay can never write — its stream name renders invalid, its
+/// Redis key holds another type, it carries a header reserved by NATS — is
+/// dead-lettered at its first attempt, with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_a_relay_can_never_write_are_dead_lettered_at_once_with_the_reason() {
+    let db = Db::sqlite().await;
+    let tag = tag();
+    let prefix = format!("t_{tag}:");
+    let stream = format!("T_{tag}");
+    let client = nats_client(&nats_url()).await;
+    create_jetstream(
+        &client,
+        &stream,
+        &format!("t_{tag}.>"),
+        Duration::from_secs(3600),
+    )
+    .await;
+    let store = redis_store(&redis_url(), &prefix).await;
+    let taken = store.redis_key(&key("acme", "wrong.type"));
+    let mut conn = store.connection();
+    let _: () = courier::redis::redis::cmd("SET")
+        .arg(&taken)
+        .arg("a string")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let mut config = db.config(vec![
+        subscription("bad-native", &["long.*"], native_target("relay.{topic}")),
+        subscription("bad-redis", &["wrong.*"], redis_target("{topic}")),
+        subscription(
+            "bad-nats",
+            &["header.*"],
+            nats_target(&format!("t_{tag}.{{topic}}"), &stream),
+        ),
+    ]);
+    config.redis = redis_section(&redis_url(), &prefix);
+    config.nats = nats_section(&nats_url());
+    let daemon = Daemon::start(config).await.unwrap();
+    let long_topic = format!("long.{}", "x".repeat(123));
+    let mut reserved = message("acme", "header.set", 1);
+    reserved["headers"] = json!({"Nats-Rollup": "all"});
+    daemon
+        .publish(vec![
+            message("acme", &long_topic, 0),
+            message("acme", "wrong.type", 0),
+            reserved,
+        ])
+        .await;
+
+    for (name, reason) in [
+        ("bad-native", "rendered from \"relay.{topic}\""),
+        ("bad-redis", "holds a value that is not a stream"),
+        ("bad-nats", "\"Nats-Rollup\" is reserved"),
+    ] {
+        let dead = until(Duration::from_secs(30), || async {
+            db.open_and_dead(name).await == (0, 1)
+        })
+        .await;
+        assert!(dead, "{name}: {:?}", db.open_and_dead(name).await);
+        let letters = daemon.dead_letters(name).await;
+        assert_eq!(letters.len(), 1, "{letters:?}");
+        assert_eq!(
+            letters[0]["attempts"],
+            json!(1),
+            "{name}: permanent at once"
+        );
+        let error = letters[0]["errors"][0]["message"].as_str().unwrap();
+        assert!(error.contains(reason), "{name}: {error}");
+    }
+    assert_eq!(
+        jetstream_count(&client, &stream).await,
+        0,
+        "nothing reached NATS"
+    );
+    daemon.shutdown().await;
+    delete_jetstream(&client, &stream).await;
+    delete_prefix(&redis_url(), &prefix).await;
+}

@@ -311,6 +311,24 @@ impl Daemon {
             .unwrap()
     }
 
+    /// The dead letters of `subscription` (API items).
+    pub async fn dead_letters(&self, subscription: &str) -> Vec<Value> {
+        let bytes = self
+            .client
+            .get(format!(
+                "http://{}/v1/dead-letters?subscription={subscription}",
+                self.address
+            ))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let body: Value = serde_json::from_slice(&bytes).unwrap();
+        body["items"].as_array().cloned().unwrap_or_default()
+    }
+
     pub async fn shutdown(self) {
         let _ = self.stop.send(());
         let result = tokio::time::timeout(Duration::from_secs(30), self.done)
@@ -415,6 +433,13 @@ pub async fn create_jetstream(
 
 pub async fn delete_jetstream(client: &async_nats::Client, name: &str) {
     let _ = jetstream::new(client.clone()).delete_stream(name).await;
+}
+
+/// How many messages JetStream stream `name` holds.
+pub async fn jetstream_count(client: &async_nats::Client, name: &str) -> u64 {
+    let context = jetstream::new(client.clone());
+    let mut stream = context.get_stream(name).await.unwrap();
+    stream.info().await.unwrap().state.messages
 }
 
 /// A message read back from JetStream.

@@ -12,7 +12,8 @@ use super::template::{stream_template, Template};
 use super::{entry_for, RedeliveryHorizon, RelayCommon, RelayError, Relayed};
 use crate::config::{SubscriptionConfig, TargetConfig};
 
-/// The suffix between a stream's key and a message id in its dedupe keys.
+/// What joins a stream's Redis key and a message id into that message's
+/// dedupe key (`{stream key}:dedupe:{message id}`).
 pub const DEDUPE_KEY_INFIX: &str = ":dedupe:";
 
 /// Appends a subscription's messages to Redis streams, once each.

@@ -112,6 +112,23 @@ impl<S: OutboxStore> WorkerBuilder<S> {
         )
     }
 
+    /// Handles every message the subscription receives, whatever its topic or
+    /// schema version, with one handler inside the delivery's transaction (a
+    /// relay to a native stream in the same database: the append commits with
+    /// the receipt and the completion). `topics` as for [`Self::handle_all`].
+    pub fn handle_all_transactional<H: TransactionalHandler<S::Connection>>(
+        mut self,
+        topics: Vec<String>,
+        handler: H,
+    ) -> Self {
+        self.catch_all_topics.extend(topics);
+        self.route(
+            CATCH_ALL_TOPIC.to_owned(),
+            CATCH_ALL_VERSION,
+            Arc::new(TransactionalRoute(Arc::new(handler))),
+        )
+    }
+
     /// Replaces every setting at once.
     pub fn config(mut self, config: WorkerConfig) -> Self {
         self.config = config;

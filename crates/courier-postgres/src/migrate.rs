@@ -57,10 +57,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "streams",
         include_str!("../migrations/0010_streams.sql"),
     ),
+    (
+        11,
+        "stream_entry_origin",
+        include_str!("../migrations/0011_stream_entry_origin.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// Applies every migration newer than the schema's, in one transaction under
 /// the migration lock.

@@ -35,6 +35,7 @@ queries!(
     stream_receipt_insert,
     stream_receipts_find,
     stream_receipts_insert_many,
+    stream_relayed_entry,
     stream_trim_maxlen,
     stream_trim_minid,
     stream_wait,

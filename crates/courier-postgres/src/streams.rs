@@ -183,6 +183,33 @@ impl PgStore {
         self.append_with(conn, key, entries).await
     }
 
+    /// The lowest entry of `key` that relays outbox message `message_id`
+    /// (its [`EntryOrigin::message_id`]), if one committed or was appended
+    /// earlier in the caller's transaction on `conn`. Looked up by index
+    /// (migration 0011), never by scanning the stream.
+    pub async fn relayed_entry_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        key: &StreamKey,
+        message_id: uuid::Uuid,
+    ) -> Result<Option<StreamEntryId>, StoreError> {
+        let row = sqlx::query(&self.q().stream_relayed_entry)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(message_id)
+            .fetch_optional(conn)
+            .await
+            .map_err(map)?;
+        match row {
+            Some(row) => {
+                let major: i64 = row.try_get("major").map_err(map)?;
+                let minor: i64 = row.try_get("minor").map_err(map)?;
+                Ok(Some(id_from(major, minor)?))
+            }
+            None => Ok(None),
+        }
+    }
+
     async fn append_with<'e, E: sqlx::PgExecutor<'e>>(
         &self,
         executor: E,

@@ -95,6 +95,25 @@ use courier_core::StreamStore;
 use blocking::BlockingConnections;
 use error::map;
 
+/// The XADD field/value arguments of `entry`, exactly as
+/// [`StreamStore::append`] writes it (see the module's entry encoding), for
+/// programs that append Courier entries with scripts of their own (the
+/// daemon's Redis relay). Refused like an append would refuse it: a payload
+/// over [`courier_core::MAX_PAYLOAD_BYTES`], too many headers, or an origin
+/// whose names break the grammar.
+pub fn entry_fields(entry: &courier_core::NewStreamEntry) -> Result<Vec<String>, ValidationError> {
+    let payload = entry.validate(0, courier_core::MAX_PAYLOAD_BYTES)?;
+    Ok(encoding::encode(entry, payload))
+}
+
+/// Translates a Redis driver error into a [`StoreError`] the way this store
+/// does: [`StoreError::Database`], transient for I/O errors (refused, reset
+/// or dropped connections), timeouts, `LOADING`, `BUSY`, `TRYAGAIN`,
+/// `CLUSTERDOWN` and `MASTERDOWN`.
+pub fn map_error(error: redis::RedisError) -> StoreError {
+    map(error)
+}
+
 /// How long a connection attempt may take unless configured otherwise.
 pub const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
 

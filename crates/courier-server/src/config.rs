@@ -26,6 +26,9 @@ use base64::Engine as _;
 use courier::{validate_name, RetryPolicy, MAX_PAYLOAD_BYTES};
 use serde::Deserialize;
 
+use crate::relay::template::{stream_template, subject_template, validate_jetstream_name};
+use crate::relay::RedeliveryHorizon;
+
 /// The database used when none is configured: an SQLite file in the working directory.
 pub const DEFAULT_DATABASE_URL: &str = "./courier.db";
 /// The PostgreSQL schema holding Courier's tables, by default.
@@ -204,6 +207,75 @@ impl RetryConfig {
 pub enum TargetConfig {
     /// An HTTP endpoint, signed per Standard Webhooks.
     Webhook(WebhookConfig),
+    /// A Redis stream on the `[redis]` server (`type = "redis_stream"`).
+    #[serde(rename = "redis_stream")]
+    RedisStream(RedisStreamTargetConfig),
+    /// A subject of a JetStream stream on the `[nats]` server (`type = "nats"`).
+    Nats(NatsTargetConfig),
+    /// A native stream in the outbox database (`type = "stream"`).
+    Stream(NativeStreamTargetConfig),
+}
+
+impl TargetConfig {
+    /// The target's `type` as written in the config.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TargetConfig::Webhook(_) => "webhook",
+            TargetConfig::RedisStream(_) => "redis_stream",
+            TargetConfig::Nats(_) => "nats",
+            TargetConfig::Stream(_) => "stream",
+        }
+    }
+}
+
+/// A relay to a Redis stream: `{prefix}{tenant}:{stream}` on `[redis]`, the
+/// key layout of Courier's Redis stream store.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisStreamTargetConfig {
+    /// The stream's name, a template over `{tenant}` and `{topic}`; the
+    /// rendered name must follow the name grammar.
+    pub stream: String,
+    /// Trim the stream to about this many entries on every append
+    /// (`XADD MAXLEN ~`); `None`: never trimmed by the relay.
+    #[serde(default)]
+    pub maxlen: Option<u64>,
+    /// How long a relayed message's dedupe key lives, in milliseconds; at
+    /// least the subscription's redelivery horizon (lease + backoff cap +
+    /// rescue interval), by default twice it. See the `relay` module.
+    #[serde(default)]
+    pub dedupe_ttl_ms: Option<u64>,
+}
+
+/// A relay to NATS JetStream: publish on `subject`, stored by `stream`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsTargetConfig {
+    /// The subject, a template over `{tenant}` and `{topic}`.
+    pub subject: String,
+    /// The JetStream stream that stores the subject; its `duplicate_window`
+    /// must cover the subscription's redelivery horizon (checked at start).
+    pub stream: String,
+    /// How long one publish may wait for its acknowledgement, in milliseconds.
+    #[serde(default = "default_relay_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+/// A relay to a native stream of the message's tenant in the outbox database.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NativeStreamTargetConfig {
+    /// The stream's name, a template over `{tenant}` and `{topic}`.
+    pub stream: String,
+}
+
+/// How long one NATS publish may wait for its acknowledgement, by default.
+pub const DEFAULT_RELAY_TIMEOUT_MS: u64 = 5_000;
+/// The longest accepted relay publish timeout.
+pub const MAX_RELAY_TIMEOUT_MS: u64 = 60_000;
+
+fn default_relay_timeout_ms() -> u64 {
+    DEFAULT_RELAY_TIMEOUT_MS
 }
 
 /// An HTTP webhook target.
@@ -718,6 +790,97 @@ impl Config {
                 TargetConfig::Webhook(webhook) => {
                     validate_webhook(&key("target"), webhook)?;
                 }
+                target => self.validate_relay(i, subscription, target)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the relay target of `subscription` (the `i`th): its templates
+    /// render valid names, its numbers are in range, and the server section
+    /// it relays to is configured.
+    fn validate_relay(
+        &self,
+        i: usize,
+        subscription: &SubscriptionConfig,
+        target: &TargetConfig,
+    ) -> Result<(), ConfigError> {
+        let key = |field: &str| format!("subscriptions[{i}].target.{field}");
+        let bad = |field: &str, value: &dyn fmt::Display, reason: &str| {
+            ConfigError::invalid(key(field), Some(format!("{:?}", value.to_string())), reason)
+        };
+        let needs = |section: &str| {
+            ConfigError::invalid(
+                format!("{section}.url"),
+                None,
+                format!(
+                    "is missing: subscription {:?} (subscriptions[{i}].target) relays to {}; \
+                     add a [{section}] section with the server's url",
+                    subscription.name,
+                    target.kind()
+                ),
+            )
+        };
+        match target {
+            TargetConfig::Webhook(_) => {}
+            TargetConfig::RedisStream(redis) => {
+                stream_template(&redis.stream)
+                    .map_err(|reason| bad("stream", &redis.stream, &reason))?;
+                if redis.maxlen == Some(0) {
+                    return Err(bad(
+                        "maxlen",
+                        &0,
+                        "must be at least 1 (leave it out to never trim)",
+                    ));
+                }
+                if let Some(ttl) = redis.dedupe_ttl_ms {
+                    let horizon = RedeliveryHorizon::of(subscription);
+                    if Duration::from_millis(ttl) < horizon.total() {
+                        return Err(bad(
+                            "dedupe_ttl_ms",
+                            &ttl,
+                            &format!(
+                                "must be at least the subscription's redelivery horizon, {} ms ({horizon}), \
+                                 or a message redelivered after its key expired is appended twice",
+                                horizon.total().as_millis()
+                            ),
+                        ));
+                    }
+                }
+                if self.redis.is_none() {
+                    return Err(needs("redis"));
+                }
+            }
+            TargetConfig::Nats(nats) => {
+                subject_template(&nats.subject)
+                    .map_err(|reason| bad("subject", &nats.subject, &reason))?;
+                validate_jetstream_name(&nats.stream)
+                    .map_err(|reason| bad("stream", &nats.stream, &reason))?;
+                if nats.timeout_ms == 0 || nats.timeout_ms > MAX_RELAY_TIMEOUT_MS {
+                    return Err(bad(
+                        "timeout_ms",
+                        &nats.timeout_ms,
+                        &format!("must be between 1 and {MAX_RELAY_TIMEOUT_MS}"),
+                    ));
+                }
+                let Some(section) = &self.nats else {
+                    return Err(needs("nats"));
+                };
+                if !(section.url.starts_with("nats://") || section.url.starts_with("tls://")) {
+                    return Err(ConfigError::invalid(
+                        "nats.url",
+                        Some(format!("{:?}", section.url)),
+                        format!(
+                            "must be a nats:// or tls:// URL for subscription {:?}: \
+                             the relay's NATS client does not speak WebSocket",
+                            subscription.name
+                        ),
+                    ));
+                }
+            }
+            TargetConfig::Stream(native) => {
+                stream_template(&native.stream)
+                    .map_err(|reason| bad("stream", &native.stream, &reason))?;
             }
         }
         self.validate_stream_subscriptions()?;
@@ -1225,7 +1388,9 @@ mod tests {
             ]),
         )
         .unwrap();
-        let TargetConfig::Webhook(webhook) = &config.subscriptions[0].target;
+        let TargetConfig::Webhook(webhook) = &config.subscriptions[0].target else {
+            panic!("not a webhook: {:?}", config.subscriptions[0].target);
+        };
         assert_eq!(webhook.url, "http://127.0.0.1:2/b");
         assert_eq!(config.subscriptions[0].retry.max_attempts, 3);
         assert_eq!(config.tokens[0].roles, vec![Role::Publish]);
@@ -1369,9 +1534,147 @@ mod tests {
             ok_target,
         );
         let config = Config::from_toml_str(&ok).unwrap();
-        let TargetConfig::Webhook(webhook) = &config.subscriptions[0].target;
+        let TargetConfig::Webhook(webhook) = &config.subscriptions[0].target else {
+            panic!("not a webhook: {:?}", config.subscriptions[0].target);
+        };
         assert_eq!(webhook.secret_bytes().unwrap(), b"secret");
         assert_eq!(webhook.timeout_ms, DEFAULT_WEBHOOK_TIMEOUT_MS);
+    }
+
+    #[test]
+    fn relay_targets_are_checked_when_the_config_loads() {
+        let with = |sections: &str, target: &str| {
+            format!(
+                "{sections}\n[[subscriptions]]\nname = \"relay\"\ntopics = [\"order.*\"]\n[subscriptions.target]\n{target}\n"
+            )
+        };
+        let redis = "[redis]\nurl = \"redis://127.0.0.1:6379\"\nkey_prefix = \"c:\"";
+        let nats = "[nats]\nurl = \"nats://127.0.0.1:4222\"";
+        let cases = [
+            // The server section a relay needs, named by its key.
+            (
+                with("", "type = \"redis_stream\"\nstream = \"{topic}\""),
+                "redis.url",
+                "relay",
+            ),
+            (
+                with(
+                    "",
+                    "type = \"nats\"\nsubject = \"a.{topic}\"\nstream = \"A\"",
+                ),
+                "nats.url",
+                "relay",
+            ),
+            (
+                with(
+                    "[nats]\nurl = \"ws://127.0.0.1:80\"",
+                    "type = \"nats\"\nsubject = \"a.{topic}\"\nstream = \"A\"",
+                ),
+                "nats.url",
+                "WebSocket",
+            ),
+            // Templates that cannot render a valid name.
+            (
+                with(redis, "type = \"redis_stream\"\nstream = \"a:{topic}\""),
+                "subscriptions[0].target.stream",
+                "a:sample",
+            ),
+            (
+                with(redis, "type = \"redis_stream\"\nstream = \"{tenants}\""),
+                "subscriptions[0].target.stream",
+                "placeholders",
+            ),
+            (
+                with("", "type = \"stream\"\nstream = \".{topic}\""),
+                "subscriptions[0].target.stream",
+                "rendered from",
+            ),
+            (
+                with(
+                    nats,
+                    "type = \"nats\"\nsubject = \"a..{topic}\"\nstream = \"A\"",
+                ),
+                "subscriptions[0].target.subject",
+                "empty token",
+            ),
+            (
+                with(
+                    nats,
+                    "type = \"nats\"\nsubject = \"a.*.{topic}\"\nstream = \"A\"",
+                ),
+                "subscriptions[0].target.subject",
+                "wildcards",
+            ),
+            (
+                with(
+                    nats,
+                    "type = \"nats\"\nsubject = \"a.{topic}\"\nstream = \"A.B\"",
+                ),
+                "subscriptions[0].target.stream",
+                "JetStream stream name",
+            ),
+            // Numbers out of range.
+            (
+                with(
+                    redis,
+                    "type = \"redis_stream\"\nstream = \"{topic}\"\nmaxlen = 0",
+                ),
+                "subscriptions[0].target.maxlen",
+                "at least 1",
+            ),
+            (
+                with(
+                    redis,
+                    "type = \"redis_stream\"\nstream = \"{topic}\"\ndedupe_ttl_ms = 60000",
+                ),
+                "subscriptions[0].target.dedupe_ttl_ms",
+                "335000 ms",
+            ),
+            (
+                with(
+                    nats,
+                    "type = \"nats\"\nsubject = \"a.{topic}\"\nstream = \"A\"\ntimeout_ms = 0",
+                ),
+                "subscriptions[0].target.timeout_ms",
+                "between 1 and",
+            ),
+        ];
+        for (text, key, reason) in cases {
+            let err = Config::from_toml_str(&text).unwrap_err();
+            assert_eq!(err.key(), Some(key), "{text}: {err}");
+            assert!(err.to_string().contains(reason), "{text}: {err}");
+        }
+        let err = Config::from_toml_str(&with(
+            redis,
+            "type = \"redis_stream\"\nstream = \"{topic}\"\nmax_len = 5",
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("max_len"), "{err}");
+        assert_eq!(err.key(), Some("subscriptions[0].target.max_len"), "{err}");
+        let err = Config::from_toml_str(&with("", "type = \"kafka\"")).unwrap_err();
+        assert!(err.to_string().contains("redis_stream"), "{err}");
+
+        let config = Config::from_toml_str(&with(
+            redis,
+            "type = \"redis_stream\"\nstream = \"{topic}\"\nmaxlen = 1000000",
+        ))
+        .unwrap();
+        let TargetConfig::RedisStream(target) = &config.subscriptions[0].target else {
+            panic!("{:?}", config.subscriptions[0].target);
+        };
+        assert_eq!(target.maxlen, Some(1_000_000));
+        let config = Config::from_toml_str(&with(
+            nats,
+            "type = \"nats\"\nsubject = \"courier.{tenant}.{topic}\"\nstream = \"ORDERS\"",
+        ))
+        .unwrap();
+        let TargetConfig::Nats(target) = &config.subscriptions[0].target else {
+            panic!("{:?}", config.subscriptions[0].target);
+        };
+        assert_eq!(target.timeout_ms, DEFAULT_RELAY_TIMEOUT_MS);
+        assert!(
+            Config::from_toml_str(&with("", "type = \"stream\"\nstream = \"{topic}\"")).is_ok()
+        );
     }
 
     #[test]

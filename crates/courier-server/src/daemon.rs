@@ -4,8 +4,10 @@
 //! [`bind`] does everything that can fail at start — validating the config,
 //! opening the database (PostgreSQL for `postgres://` URLs, SQLite otherwise),
 //! running migrations, opening the stream backend (see
-//! [`crate::stream_subscriptions`]), registering every subscription, creating
-//! every stream subscription's group and binding the listener — and returns a [`Running`] daemon with its bound address (so
+//! [`crate::stream_subscriptions`]), connecting to the servers relays
+//! write to (Redis, NATS; a NATS relay also checks its JetStream stream),
+//! registering every subscription, creating every stream subscription's
+//! group and binding the listener — and returns a [`Running`] daemon with its bound address (so
 //! tests can listen on port 0). [`run`] is `bind` then wait.
 //!
 //! Shutdown, when the `shutdown` future completes: the listener stops
@@ -30,8 +32,11 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{router, ApiState};
-use crate::config::{Config, ConfigError, DatabaseKind, LogFormat};
+use crate::config::{
+    Config, ConfigError, DatabaseKind, LogFormat, SubscriptionConfig, TargetConfig,
+};
 use crate::metrics::prometheus;
+use crate::relay::{NativeRelay, NativeStreamStore, RelayConnections, RelayError};
 use crate::stream_subscriptions::{stop_subscriptions, StreamBackend};
 use crate::webhook::{WebhookError, WebhookHandler};
 
@@ -58,6 +63,10 @@ pub enum ServeError {
     /// A subscription's webhook could not be set up.
     #[error(transparent)]
     Webhook(#[from] WebhookError),
+    /// A subscription's relay could not start (its server unreachable, its
+    /// JetStream stream missing or forgetting message ids too soon).
+    #[error(transparent)]
+    Relay(#[from] RelayError),
     /// A subscription's worker could not be built.
     #[error("subscription {subscription}: {source}")]
     Worker {
@@ -165,7 +174,12 @@ async fn start<S>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Running, ServeError>
 where
-    S: OutboxStore + DeadLetterStore + AdminStore + StreamStore + StreamReceipts,
+    S: OutboxStore
+        + DeadLetterStore
+        + AdminStore
+        + StreamStore
+        + StreamReceipts
+        + NativeStreamStore,
 {
     courier.migrate().await.map_err(ServeError::Migrate)?;
     let streams = StreamBackend::open(courier.store(), &config).await?;
@@ -173,13 +187,18 @@ where
     let stop_requests = state.shutdown_token();
     let open = state.is_open();
     let app = router(state);
+    let relays = RelayConnections::connect(&config).await?;
 
     let mut workers: Vec<(String, WorkerHandle)> = Vec::with_capacity(config.subscriptions.len());
     for subscription in &config.subscriptions {
-        let handler = WebhookHandler::from_config(subscription)?;
-        let mut builder = courier
-            .worker(subscription.name.clone())
-            .handle_all(subscription.topics.clone(), handler)
+        let builder = match with_target(&courier, &relays, subscription).await {
+            Ok(builder) => builder,
+            Err(error) => {
+                stop_workers(workers).await;
+                return Err(error);
+            }
+        };
+        let mut builder = builder
             .retry_policy(subscription.retry.policy())
             .concurrency(subscription.concurrency)
             .batch_size(subscription.concurrency)
@@ -203,6 +222,7 @@ where
         tracing::info!(
             subscription = %subscription.name,
             topics = ?subscription.topics,
+            target = subscription.target.kind(),
             "subscription registered"
         );
         workers.push((subscription.name.clone(), worker.start()));
@@ -324,6 +344,34 @@ where
     Ok(Running {
         address,
         task: Box::pin(task),
+    })
+}
+
+/// A worker for `subscription` with the handler its target calls for: a
+/// webhook, a Redis or NATS relay (plain handlers), or a native stream relay
+/// (transactional: the append commits with the completion).
+async fn with_target<S>(
+    courier: &Courier<S>,
+    relays: &RelayConnections,
+    subscription: &SubscriptionConfig,
+) -> Result<courier::WorkerBuilder<S>, ServeError>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore + NativeStreamStore,
+{
+    let builder = courier.worker(subscription.name.clone());
+    let topics = subscription.topics.clone();
+    Ok(match &subscription.target {
+        TargetConfig::Webhook(_) => {
+            builder.handle_all(topics, WebhookHandler::from_config(subscription)?)
+        }
+        TargetConfig::RedisStream(_) => {
+            builder.handle_all(topics, relays.redis_relay(subscription)?)
+        }
+        TargetConfig::Nats(_) => builder.handle_all(topics, relays.nats_relay(subscription).await?),
+        TargetConfig::Stream(_) => builder.handle_all_transactional(
+            topics,
+            NativeRelay::new(subscription, courier.store().clone())?,
+        ),
     })
 }
 

@@ -1,7 +1,8 @@
 //! Courier's daemon as a library: the configuration, the HTTP API (with its
 //! auth, metrics and OpenAPI document) and its streams routes, webhook
-//! delivery for subscriptions and stream subscriptions, and the serve loop
-//! that ties them to a database and a stream backend.
+//! delivery for subscriptions and stream subscriptions, relays to Redis
+//! streams, NATS JetStream and native streams, and the serve loop that ties
+//! them to a database and a stream backend.
 //!
 //! `courier serve` is a thin wrapper over [`run`]:
 //!
@@ -22,6 +23,7 @@ pub mod config;
 pub mod daemon;
 pub mod error;
 pub mod metrics;
+pub mod relay;
 pub mod store;
 pub mod stream_api;
 pub mod stream_store;
@@ -34,5 +36,6 @@ pub use auth::{Authenticator, Principal, TenantScope};
 pub use config::{Config, ConfigError};
 pub use daemon::{bind, init_logging, run, Running, ServeError};
 pub use error::ApiError;
+pub use relay::{NativeRelay, NatsRelay, RedisRelay};
 pub use stream_store::ApiStreams;
 pub use webhook::WebhookHandler;

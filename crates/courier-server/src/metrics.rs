@@ -22,6 +22,13 @@ pub const WEBHOOK_SECONDS: &str = "courier_webhook_duration_seconds";
 pub const STREAM_ENTRIES_APPENDED: &str = "courier_stream_entries_appended_total";
 /// Blocking stream reads over the API waiting right now.
 pub const STREAM_READS_BLOCKED: &str = "courier_stream_reads_blocked";
+/// Relayed messages by `subscription` and `outcome`: `stored` (appended or
+/// published downstream), `duplicate` (the target already held it: nothing
+/// new was written), `retry`, `permanent` and `skipped` (a tenant outside
+/// the subscription's `tenants`).
+pub const RELAY_PUBLISHED: &str = "courier_relay_published_total";
+/// How long one relay of a message took, by `subscription`.
+pub const RELAY_SECONDS: &str = "courier_relay_duration_seconds";
 
 /// Histogram buckets for durations, in seconds.
 const SECONDS_BUCKETS: &[f64] = &[

@@ -218,10 +218,15 @@ impl Endpoint {
 impl WebhookHandler {
     /// The handler for a configured subscription's webhook target.
     pub fn from_config(subscription: &SubscriptionConfig) -> Result<Self, WebhookError> {
-        let TargetConfig::Webhook(webhook) = &subscription.target;
         let invalid = |reason: String| WebhookError::Invalid {
             subscription: subscription.name.clone(),
             reason,
+        };
+        let TargetConfig::Webhook(webhook) = &subscription.target else {
+            return Err(invalid(format!(
+                "the target is a {}, not a webhook",
+                subscription.target.kind()
+            )));
         };
         let url = reqwest::Url::parse(&webhook.url).map_err(|e| invalid(e.to_string()))?;
         let secret = webhook.secret_bytes().map_err(invalid)?;

@@ -444,7 +444,9 @@ async fn timeouts_are_retried_then_dead_lettered(database: Database) {
     receiver.script("/slow", &[Answer::Hang, Answer::Hang]);
     let mut slow = webhook("slow", &["*"], format!("http://{address}/slow"));
     slow.retry.max_attempts = 2;
-    let TargetConfig::Webhook(target) = &mut slow.target;
+    let TargetConfig::Webhook(target) = &mut slow.target else {
+        panic!("not a webhook");
+    };
     target.timeout_ms = 200;
     let daemon = Daemon::start(&database, vec![slow], 1_000).await;
     let id = daemon

@@ -39,6 +39,7 @@ queries!(
     PRUNE_MESSAGES => "prune_messages.sql",
     PRUNE_RECEIPTS => "prune_receipts.sql",
     PRUNE_STREAM_RECEIPTS => "prune_stream_receipts.sql",
+    STREAM_RELAYED_ENTRY => "stream_relayed_entry.sql",
     STREAM_RECEIPTS_FIND => "stream_receipts_find.sql",
     STREAM_RECEIPTS_INSERT => "stream_receipts_insert.sql",
     RECEIPT_INSERT => "receipt_insert.sql",

@@ -230,6 +230,46 @@ async fn entries_by_rowid(
 }
 
 impl SqliteStore {
+    /// Appends `entries` to `key` on the caller's connection, inside their
+    /// transaction if one is open (start it with [`SqliteStore::begin`]):
+    /// the entries commit or roll back with it, and no group sees them before
+    /// it commits. Otherwise as [`StreamStore::append`]. This process's
+    /// blocked readers are woken at once, perhaps before the commit: one that
+    /// finds nothing yet sees the entries within [`STREAM_POLL_INTERVAL`].
+    pub async fn append_on(
+        &self,
+        conn: &mut SqliteConnection,
+        key: &StreamKey,
+        entries: &[NewStreamEntry],
+    ) -> Result<Vec<StreamEntryId>, StoreError> {
+        let encoded = entries_json(entries)?;
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = insert_entries(conn, key, encoded, entries.len()).await?;
+        self.wake_streams();
+        Ok(ids)
+    }
+
+    /// The lowest entry of `key` that relays outbox message `message_id`
+    /// (its origin's message id), if one committed or was appended earlier in
+    /// the caller's transaction on `conn`; looked up by index.
+    pub async fn relayed_entry_on(
+        &self,
+        conn: &mut SqliteConnection,
+        key: &StreamKey,
+        message_id: uuid::Uuid,
+    ) -> Result<Option<StreamEntryId>, StoreError> {
+        let rowid: Option<i64> = sqlx::query_scalar(queries::STREAM_RELAYED_ENTRY)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(message_id.to_string())
+            .fetch_optional(conn)
+            .await
+            .map_err(map)?;
+        rowid.map(entry_id).transpose()
+    }
+
     fn wake_streams(&self) {
         self.inner
             .stream_wake

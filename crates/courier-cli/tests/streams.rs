@@ -119,7 +119,16 @@ async fn every_verb_works_and_refuses_bad_input(dir: &Path, target: &[String]) {
     let existed = ok(dir, target, "group", &["--group", "g"]).await;
     assert_eq!(existed["created"], json!(false));
 
-    let range = ok(dir, target, "read", &[]).await;
+    // Readable once every older writing transaction on a PostgreSQL server
+    // has ended (other tests hold some): read until all are there.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let range = loop {
+        let range = ok(dir, target, "read", &[]).await;
+        if ids(&range["entries"]).len() >= all.len() || std::time::Instant::now() > deadline {
+            break range;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
     assert_eq!(ids(&range["entries"]), all);
     assert_eq!(range["entries"][0]["headers"], json!({"trace": "t-1"}));
     assert_eq!(range["entries"][2]["payload"], json!(3));

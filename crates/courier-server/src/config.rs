@@ -793,6 +793,7 @@ impl Config {
                 target => self.validate_relay(i, subscription, target)?,
             }
         }
+        self.validate_stream_subscriptions()?;
         Ok(())
     }
 
@@ -883,7 +884,6 @@ impl Config {
                     .map_err(|reason| bad("stream", &native.stream, &reason))?;
             }
         }
-        self.validate_stream_subscriptions()?;
         Ok(())
     }
 

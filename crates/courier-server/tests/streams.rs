@@ -340,7 +340,16 @@ async fn every_endpoint_answers_as_documented(backend: Backend) {
         "ids increase: {ids:?}"
     );
 
-    let all = daemon.range("orders").await;
+    // Readable once every older writing transaction on a PostgreSQL server
+    // has ended (other tests hold some): read until all three are there.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let all = loop {
+        let all = daemon.range("orders").await;
+        if all.len() >= ids.len() || std::time::Instant::now() > deadline {
+            break all;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(entry_ids(&all), ids);
     assert_eq!(all[0]["payload"], json!({"n": 1}));
     assert_eq!(all[0]["headers"], json!({"trace": "t-1"}));

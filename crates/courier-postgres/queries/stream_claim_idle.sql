@@ -21,13 +21,14 @@ candidates AS (
   FOR UPDATE OF p
 ),
 taken AS (
-  SELECT c.major, c.minor,
-         EXISTS (SELECT 1 FROM {schema}.stream_entries e
-                 WHERE e.tenant = $1 AND e.stream = $2
-                   AND e.major = c.major AND e.minor = c.minor) AS present
-  FROM candidates c
-  ORDER BY c.major, c.minor
-  LIMIT $8
+  -- One primary-key probe per candidate (LATERAL keeps the planner from
+  -- hashing the whole stream instead).
+  SELECT c.major, c.minor, e.present IS NOT NULL AS present
+  FROM (SELECT major, minor FROM candidates ORDER BY major, minor LIMIT $8) c
+  LEFT JOIN LATERAL (
+    SELECT true AS present FROM {schema}.stream_entries e
+    WHERE e.tenant = $1 AND e.stream = $2 AND e.major = c.major AND e.minor = c.minor
+  ) e ON true
 ),
 claimed AS (
   UPDATE {schema}.stream_pending p

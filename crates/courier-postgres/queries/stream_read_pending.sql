@@ -8,15 +8,18 @@ WITH g AS (
   WHERE s.tenant = $1 AND s.stream = $2 AND s.grp = $3
 ),
 mine AS (
-  SELECT p.major, p.minor,
-         EXISTS (SELECT 1 FROM {schema}.stream_entries e
-                 WHERE e.tenant = $1 AND e.stream = $2
-                   AND e.major = p.major AND e.minor = p.minor) AS present
-  FROM {schema}.stream_pending p
-  WHERE p.tenant = $1 AND p.stream = $2 AND p.grp = $3 AND p.consumer = $4
-    AND (p.major, p.minor) > ($5, $6)
-  ORDER BY p.major, p.minor
-  LIMIT $7
+  -- One primary-key probe per pending entry (LATERAL keeps the planner from
+  -- hashing the whole stream instead).
+  SELECT p.major, p.minor, e.present IS NOT NULL AS present
+  FROM (SELECT q.major, q.minor FROM {schema}.stream_pending q
+        WHERE q.tenant = $1 AND q.stream = $2 AND q.grp = $3 AND q.consumer = $4
+          AND (q.major, q.minor) > ($5, $6)
+        ORDER BY q.major, q.minor
+        LIMIT $7) p
+  LEFT JOIN LATERAL (
+    SELECT true AS present FROM {schema}.stream_entries e
+    WHERE e.tenant = $1 AND e.stream = $2 AND e.major = p.major AND e.minor = p.minor
+  ) e ON true
 ),
 redelivered AS (
   UPDATE {schema}.stream_pending p

@@ -58,8 +58,11 @@ UNION ALL
 SELECT 'claimed', true, c.major, c.minor, c.deliveries, e.payload, e.headers, e.message_id,
        e.origin_tenant, e.topic, e.schema_version
 FROM claimed c
-JOIN {schema}.stream_entries e
-  ON e.tenant = $1 AND e.stream = $2 AND e.major = c.major AND e.minor = c.minor
+CROSS JOIN LATERAL (
+  SELECT x.payload, x.headers, x.message_id, x.origin_tenant, x.topic, x.schema_version
+  FROM {schema}.stream_entries x
+  WHERE x.tenant = $1 AND x.stream = $2 AND x.major = c.major AND x.minor = c.minor
+) e
 UNION ALL
 SELECT 'deleted', true, d.major, d.minor, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM dropped d
 UNION ALL

@@ -38,9 +38,12 @@ SELECT EXISTS (SELECT 1 FROM g) AS found, m.major, m.minor, r.deliveries,
 FROM (SELECT 1) one
 LEFT JOIN mine m ON true
 LEFT JOIN redelivered r ON r.major = m.major AND r.minor = m.minor
-LEFT JOIN {schema}.stream_entries e
-  ON r.major IS NOT NULL AND e.tenant = $1 AND e.stream = $2
-     AND e.major = m.major AND e.minor = m.minor
+LEFT JOIN LATERAL (
+  SELECT x.payload, x.headers, x.message_id, x.origin_tenant, x.topic, x.schema_version
+  FROM {schema}.stream_entries x
+  WHERE r.major IS NOT NULL AND x.tenant = $1 AND x.stream = $2
+    AND x.major = m.major AND x.minor = m.minor
+) e ON true
 -- A present entry another consumer claimed meanwhile is not redelivered:
 -- it is left out.
 WHERE m.major IS NULL OR NOT m.present OR r.major IS NOT NULL

@@ -13,7 +13,9 @@
 //!   bounded) and is claimed again once idle for `min_idle`;
 //! - [`HandlerError::Permanent`], or a failure at the `max_deliveries`th
 //!   delivery (deferrals excluded, crashes included): the entry is appended to
-//!   `{stream}.dead` with its errors and acked, atomically;
+//!   `{stream}.dead` with its errors and acked, atomically. Deferrals are
+//!   counted in this process's memory: after a restart, or once another
+//!   consumer claimed the entry, its earlier deferrals count as deliveries;
 //! - [`HandlerError::Snooze`] (a deferral, e.g. a tenant over its quota): the
 //!   entry stays pending and the subscription stops reading and claiming for
 //!   a backoff that grows from `defer_min` to `defer_max` (with jitter) while
@@ -647,6 +649,12 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                         .increment(1);
                     group_ready = false;
                     own_pending = true;
+                    // Not at once: a group that keeps vanishing must not spin.
+                    let pause = OUTAGE_MIN.mul_f64(0.5 + fastrand::f64() / 2.0);
+                    tokio::select! {
+                        () = stop.cancelled() => {}
+                        () = tokio::time::sleep(pause) => {}
+                    }
                 }
                 Err(error) => {
                     let backoff = match outage {
@@ -726,7 +734,8 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                 self.forget(&trimmed);
             }
             self.handle_batch(entries, step).await?;
-            if !full {
+            // A deferral pauses reads, these too; and a short page was the last.
+            if !full || step.deferred > 0 {
                 return Ok(());
             }
         }
@@ -952,8 +961,10 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
         };
         let result = match prepared {
             Prepared::Plain(future) => {
-                let task = tokio::spawn(with_timeout(future, c.handler_timeout));
-                match task.await {
+                // Aborted if this run is dropped (shutdown past its deadline):
+                // no effect may happen after its entry was left pending.
+                let mut task = AbortOnDrop(tokio::spawn(with_timeout(future, c.handler_timeout)));
+                match (&mut task.0).await {
                     Ok(result) => result,
                     Err(join) => Err(HandlerError::retry(panic_message(join))),
                 }
@@ -1020,6 +1031,15 @@ fn panic_message(join: tokio::task::JoinError) -> String {
             format!("handler panicked: {text}")
         }
         Err(_) => "handler task was cancelled".to_owned(),
+    }
+}
+
+/// A spawned handler that is aborted when its run is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<Result<(), HandlerError>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -4,8 +4,8 @@
 -- leave pending and are reported. Rows: kind 'group' (always one; `found`
 -- says whether the group exists), 'claimed' (with the entry), 'deleted',
 -- and 'next' (the cursor to continue from, when more idle entries may follow).
--- A row another claim is taking over waits for it and is then re-checked:
--- no entry goes to two consumers.
+-- A row another claim is taking over is skipped: no entry goes to two
+-- consumers.
 WITH g AS (
   SELECT 1 FROM {schema}.stream_groups s
   WHERE s.tenant = $1 AND s.stream = $2 AND s.grp = $3
@@ -18,16 +18,20 @@ candidates AS (
     AND p.delivered_at <= statement_timestamp() - $7::bigint * interval '1 millisecond'
   ORDER BY p.major, p.minor
   LIMIT $8 + 1
-  FOR UPDATE OF p
+  -- Rows another claim is taking over are skipped, not waited for: after
+  -- the wait, only the idle filter would be checked again, and with a
+  -- small min_idle both claims would pass it.
+  FOR UPDATE OF p SKIP LOCKED
 ),
 taken AS (
-  -- One primary-key probe per candidate (LATERAL keeps the planner from
-  -- hashing the whole stream instead).
+  -- One primary-key probe per candidate (LATERAL with LIMIT 1 is never
+  -- folded into a join the planner could hash).
   SELECT c.major, c.minor, e.present IS NOT NULL AS present
   FROM (SELECT major, minor FROM candidates ORDER BY major, minor LIMIT $8) c
   LEFT JOIN LATERAL (
     SELECT true AS present FROM {schema}.stream_entries e
     WHERE e.tenant = $1 AND e.stream = $2 AND e.major = c.major AND e.minor = c.minor
+    LIMIT 1
   ) e ON true
 ),
 claimed AS (
@@ -62,6 +66,7 @@ CROSS JOIN LATERAL (
   SELECT x.payload, x.headers, x.message_id, x.origin_tenant, x.topic, x.schema_version
   FROM {schema}.stream_entries x
   WHERE x.tenant = $1 AND x.stream = $2 AND x.major = c.major AND x.minor = c.minor
+  LIMIT 1
 ) e
 UNION ALL
 SELECT 'deleted', true, d.major, d.minor, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM dropped d

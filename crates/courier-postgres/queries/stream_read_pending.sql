@@ -8,8 +8,8 @@ WITH g AS (
   WHERE s.tenant = $1 AND s.stream = $2 AND s.grp = $3
 ),
 mine AS (
-  -- One primary-key probe per pending entry (LATERAL keeps the planner from
-  -- hashing the whole stream instead).
+  -- One primary-key probe per pending entry (LATERAL with LIMIT 1 is never
+  -- folded into a join the planner could hash).
   SELECT p.major, p.minor, e.present IS NOT NULL AS present
   FROM (SELECT q.major, q.minor FROM {schema}.stream_pending q
         WHERE q.tenant = $1 AND q.stream = $2 AND q.grp = $3 AND q.consumer = $4
@@ -19,6 +19,7 @@ mine AS (
   LEFT JOIN LATERAL (
     SELECT true AS present FROM {schema}.stream_entries e
     WHERE e.tenant = $1 AND e.stream = $2 AND e.major = p.major AND e.minor = p.minor
+    LIMIT 1
   ) e ON true
 ),
 redelivered AS (
@@ -43,6 +44,7 @@ LEFT JOIN LATERAL (
   FROM {schema}.stream_entries x
   WHERE r.major IS NOT NULL AND x.tenant = $1 AND x.stream = $2
     AND x.major = m.major AND x.minor = m.minor
+  LIMIT 1
 ) e ON true
 -- A present entry another consumer claimed meanwhile is not redelivered:
 -- it is left out.

@@ -122,7 +122,33 @@ fn count_param(count: usize) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
 }
 
-fn entry_from_row(row: &PgRow, major: i64, minor: i64) -> Result<StreamEntry, StoreError> {
+/// The entry id in columns `major_column` and `minor_column` of `row`;
+/// `None` when they are NULL (the one row a statement returns to say it
+/// found the group but nothing else).
+fn id_columns(
+    row: &PgRow,
+    major_column: &str,
+    minor_column: &str,
+) -> Result<Option<StreamEntryId>, StoreError> {
+    let major: Option<i64> = row.try_get(major_column).map_err(map)?;
+    let minor: Option<i64> = row.try_get(minor_column).map_err(map)?;
+    major
+        .zip(minor)
+        .map(|(major, minor)| id_from(major, minor))
+        .transpose()
+}
+
+/// A row of `query` that must carry an entry id came without one.
+fn no_id(query: &str) -> StoreError {
+    StoreError::Corrupt(format!("a {query} row has no entry id"))
+}
+
+/// The entry id in columns `major` and `minor` of `row`, if any.
+fn row_id(row: &PgRow) -> Result<Option<StreamEntryId>, StoreError> {
+    id_columns(row, "major", "minor")
+}
+
+fn entry_from_row(row: &PgRow, id: StreamEntryId) -> Result<StreamEntry, StoreError> {
     let payload: serde_json::Value = row.try_get("payload").map_err(map)?;
     let headers: serde_json::Value = row.try_get("headers").map_err(map)?;
     let message_id: Option<uuid::Uuid> = row.try_get("message_id").map_err(map)?;
@@ -145,7 +171,7 @@ fn entry_from_row(row: &PgRow, major: i64, minor: i64) -> Result<StreamEntry, St
         None => None,
     };
     Ok(StreamEntry {
-        id: id_from(major, minor)?,
+        id,
         payload,
         headers: parse_headers(&headers.to_string())?,
         origin,
@@ -201,11 +227,7 @@ impl PgStore {
             .await
             .map_err(map)?;
         match row {
-            Some(row) => {
-                let major: i64 = row.try_get("major").map_err(map)?;
-                let minor: i64 = row.try_get("minor").map_err(map)?;
-                Ok(Some(id_from(major, minor)?))
-            }
+            Some(row) => row_id(&row),
             None => Ok(None),
         }
     }
@@ -248,11 +270,7 @@ impl PgStore {
             .map_err(map)?;
         let mut ids = rows
             .iter()
-            .map(|row| {
-                let major: i64 = row.try_get("major").map_err(map)?;
-                let minor: i64 = row.try_get("minor").map_err(map)?;
-                id_from(major, minor)
-            })
+            .map(|row| row_id(row)?.ok_or_else(|| no_id("append")))
             .collect::<Result<Vec<_>, _>>()?;
         // Sequence values were handed out in input order (see the query).
         ids.sort_unstable();
@@ -315,11 +333,9 @@ impl PgStore {
         found(&rows, key, &read.group)?;
         let mut entries = Vec::with_capacity(rows.len());
         for row in &rows {
-            let major: Option<i64> = row.try_get("major").map_err(map)?;
-            let minor: Option<i64> = row.try_get("minor").map_err(map)?;
-            if let (Some(major), Some(minor)) = (major, minor) {
+            if let Some(id) = row_id(row)? {
                 entries.push(DeliveredEntry {
-                    entry: entry_from_row(row, major, minor)?,
+                    entry: entry_from_row(row, id)?,
                     deliveries: 1,
                 });
             }
@@ -442,18 +458,16 @@ impl StreamStore for PgStore {
         found(&rows, key, group)?;
         let mut entries = Vec::with_capacity(rows.len());
         for row in &rows {
-            let major: Option<i64> = row.try_get("major").map_err(map)?;
-            let minor: Option<i64> = row.try_get("minor").map_err(map)?;
-            let (Some(major), Some(minor)) = (major, minor) else {
+            let Some(id) = row_id(row)? else {
                 continue;
             };
             let redelivered: Option<i32> = row.try_get("deliveries").map_err(map)?;
             entries.push(match redelivered {
                 Some(_) => PendingEntry::Present(DeliveredEntry {
-                    entry: entry_from_row(row, major, minor)?,
+                    entry: entry_from_row(row, id)?,
                     deliveries: deliveries(row)?,
                 }),
-                None => PendingEntry::Deleted(id_from(major, minor)?),
+                None => PendingEntry::Deleted(id),
             });
         }
         Ok(entries)
@@ -488,18 +502,16 @@ impl StreamStore for PgStore {
         let mut claimed = ClaimedEntries::default();
         for row in &rows {
             let kind: String = row.try_get("kind").map_err(map)?;
-            let major: Option<i64> = row.try_get("major").map_err(map)?;
-            let minor: Option<i64> = row.try_get("minor").map_err(map)?;
-            let (Some(major), Some(minor)) = (major, minor) else {
+            let Some(id) = row_id(row)? else {
                 continue;
             };
             match kind.as_str() {
                 "claimed" => claimed.entries.push(DeliveredEntry {
-                    entry: entry_from_row(row, major, minor)?,
+                    entry: entry_from_row(row, id)?,
                     deliveries: deliveries(row)?,
                 }),
-                "deleted" => claimed.deleted.push(id_from(major, minor)?),
-                "next" => claimed.next = id_from(major, minor)?,
+                "deleted" => claimed.deleted.push(id),
+                "next" => claimed.next = id,
                 _ => {}
             }
         }
@@ -558,16 +570,8 @@ impl StreamStore for PgStore {
         found(&rows, key, group)?;
         let mut summary = PendingSummary::default();
         for row in &rows {
-            let id = |major: &str, minor: &str| -> Result<Option<StreamEntryId>, StoreError> {
-                let major: Option<i64> = row.try_get(major).map_err(map)?;
-                let minor: Option<i64> = row.try_get(minor).map_err(map)?;
-                major
-                    .zip(minor)
-                    .map(|(major, minor)| id_from(major, minor))
-                    .transpose()
-            };
-            summary.lowest = id("low_major", "low_minor")?;
-            summary.highest = id("high_major", "high_minor")?;
+            summary.lowest = id_columns(row, "low_major", "low_minor")?;
+            summary.highest = id_columns(row, "high_major", "high_minor")?;
             let consumer: Option<String> = row.try_get("consumer").map_err(map)?;
             let pending: Option<i64> = row.try_get("pending").map_err(map)?;
             if let (Some(consumer), Some(pending)) = (consumer, pending) {
@@ -603,14 +607,12 @@ impl StreamStore for PgStore {
         found(&rows, key, group)?;
         let mut details = Vec::with_capacity(rows.len());
         for row in &rows {
-            let major: Option<i64> = row.try_get("major").map_err(map)?;
-            let minor: Option<i64> = row.try_get("minor").map_err(map)?;
-            let (Some(major), Some(minor)) = (major, minor) else {
+            let Some(id) = row_id(row)? else {
                 continue;
             };
             let idle: i64 = row.try_get("idle_ms").map_err(map)?;
             details.push(PendingDetail {
-                id: id_from(major, minor)?,
+                id,
                 consumer: row.try_get("consumer").map_err(map)?,
                 idle: Duration::from_millis(u64::try_from(idle).unwrap_or(0)),
                 deliveries: deliveries(row)?,
@@ -702,11 +704,7 @@ impl StreamStore for PgStore {
             .await
             .map_err(map)?;
         rows.iter()
-            .map(|row| {
-                let major: i64 = row.try_get("major").map_err(map)?;
-                let minor: i64 = row.try_get("minor").map_err(map)?;
-                entry_from_row(row, major, minor)
-            })
+            .map(|row| entry_from_row(row, row_id(row)?.ok_or_else(|| no_id("range"))?))
             .collect()
     }
 

@@ -223,6 +223,18 @@ impl Calls {
             .clone()
     }
 
+    /// A handler that records each call and succeeds.
+    fn recording(&self) -> impl courier::StreamHandler<Payload = serde_json::Value> {
+        let calls = self.clone();
+        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
+            let calls = calls.clone();
+            async move {
+                calls.record(number(&message));
+                Ok::<(), HandlerError>(())
+            }
+        })
+    }
+
     fn of(&self, n: u64) -> u64 {
         self.snapshot().get(&n).copied().unwrap_or(0)
     }
@@ -263,16 +275,7 @@ async fn every_entry_takes_effect_once_and_is_acked<B: Harness>(backend: B) -> a
     let receipts = backend.receipts();
     let key = key()?;
     let calls = Calls::default();
-    let handler = {
-        let calls = calls.clone();
-        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
-            let calls = calls.clone();
-            async move {
-                calls.record(number(&message));
-                Ok::<(), HandlerError>(())
-            }
-        })
-    };
+    let handler = calls.recording();
     let subscription = StreamSubscription::new(
         store.clone(),
         receipts.clone(),
@@ -319,13 +322,7 @@ async fn two_subscriptions_on_a_stream_each_get_every_entry<B: Harness>(
     for name in ["workflow-a", "workflow-b"] {
         let calls = Calls::default();
         counters.push(calls.clone());
-        let handler = stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
-            let calls = calls.clone();
-            async move {
-                calls.record(number(&message));
-                Ok::<(), HandlerError>(())
-            }
-        });
+        let handler = calls.recording();
         let subscription = StreamSubscription::new(
             store.clone(),
             receipts.clone(),
@@ -351,16 +348,7 @@ async fn a_found_receipt_skips_the_effect_and_acks<B: Harness>(backend: B) -> an
     let receipts = backend.receipts();
     let key = key()?;
     let calls = Calls::default();
-    let handler = {
-        let calls = calls.clone();
-        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
-            let calls = calls.clone();
-            async move {
-                calls.record(number(&message));
-                Ok::<(), HandlerError>(())
-            }
-        })
-    };
+    let handler = calls.recording();
     let config = config("billing", &key)?;
     let subscription =
         StreamSubscription::new(store.clone(), receipts.clone(), config.clone(), handler)?;
@@ -612,16 +600,7 @@ async fn a_crashed_consumer_s_entries_are_claimed_once_idle<B: Harness>(
     let receipts = backend.receipts();
     let key = key()?;
     let calls = Calls::default();
-    let handler = {
-        let calls = calls.clone();
-        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
-            let calls = calls.clone();
-            async move {
-                calls.record(number(&message));
-                Ok::<(), HandlerError>(())
-            }
-        })
-    };
+    let handler = calls.recording();
     let subscription = StreamSubscription::new(
         store.clone(),
         receipts.clone(),

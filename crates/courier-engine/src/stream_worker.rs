@@ -28,6 +28,13 @@
 //! consumers of its group idle for `consumer_idle_limit` with nothing pending
 //! are deleted.
 //!
+//! Through a backlog it works as a pipeline: while one batch's handlers run,
+//! the next two batches are read and their receipts looked up, and up to four
+//! earlier batches' receipts and acks are written. A batch is settled before
+//! its own-pending re-read or claim could see it again, and a batch read
+//! ahead but never handled (a deferral, a stop) stays pending to this
+//! consumer without its delivery counting.
+//!
 //! Metrics (labelled by subscription only, never tenant or stream):
 //! `courier_stream_{read,claimed,acked,dead_lettered,deferred}_total`,
 //! `courier_stream_pending` (the group's pending entries, every claim
@@ -35,9 +42,10 @@
 //! `courier_stream_groups_recreated_total` and
 //! `courier_backend_reconnects_total` (by backend).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::marker::PhantomData;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -48,6 +56,7 @@ use courier_core::{
     MAX_STREAM_BLOCK,
 };
 use futures_util::future::BoxFuture;
+use futures_util::stream::{FuturesOrdered, FuturesUnordered};
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
@@ -400,6 +409,130 @@ pub struct StreamStep {
     pub deferred: usize,
 }
 
+/// Batches whose receipts and acks are written at once while the next
+/// batch is read and handled.
+const SETTLES_IN_FLIGHT: usize = 4;
+
+/// What a handled batch leaves to write.
+#[derive(Default)]
+struct Settle {
+    /// Entries whose plain handler succeeded: receipt, then ack.
+    plain_done: Vec<StreamEntryId>,
+    /// Entries to ack (a receipt was found or committed with the effect).
+    acks: Vec<StreamEntryId>,
+    /// The store error a transactional run met, reported after the acks.
+    error: Option<StoreError>,
+}
+
+/// A batch read, with the correlation ids that already have a receipt.
+struct Looked {
+    entries: Vec<DeliveredEntry>,
+    correlation: Vec<String>,
+    done: HashSet<String>,
+}
+
+/// The results of the settles of a pipelined read.
+#[derive(Default)]
+struct Settled {
+    acked: usize,
+    error: Option<StoreError>,
+}
+
+impl Settled {
+    fn add(&mut self, done: Result<usize, StoreError>) {
+        match done {
+            Ok(n) => self.acked += n,
+            Err(error) => {
+                self.error.get_or_insert(error);
+            }
+        }
+    }
+}
+
+type Reading<'a> = Pin<Box<dyn Future<Output = Result<Looked, StoreError>> + Send + 'a>>;
+
+/// Batches a pipelined read reads ahead (without blocking) while one batch
+/// is handled.
+const READS_AHEAD: usize = 2;
+
+/// What a pipelined read has in flight besides the batch being handled:
+/// the next batches' reads, in order, and earlier batches' settles.
+struct Pipeline<'a, F> {
+    reading: FuturesOrdered<Reading<'a>>,
+    ready: VecDeque<Result<Looked, StoreError>>,
+    settling: FuturesUnordered<F>,
+    settled: Settled,
+}
+
+impl<F> Default for Pipeline<'_, F> {
+    fn default() -> Self {
+        Self {
+            reading: FuturesOrdered::new(),
+            ready: VecDeque::new(),
+            settling: FuturesUnordered::new(),
+            settled: Settled::default(),
+        }
+    }
+}
+
+impl<'a, F> Pipeline<'a, F>
+where
+    F: Future<Output = Result<usize, StoreError>>,
+{
+    /// Whether no batch read ahead is waiting or under way.
+    fn reads_done(&self) -> bool {
+        self.reading.is_empty() && self.ready.is_empty()
+    }
+
+    /// Waits until fewer than `limit` settles are in flight, while the reads
+    /// ahead make progress too (every future in flight is polled: one may
+    /// hold what another waits for, such as SQLite's write turn).
+    async fn settle_below(&mut self, limit: usize) {
+        while self.settling.len() >= limit {
+            tokio::select! {
+                biased;
+                Some(done) = self.settling.next() => self.settled.add(done),
+                Some(looked) = self.reading.next(), if !self.reading.is_empty() => {
+                    self.ready.push_back(looked);
+                }
+            }
+        }
+    }
+
+    /// Waits for the oldest read ahead while the settles in flight make
+    /// progress.
+    async fn finish_one_read(&mut self) {
+        let before = self.ready.len();
+        while self.ready.len() == before && !self.reading.is_empty() {
+            tokio::select! {
+                biased;
+                Some(looked) = self.reading.next() => self.ready.push_back(looked),
+                Some(done) = self.settling.next(), if !self.settling.is_empty() => {
+                    self.settled.add(done);
+                }
+            }
+        }
+    }
+
+    /// Runs `work` while the reads ahead and the settles in flight make
+    /// progress.
+    async fn drive<T>(&mut self, work: impl Future<Output = T>) -> T {
+        let mut work = std::pin::pin!(work);
+        loop {
+            tokio::select! {
+                biased;
+                out = &mut work => return out,
+                Some(looked) = self.reading.next(), if !self.reading.is_empty() => {
+                    self.ready.push_back(looked);
+                }
+                Some(done) = self.settling.next(), if !self.settling.is_empty() => {
+                    self.settled.add(done);
+                }
+            }
+        }
+    }
+}
+
 enum Outcome {
     Done,
     Failed(String),
@@ -624,15 +757,9 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                         return Ok(());
                     }
                 }
-                let until_claim = next_claim.saturating_duration_since(tokio::time::Instant::now());
-                let block = c.block.min(until_claim);
-                let entries = tokio::select! {
-                    () = stop.cancelled() => return Ok(()),
-                    entries = self.read_new(Some(block)) => entries?,
-                };
-                self.handle_batch(entries, &mut step).await?;
+                let read = self.read_new_pipelined(&stop, next_claim, &mut step).await;
                 resume_at = deferred(&step);
-                Ok(())
+                read
             }
             .await;
             match result {
@@ -807,29 +934,179 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
         entries: Vec<DeliveredEntry>,
         step: &mut StreamStep,
     ) -> Result<(), StoreError> {
+        let settle = self.run_batch(entries, step).await?;
+        step.acked += self.settle(settle).await?;
+        Ok(())
+    }
+
+    /// Reads new entries until nothing new arrives within the block, a claim
+    /// is due, a deferral pauses the subscription or it is stopped, as a
+    /// pipeline: while one batch's handlers run, the next [`READS_AHEAD`]
+    /// batches are read and their receipts looked up (when the batch was
+    /// full: a backlog), and the receipts and acks of up to
+    /// [`SETTLES_IN_FLIGHT`] earlier batches are written. Everything handled is settled before this returns, so
+    /// own-pending reads and claims never see an entry still being settled;
+    /// a batch read ahead but not handled (a deferral, a stop) stays pending
+    /// to this consumer, and its delivery is not counted.
+    async fn read_new_pipelined(
+        &self,
+        stop: &CancellationToken,
+        next_claim: tokio::time::Instant,
+        step: &mut StreamStep,
+    ) -> Result<(), StoreError> {
+        let c = &self.config;
+        let mut pipe = Pipeline::default();
+        let result: Result<(), StoreError> = async {
+            loop {
+                let looked = if let Some(looked) = pipe.ready.pop_front() {
+                    looked?
+                } else if !pipe.reading.is_empty() {
+                    pipe.finish_one_read().await;
+                    continue;
+                } else {
+                    let until_claim =
+                        next_claim.saturating_duration_since(tokio::time::Instant::now());
+                    let block = c.block.min(until_claim);
+                    let read = async {
+                        tokio::select! {
+                            () = stop.cancelled() => Ok(None),
+                            looked = self.read_and_look_up(Some(block)) => looked.map(Some),
+                        }
+                    };
+                    match pipe.drive(read).await? {
+                        Some(looked) => looked,
+                        None => return Ok(()),
+                    }
+                };
+                if looked.entries.is_empty() {
+                    if pipe.reads_done() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                // A full batch: more are likely waiting; read them (without
+                // blocking) while this one is handled.
+                if looked.entries.len() >= c.batch
+                    && !stop.is_cancelled()
+                    && tokio::time::Instant::now() < next_claim
+                {
+                    while pipe.reading.len() + pipe.ready.len() < READS_AHEAD {
+                        pipe.reading
+                            .push_back(Box::pin(self.read_and_look_up(None)));
+                    }
+                }
+                let settle = pipe.drive(self.run_looked(looked, step)).await?;
+                pipe.settling.push(self.settle(settle));
+                pipe.settle_below(SETTLES_IN_FLIGHT).await;
+                if let Some(error) = pipe.settled.error.take() {
+                    return Err(error);
+                }
+                if step.deferred > 0 || stop.is_cancelled() {
+                    return Ok(());
+                }
+                if tokio::time::Instant::now() >= next_claim && pipe.reads_done() {
+                    return Ok(());
+                }
+            }
+        }
+        .await;
+        if result.is_ok() && !stop.is_cancelled() {
+            // A deferral: the reads ahead (which do not block) are finished,
+            // so that what they took is known.
+            while !pipe.reading.is_empty() {
+                pipe.finish_one_read().await;
+            }
+        }
+        // Otherwise a read under way is dropped: whatever it took stays
+        // pending to this consumer, re-read with its own pending entries on
+        // the next start or after the outage.
+        pipe.reading = FuturesOrdered::new();
+        {
+            // Read, never handled: like a deferral, this delivery does not
+            // count against max_deliveries.
+            let mut deferrals = lock(&self.deferrals);
+            for looked in pipe.ready.drain(..).flatten() {
+                for entry in &looked.entries {
+                    *deferrals.entry(entry.entry.id).or_default() += 1;
+                }
+            }
+        }
+        // Whatever happened, the batches already handled get their receipts
+        // and acks (a batch left unsettled would be handled again).
+        while let Some(done) = pipe.settling.next().await {
+            pipe.settled.add(done);
+        }
+        step.acked += pipe.settled.acked;
+        match (result, pipe.settled.error) {
+            (Err(error), _) | (Ok(()), Some(error)) => Err(error),
+            (Ok(()), None) => Ok(()),
+        }
+    }
+
+    /// Reads new entries and looks up which of them have a receipt.
+    async fn read_and_look_up(&self, block: Option<Duration>) -> Result<Looked, StoreError> {
+        let entries = self.read_new(block).await?;
+        self.look_up(entries).await
+    }
+
+    /// Which of `entries` already have a receipt.
+    async fn look_up(&self, entries: Vec<DeliveredEntry>) -> Result<Looked, StoreError> {
+        let c = &self.config;
+        let correlation: Vec<String> = entries
+            .iter()
+            .map(|e| c.correlation_id(e.entry.id))
+            .collect();
+        let done: HashSet<String> = if entries.is_empty() {
+            HashSet::new()
+        } else {
+            self.receipts
+                .find_stream_receipts(&c.name, &correlation)
+                .await?
+                .into_iter()
+                .collect()
+        };
+        Ok(Looked {
+            entries,
+            correlation,
+            done,
+        })
+    }
+
+    /// Looks up the batch's receipts and runs the handlers of the entries
+    /// without one; returns what is left to write.
+    async fn run_batch(
+        &self,
+        entries: Vec<DeliveredEntry>,
+        step: &mut StreamStep,
+    ) -> Result<Settle, StoreError> {
+        let looked = self.look_up(entries).await?;
+        self.run_looked(looked, step).await
+    }
+
+    /// Runs the handlers of the entries without a receipt; returns what is
+    /// left to write.
+    async fn run_looked(
+        &self,
+        looked: Looked,
+        step: &mut StreamStep,
+    ) -> Result<Settle, StoreError> {
+        let mut settle = Settle::default();
+        let Looked {
+            entries,
+            correlation,
+            done,
+        } = looked;
         if entries.is_empty() {
-            return Ok(());
+            return Ok(settle);
         }
         let c = &self.config;
         step.read += entries.len();
         metrics::counter!(READ, "subscription" => c.name.clone()).increment(entries.len() as u64);
 
-        let correlation: Vec<String> = entries
-            .iter()
-            .map(|e| c.correlation_id(e.entry.id))
-            .collect();
-        let done: HashSet<String> = self
-            .receipts
-            .find_stream_receipts(&c.name, &correlation)
-            .await?
-            .into_iter()
-            .collect();
-
-        let mut acks = Vec::new();
         let mut to_run = Vec::new();
         for (entry, correlation_id) in entries.into_iter().zip(correlation) {
             if done.contains(&correlation_id) {
-                acks.push(entry.entry.id);
+                settle.acks.push(entry.entry.id);
                 continue;
             }
             let deliveries = self.counted_deliveries(&entry);
@@ -856,15 +1133,13 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                 .collect()
                 .await;
 
-        let mut plain_done = Vec::new();
-        let mut first_error = None;
         for (entry, outcome) in outcomes {
             match outcome {
                 Ok(Outcome::Done) => {
                     if self.transactional {
-                        acks.push(entry.entry.id);
+                        settle.acks.push(entry.entry.id);
                     } else {
-                        plain_done.push(entry.entry.id);
+                        settle.plain_done.push(entry.entry.id);
                     }
                 }
                 Ok(Outcome::Failed(error)) => {
@@ -881,13 +1156,26 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                 }
                 Ok(Outcome::Dead(reason)) => self.dead_letter(&entry, reason, step).await?,
                 Err(error) => {
-                    first_error.get_or_insert(error);
+                    settle.error.get_or_insert(error);
                 }
             }
         }
-        if step.deferred == 0 && (!plain_done.is_empty() || !acks.is_empty()) {
+        if step.deferred == 0 && (!settle.plain_done.is_empty() || !settle.acks.is_empty()) {
             *lock(&self.defer_streak) = (0, Duration::ZERO);
         }
+        Ok(settle)
+    }
+
+    /// Writes the receipts of plain handlers' successes, then acks them and
+    /// the entries already settled; returns how many were acked, or the
+    /// store error a transactional run met.
+    async fn settle(&self, settle: Settle) -> Result<usize, StoreError> {
+        let c = &self.config;
+        let Settle {
+            plain_done,
+            mut acks,
+            error,
+        } = settle;
         if !plain_done.is_empty() {
             let ids: Vec<String> = plain_done.iter().map(|id| c.correlation_id(*id)).collect();
             self.receipts.record_stream_receipts(&c.name, &ids).await?;
@@ -895,13 +1183,12 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
         }
         if !acks.is_empty() {
             let acked = self.streams.ack(&c.key, &c.name, &acks).await?;
-            step.acked += acks.len();
             metrics::counter!(ACKED, "subscription" => c.name.clone()).increment(acked);
             self.forget(&acks);
         }
-        match first_error {
+        match error {
             Some(error) => Err(error),
-            None => Ok(()),
+            None => Ok(acks.len()),
         }
     }
 

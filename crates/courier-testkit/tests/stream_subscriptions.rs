@@ -810,6 +810,52 @@ async fn a_transactional_handler_s_writes_commit_with_its_receipt<B: Harness>(
     Ok(())
 }
 
+/// A started subscription over a backlog of many full batches reads ahead,
+/// settles earlier batches while it handles the next and drains it all,
+/// once each, without stalling: on SQLite every one of those steps waits for
+/// the one write turn, and a step left unpolled while holding it stalled the
+/// rest for the turn's 10 s timeout.
+async fn a_running_subscription_drains_a_backlog_of_full_batches_once_each<B: Harness>(
+    backend: B,
+) -> anyhow::Result<()> {
+    const ENTRIES: u64 = 2_000;
+    let store = backend.streams();
+    let receipts = backend.receipts();
+    let key = key()?;
+    let calls = Calls::default();
+    let mut config = config("backlog", &key)?;
+    config.batch = 20;
+    config.block = Duration::from_millis(100);
+    let subscription =
+        StreamSubscription::new(store.clone(), receipts.clone(), config, calls.recording())?;
+    subscription.ensure_group().await?;
+    for start in (0..ENTRIES).step_by(500) {
+        append_numbered(&store, &key, start..start + 500).await?;
+    }
+    let running = subscription.start();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let drained = loop {
+        let handled = calls.snapshot().len() as u64;
+        let pending = store.pending_summary(&key, "backlog").await?.count;
+        if handled == ENTRIES && pending == 0 {
+            break true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    running.shutdown().await;
+    let handled = calls.snapshot();
+    assert!(
+        drained,
+        "{} of {ENTRIES} entries handled within 30 s",
+        handled.len()
+    );
+    assert!(handled.values().all(|&n| n == 1), "each entry handled once");
+    Ok(())
+}
+
 macro_rules! stream_subscription_tests {
     ($($case:ident),* $(,)?) => {
         mod postgres {
@@ -852,4 +898,5 @@ stream_subscription_tests!(
     a_restarted_consumer_handles_its_own_pending_entries_first,
     a_panicking_handler_leaves_its_entry_pending,
     a_transactional_handler_s_writes_commit_with_its_receipt,
+    a_running_subscription_drains_a_backlog_of_full_batches_once_each,
 );

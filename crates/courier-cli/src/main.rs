@@ -318,6 +318,10 @@ struct BenchArgs {
     /// XADD and XREADGROUP + XACK loops); without it, native streams only.
     #[arg(long, env = "REDIS_URL")]
     redis_url: Option<String>,
+    /// The NATS server (with JetStream) the relays scenario also measures,
+    /// beside raw asynchronous publishes; without it, no NATS relay case.
+    #[arg(long, env = "NATS_URL")]
+    nats_url: Option<String>,
     /// Print the report as JSON on stdout instead of a table.
     #[arg(long)]
     json: bool,
@@ -337,7 +341,10 @@ enum ScenarioArg {
     Explain,
     /// Streams natively and, with --redis-url, on Redis beside raw commands (not in `all`).
     Streams,
-    /// Every scenario but explain.
+    /// Relays to a native stream and, with --redis-url / --nats-url, to Redis
+    /// and NATS beside raw writes (not in `all`).
+    Relays,
+    /// Every scenario but explain, streams and relays.
     All,
 }
 
@@ -351,6 +358,7 @@ impl From<ScenarioArg> for Scenario {
             ScenarioArg::HeldXmin => Scenario::HeldXmin,
             ScenarioArg::Explain => Scenario::Explain,
             ScenarioArg::Streams => Scenario::Streams,
+            ScenarioArg::Relays => Scenario::Relays,
             ScenarioArg::All => Scenario::All,
         }
     }
@@ -539,6 +547,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 batch_size: args.batch_size,
                 hold_seconds: args.hold_seconds,
                 redis_url: args.redis_url.clone(),
+                nats_url: args.nats_url.clone(),
             };
             let report = bench::run(&options).await?;
             if args.json {

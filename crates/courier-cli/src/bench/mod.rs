@@ -40,6 +40,7 @@ mod fixture;
 mod held_xmin;
 mod latency;
 mod measure;
+mod relays;
 mod report;
 mod streams;
 
@@ -94,14 +95,22 @@ pub enum Scenario {
     /// claims, natively and (with a Redis URL) on Redis beside raw commands
     /// (not part of `All`).
     Streams,
-    /// Every scenario above except `Explain`.
+    /// Relays: a subscription forwarding a backlog to a native stream and
+    /// (with their URLs) to Redis and NATS JetStream, beside raw writes (not
+    /// part of `All`).
+    Relays,
+    /// Every scenario above except `Explain`, `Streams` and `Relays`.
     All,
 }
 
 impl Scenario {
     fn includes(self, other: Scenario) -> bool {
         self == other
-            || (self == Scenario::All && !matches!(other, Scenario::Explain | Scenario::Streams))
+            || (self == Scenario::All
+                && !matches!(
+                    other,
+                    Scenario::Explain | Scenario::Streams | Scenario::Relays
+                ))
     }
 }
 
@@ -135,8 +144,10 @@ pub struct BenchOptions {
     /// Seconds the held-xmin scenario holds its snapshot open;
     /// [`DEFAULT_HOLD_SECONDS`] (or [`QUICK_HOLD_SECONDS`] when quick) if `None`.
     pub hold_seconds: Option<u64>,
-    /// The Redis server the streams scenario also measures, if any.
+    /// The Redis server the streams and relays scenarios also measure, if any.
     pub redis_url: Option<String>,
+    /// The NATS server (with JetStream) the relays scenario also measures, if any.
+    pub nats_url: Option<String>,
 }
 
 impl BenchOptions {
@@ -156,6 +167,7 @@ impl BenchOptions {
             batch_size: None,
             hold_seconds: None,
             redis_url: None,
+            nats_url: None,
         }
     }
 }
@@ -305,13 +317,7 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<Report> {
             let schema = options.schema.clone().unwrap_or_else(random_schema);
             crate::database::validate_schema(&schema)?;
             let fixture = PgBench::connect(url, &schema).await?;
-            run_on(
-                fixture,
-                options.scenario,
-                plan,
-                options.redis_url.as_deref(),
-            )
-            .await
+            run_on(fixture, options.scenario, plan, downstreams(options)).await
         }
         Database::Sqlite { path } => {
             if options.schema.is_some() {
@@ -321,10 +327,17 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<Report> {
                 SqliteBench::new(path)?,
                 options.scenario,
                 plan,
-                options.redis_url.as_deref(),
+                downstreams(options),
             )
             .await
         }
+    }
+}
+
+fn downstreams(options: &BenchOptions) -> relays::Downstreams<'_> {
+    relays::Downstreams {
+        redis_url: options.redis_url.as_deref(),
+        nats_url: options.nats_url.as_deref(),
     }
 }
 
@@ -332,13 +345,14 @@ async fn run_on<F: Fixture>(
     mut fixture: F,
     scenario: Scenario,
     plan: Plan,
-    redis_url: Option<&str>,
+    downstreams: relays::Downstreams<'_>,
 ) -> anyhow::Result<Report>
 where
-    F::Store: courier::StreamStore + courier::StreamReceipts,
+    F::Store:
+        courier::StreamStore + courier::StreamReceipts + courier_server::relay::NativeStreamStore,
 {
     let outcome = tokio::select! {
-        outcome = scenarios(&mut fixture, scenario, plan, redis_url) => outcome,
+        outcome = scenarios(&mut fixture, scenario, plan, downstreams) => outcome,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
     };
     let cleaned = fixture.cleanup().await;
@@ -351,10 +365,11 @@ async fn scenarios<F: Fixture>(
     fixture: &mut F,
     scenario: Scenario,
     plan: Plan,
-    redis_url: Option<&str>,
+    downstreams: relays::Downstreams<'_>,
 ) -> anyhow::Result<Report>
 where
-    F::Store: courier::StreamStore + courier::StreamReceipts,
+    F::Store:
+        courier::StreamStore + courier::StreamReceipts + courier_server::relay::NativeStreamStore,
 {
     drop(fixture.fresh().await?);
     let database = fixture.describe().await?;
@@ -380,7 +395,10 @@ where
         explained = explain::run(fixture, &plan, &mut measurements).await?;
     }
     if scenario.includes(Scenario::Streams) {
-        streams::run(fixture, &plan, redis_url, &mut measurements).await?;
+        streams::run(fixture, &plan, downstreams.redis_url, &mut measurements).await?;
+    }
+    if scenario.includes(Scenario::Relays) {
+        relays::run(fixture, &plan, downstreams, &mut measurements).await?;
     }
     let mut report = Report::new(database, &plan, workers, measurements);
     if let Some(explained) = explained {

@@ -1,0 +1,803 @@
+//! Outbox relay: seed 001 (a batch poller whose "forward downstream" was a
+//! TODO) done right.
+//!
+//! An application places orders: each order's row in `orders` and its
+//! `order.placed` event commit in one transaction of the application's own
+//! (Courier's enqueue on the application's connection), so an event exists
+//! if and only if its order does. Courier then relays every event
+//! downstream, each downstream through a subscription of its own (its own
+//! leases, retries, dead letters and receipts, so a failing downstream never
+//! re-sends to the healthy one):
+//! - `relay-events`: tenant `acme`'s stream `events`, a native stream in the
+//!   same database (default), or a Redis stream with `--redis-url`;
+//! - `relay-nats`: with `--nats-url`, the JetStream subject
+//!   `{prefix}.acme.order.placed`, stored by the JetStream stream
+//!   `--nats-stream` (created if missing).
+//!
+//! The relays are the daemon's (`courier_server::relay`): a delivery
+//! completes only once the downstream write is confirmed, and a delivery
+//! that runs again writes nothing twice (Redis: a dedupe key per message;
+//! NATS: `Nats-Msg-Id`; native: the append commits with the completion).
+//!
+//! Where the seed went wrong, and what happens here instead:
+//! - *It marked rows completed without forwarding them.* Here completion
+//!   waits for the downstream's confirmation.
+//! - *One transaction per batch*, so one failing row rolled back or held
+//!   back the rest. Here every event of a claim is its own delivery: a
+//!   poison event (`--poison`; an order whose event breaks the `order.placed`
+//!   contract, refused by [`Contract`] with a permanent failure) is
+//!   dead-lettered at once with its reason while its batch-mates are
+//!   delivered (native relays run in one transaction per group; the failure
+//!   rolls back only itself, the others commit).
+//! - *It slept `interval` after every batch*, backlog or not. Here
+//!   `--batch-size` and `--interval-ms` are the worker's claim size and idle
+//!   poll interval: while claims come back with work the worker claims again
+//!   at once; the interval applies only when there is nothing to claim (and
+//!   even then a commit wakes it: in-process on SQLite, NOTIFY on
+//!   PostgreSQL).
+//! - *FAILED rows retried forever, PENDING ones without backoff.* Here a
+//!   failure retries with capped, jittered backoff and dead-letters after
+//!   10 attempts; a permanent failure dead-letters at once.
+//! - `enabled = false` (`--enabled false`) still logs "relay disabled" and
+//!   exits 0, touching no database and no server.
+//!
+//! `outbox-relay` places `--count` orders, relays their events, waits until
+//! each is downstream or dead-lettered, prints what each downstream holds of
+//! them (counted by message id) and exits non-zero unless each downstream
+//! holds every good event exactly once and each poison event is a dead
+//! letter of every subscription.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use async_nats::jetstream;
+use clap::{ArgAction, Parser};
+use courier::postgres::PgStore;
+use courier::redis::RedisStreamStore;
+use courier::sqlite::SqliteStore;
+use courier::{
+    AdminStore, Courier, DeadLetterFilter, DeadLetterStore, Handler, HandlerError, Message,
+    NewMessage, OutboxStore, StreamEntryId, StreamKey, StreamStore, TransactionalHandler,
+};
+use courier_server::config::{
+    NativeStreamTargetConfig, NatsTargetConfig, RedisStreamTargetConfig, SubscriptionConfig,
+    TargetConfig, DEFAULT_RELAY_TIMEOUT_MS,
+};
+use courier_server::relay::nats::MESSAGE_ID_HEADER;
+use courier_server::relay::{connect_nats, NativeRelay, NativeStreamStore, NatsRelay, RedisRelay};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use uuid::Uuid;
+
+/// The tenant whose orders the example places.
+pub const TENANT: &str = "acme";
+/// The topic of the orders' events.
+pub const TOPIC: &str = "order.placed";
+/// The stream (native or Redis) the events are relayed to.
+pub const STREAM: &str = "events";
+/// The subscription relaying to the `events` stream.
+pub const STREAM_SUBSCRIPTION: &str = "relay-events";
+/// The subscription relaying to NATS JetStream.
+pub const NATS_SUBSCRIPTION: &str = "relay-nats";
+/// The duplicate window of a JetStream stream the example creates: longer
+/// than the relay's redelivery horizon (335 s with the default retry
+/// policy), which the NATS relay checks at start.
+const JETSTREAM_DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Orders and their events commit together; Courier relays each event to the `events` \
+             stream and to NATS JetStream exactly once"
+)]
+struct Cli {
+    /// Whether the relay runs at all; `false` logs "relay disabled" and exits 0.
+    #[arg(long, env = "OUTBOX_RELAY_ENABLED", default_value_t = true, action = ArgAction::Set)]
+    enabled: bool,
+    /// Events claimed per round trip (and relayed at once) by each relay.
+    #[arg(long, env = "OUTBOX_RELAY_BATCH_SIZE", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    batch_size: u64,
+    /// How long an idle relay waits between claims when nothing wakes it;
+    /// never applies while events are waiting.
+    #[arg(long, env = "OUTBOX_RELAY_INTERVAL_MS", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    interval_ms: u64,
+    /// `postgres://…` or a SQLite file path: orders, the outbox (and the
+    /// native `events` stream).
+    #[arg(long, env = "DATABASE_URL", default_value = "outbox-relay.db")]
+    database_url: String,
+    /// PostgreSQL schema for Courier's tables and `orders`.
+    #[arg(long, default_value = "courier")]
+    schema: String,
+    /// Relay to a Redis stream on this server instead of the native stream.
+    /// (Not `REDIS_URL`: a server configured for something else must not
+    /// switch the downstream.)
+    #[arg(long, env = "OUTBOX_RELAY_REDIS_URL")]
+    redis_url: Option<String>,
+    /// Prefix of the Redis keys (default: one of its own per run).
+    #[arg(long)]
+    key_prefix: Option<String>,
+    /// Also relay to NATS JetStream on this server.
+    #[arg(long, env = "OUTBOX_RELAY_NATS_URL")]
+    nats_url: Option<String>,
+    /// The JetStream stream storing `{nats-subject-prefix}.>`; created if missing.
+    #[arg(long, default_value = "EVENTS")]
+    nats_stream: String,
+    /// The first token of the NATS subject `{prefix}.{tenant}.{topic}`.
+    #[arg(long, default_value = "events")]
+    nats_subject_prefix: String,
+    /// Orders to place (one event each).
+    #[arg(long, default_value_t = 200)]
+    count: usize,
+    /// How many of the orders' events break the contract (dead-lettered).
+    #[arg(long, default_value_t = 1)]
+    poison: usize,
+    /// Give up waiting for the relays after this many seconds.
+    #[arg(long, default_value_t = 120)]
+    timeout_seconds: u64,
+}
+
+/// The `order.placed` (version 1) contract downstream consumers rely on.
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)] // Decoded to check the contract; the relays forward the JSON as written.
+struct OrderPlaced {
+    order_id: i64,
+    customer: String,
+    amount_cents: u64,
+}
+
+/// Relays only events that keep the `order.placed` contract: any other is a
+/// permanent failure (dead-lettered at once, with the decode error), since
+/// every retry would meet the same payload. The relayed message is the one
+/// published, byte for byte; the check only reads it.
+pub struct Contract<R>(R);
+
+impl<R> Contract<R> {
+    fn check(message: &Message<serde_json::Value>) -> Result<(), HandlerError> {
+        serde_json::from_value::<OrderPlaced>(message.payload.clone())
+            .map(|_| ())
+            .map_err(|error| {
+                HandlerError::permanent(format!(
+                    "the payload breaks the {} v{} contract: {error}",
+                    message.topic, message.schema_version
+                ))
+            })
+    }
+}
+
+impl<R: Handler<Payload = serde_json::Value>> Handler for Contract<R> {
+    type Payload = serde_json::Value;
+
+    async fn handle(&self, message: Message<serde_json::Value>) -> Result<(), HandlerError> {
+        Self::check(&message)?;
+        self.0.handle(message).await
+    }
+}
+
+impl<C: Send + 'static, R: TransactionalHandler<C, Payload = serde_json::Value>>
+    TransactionalHandler<C> for Contract<R>
+{
+    type Payload = serde_json::Value;
+
+    async fn handle(
+        &self,
+        message: &Message<serde_json::Value>,
+        conn: &mut C,
+    ) -> Result<(), HandlerError> {
+        Self::check(message)?;
+        self.0.handle(message, conn).await
+    }
+}
+
+/// One order's event: the good ones keep the contract; a poison one has its
+/// amount as a decimal string (a producer bug the relay must not pass on).
+fn order_event(
+    order_id: i64,
+    customer: &str,
+    amount_cents: u64,
+    poison: bool,
+) -> Result<NewMessage, courier::ValidationError> {
+    let payload = if poison {
+        serde_json::json!({
+            "order_id": order_id,
+            "customer": customer,
+            "amount_cents": format!("{}.{:02}", amount_cents / 100, amount_cents % 100),
+        })
+    } else {
+        serde_json::json!({ "order_id": order_id, "customer": customer, "amount_cents": amount_cents })
+    };
+    Ok(NewMessage::new(TENANT, TOPIC, &payload)?
+        .with_idempotency_key(format!("order-{order_id}-placed")))
+}
+
+/// A store the example's application writes orders to.
+trait OrderStore: OutboxStore + DeadLetterStore + AdminStore + StreamStore + NativeStreamStore {
+    /// How long committed native entries may take to become readable: on
+    /// PostgreSQL they are handed out below the oldest running writer's
+    /// snapshot, so another session's open transaction delays them; on
+    /// SQLite they are readable at once.
+    const NATIVE_VISIBILITY_WAIT: Duration;
+
+    /// Creates `orders` if it does not exist.
+    async fn create_orders_table(&self) -> anyhow::Result<()>;
+
+    /// Places one order: its row and its event commit in one transaction.
+    async fn place_order(
+        &self,
+        courier: &Courier<Self>,
+        customer: &str,
+        amount_cents: u64,
+        poison: bool,
+    ) -> anyhow::Result<Uuid>;
+}
+
+impl OrderStore for PgStore {
+    const NATIVE_VISIBILITY_WAIT: Duration = Duration::from_secs(30);
+
+    async fn create_orders_table(&self) -> anyhow::Result<()> {
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS orders (
+               id bigserial PRIMARY KEY,
+               customer text NOT NULL,
+               amount_cents bigint NOT NULL,
+               placed_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    async fn place_order(
+        &self,
+        courier: &Courier<Self>,
+        customer: &str,
+        amount_cents: u64,
+        poison: bool,
+    ) -> anyhow::Result<Uuid> {
+        let mut tx = self.pool().begin().await?;
+        let order_id: i64 = sqlx::query_scalar(
+            "INSERT INTO orders (customer, amount_cents) VALUES ($1, $2) RETURNING id",
+        )
+        .bind(customer)
+        .bind(i64::try_from(amount_cents)?)
+        .fetch_one(&mut *tx)
+        .await?;
+        let event = order_event(order_id, customer, amount_cents, poison)?;
+        let outcome = courier.enqueue(&mut tx, &event).await?;
+        tx.commit().await?;
+        Ok(outcome.id)
+    }
+}
+
+impl OrderStore for SqliteStore {
+    const NATIVE_VISIBILITY_WAIT: Duration = Duration::ZERO;
+
+    async fn create_orders_table(&self) -> anyhow::Result<()> {
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS orders (
+               id INTEGER PRIMARY KEY AUTOINCREMENT,
+               customer TEXT NOT NULL,
+               amount_cents INTEGER NOT NULL,
+               placed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))",
+        )
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    async fn place_order(
+        &self,
+        courier: &Courier<Self>,
+        customer: &str,
+        amount_cents: u64,
+        poison: bool,
+    ) -> anyhow::Result<Uuid> {
+        // BEGIN IMMEDIATE: a read-then-write transaction never meets SQLITE_BUSY.
+        let mut tx = self.begin().await?;
+        let order_id: i64 = sqlx::query_scalar(
+            "INSERT INTO orders (customer, amount_cents) VALUES (?1, ?2) RETURNING id",
+        )
+        .bind(customer)
+        .bind(i64::try_from(amount_cents)?)
+        .fetch_one(&mut *tx)
+        .await?;
+        let event = order_event(order_id, customer, amount_cents, poison)?;
+        let outcome = courier.enqueue(&mut tx, &event).await?;
+        tx.commit().await?;
+        Ok(outcome.id)
+    }
+}
+
+/// Where `relay-events` writes.
+enum EventsStream {
+    /// The native stream in the outbox database.
+    Native,
+    /// A Redis stream.
+    Redis(RedisStreamStore),
+}
+
+/// The NATS downstream.
+struct Nats {
+    client: async_nats::Client,
+    stream: String,
+    subject: String,
+}
+
+/// What one downstream holds of this run's events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Downstream {
+    /// What it is (`native stream acme/events`, …).
+    pub name: String,
+    /// The subscription relaying to it.
+    pub subscription: &'static str,
+    /// Copies of each of this run's events it holds, by message id.
+    pub copies: BTreeMap<Uuid, usize>,
+    /// This run's events the subscription dead-lettered.
+    pub dead: BTreeSet<Uuid>,
+}
+
+impl Downstream {
+    /// Copies of this run's events it holds.
+    pub fn entries(&self) -> usize {
+        self.copies.values().sum()
+    }
+}
+
+/// What one run placed and found downstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// Every event placed, by message id.
+    pub events: BTreeSet<Uuid>,
+    /// The poison ones among them.
+    pub poison: BTreeSet<Uuid>,
+    /// Each downstream.
+    pub downstreams: Vec<Downstream>,
+}
+
+impl Report {
+    /// Every way the run fell short of "each good event once downstream,
+    /// each poison event a dead letter"; empty when it did not.
+    pub fn problems(&self) -> Vec<String> {
+        let good: BTreeSet<Uuid> = self.events.difference(&self.poison).copied().collect();
+        let mut problems = Vec::new();
+        for downstream in &self.downstreams {
+            let held: BTreeSet<Uuid> = downstream.copies.keys().copied().collect();
+            let missing = good.difference(&held).count();
+            if missing > 0 {
+                problems.push(format!("{}: {missing} events missing", downstream.name));
+            }
+            let doubled = downstream.copies.values().filter(|n| **n > 1).count();
+            if doubled > 0 {
+                problems.push(format!(
+                    "{}: {doubled} events held twice or more",
+                    downstream.name
+                ));
+            }
+            let leaked = held.intersection(&self.poison).count();
+            if leaked > 0 {
+                problems.push(format!(
+                    "{}: {leaked} poison events relayed",
+                    downstream.name
+                ));
+            }
+            if downstream.dead != self.poison {
+                problems.push(format!(
+                    "{}: {} dead letters, expected the {} poison events",
+                    downstream.subscription,
+                    downstream.dead.len(),
+                    self.poison.len()
+                ));
+            }
+        }
+        problems
+    }
+}
+
+/// Every entry of `key` relaying one of `events`, counted by message id.
+async fn stream_copies<S: StreamStore>(
+    store: &S,
+    key: &StreamKey,
+    events: &BTreeSet<Uuid>,
+) -> anyhow::Result<BTreeMap<Uuid, usize>> {
+    let mut copies = BTreeMap::new();
+    let mut after = StreamEntryId::ZERO;
+    loop {
+        let page = store.range(key, after, 1000).await?;
+        let Some(last) = page.last() else {
+            return Ok(copies);
+        };
+        after = last.id;
+        for entry in &page {
+            if let Some(origin) = &entry.origin {
+                if events.contains(&origin.message_id) {
+                    *copies.entry(origin.message_id).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Every message of the JetStream stream on `subject` relaying one of
+/// `events`, counted by message id, read by a consumer of this run's own.
+async fn jetstream_copies(
+    nats: &Nats,
+    events: &BTreeSet<Uuid>,
+) -> anyhow::Result<BTreeMap<Uuid, usize>> {
+    let context = jetstream::new(nats.client.clone());
+    let stream = context.get_stream(&nats.stream).await?;
+    let mut consumer = stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            filter_subject: nats.subject.clone(),
+            deliver_policy: jetstream::consumer::DeliverPolicy::All,
+            ack_policy: jetstream::consumer::AckPolicy::None,
+            inactive_threshold: Duration::from_secs(60),
+            ..Default::default()
+        })
+        .await?;
+    let total = consumer.info().await?.num_pending;
+    let mut copies = BTreeMap::new();
+    let mut read = 0_u64;
+    while read < total {
+        let mut batch = consumer
+            .fetch()
+            .max_messages(500)
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await?;
+        let before = read;
+        while let Some(message) = batch.next().await {
+            let message = message.map_err(|e| anyhow::anyhow!("reading JetStream: {e}"))?;
+            read += 1;
+            let id = message
+                .headers
+                .as_ref()
+                .and_then(|headers| headers.get(MESSAGE_ID_HEADER))
+                .and_then(|value| value.as_str().parse::<Uuid>().ok());
+            if let Some(id) = id.filter(|id| events.contains(id)) {
+                *copies.entry(id).or_insert(0) += 1;
+            }
+        }
+        if read == before {
+            bail!("JetStream stopped delivering at {read} of {total} messages");
+        }
+    }
+    let name = consumer.cached_info().name.clone();
+    let _ = stream.delete_consumer(&name).await;
+    Ok(copies)
+}
+
+/// This run's events `subscription` dead-lettered.
+async fn dead_letters<S: OrderStore>(
+    courier: &Courier<S>,
+    subscription: &str,
+    events: &BTreeSet<Uuid>,
+) -> anyhow::Result<BTreeSet<Uuid>> {
+    let filter = DeadLetterFilter {
+        subscription: Some(subscription.to_owned()),
+        ..DeadLetterFilter::default()
+    };
+    let mut dead = BTreeSet::new();
+    let mut after = None;
+    loop {
+        let page = courier.dead_letters(&filter, after, 500).await?;
+        for letter in &page.items {
+            if events.contains(&letter.message_id) {
+                tracing::info!(
+                    subscription,
+                    message_id = %letter.message_id,
+                    error = letter.errors.last().map(|e| e.message.as_str()).unwrap_or(""),
+                    "dead-lettered"
+                );
+                dead.insert(letter.message_id);
+            }
+        }
+        match page.next_cursor {
+            Some(cursor) => after = Some(cursor),
+            None => return Ok(dead),
+        }
+    }
+}
+
+/// Whether `subscription` has no delivery waiting or running.
+async fn drained<S: OrderStore>(store: &S, subscription: &str) -> anyhow::Result<bool> {
+    Ok(store
+        .delivery_stats(None)
+        .await?
+        .iter()
+        .filter(|row| row.subscription == subscription)
+        .all(|row| row.available + row.running == 0))
+}
+
+async fn run_with<S: OrderStore>(
+    courier: Courier<S>,
+    cli: &Cli,
+    events_stream: EventsStream,
+    nats: Option<Nats>,
+) -> anyhow::Result<Report> {
+    courier
+        .store()
+        .create_orders_table()
+        .await
+        .context("creating orders")?;
+    let batch_size = usize::try_from(cli.batch_size)?;
+    let topics = vec![TOPIC.to_owned()];
+    let configure = |subscription: &SubscriptionConfig| {
+        courier
+            .worker(subscription.name.clone())
+            .batch_size(batch_size)
+            // Every claimed event relays at once: none waits for a slow batch-mate.
+            .concurrency(batch_size)
+            .poll_interval(Duration::from_millis(cli.interval_ms))
+            // The retry cap the relay's redelivery horizon was computed with.
+            .retry_policy(subscription.retry.policy())
+    };
+
+    // The subscriptions exist before the first order: each relays them all.
+    let mut workers = Vec::new();
+    let (stream_target, stream_name) = match &events_stream {
+        EventsStream::Native => (
+            TargetConfig::Stream(NativeStreamTargetConfig {
+                stream: STREAM.into(),
+            }),
+            format!("native stream {TENANT}/{STREAM}"),
+        ),
+        EventsStream::Redis(store) => (
+            TargetConfig::RedisStream(RedisStreamTargetConfig {
+                stream: STREAM.into(),
+                maxlen: None,
+                dedupe_ttl_ms: None,
+            }),
+            format!(
+                "Redis stream {}",
+                store.redis_key(&StreamKey::new(TENANT, STREAM)?)
+            ),
+        ),
+    };
+    let subscription = SubscriptionConfig::new(STREAM_SUBSCRIPTION, topics.clone(), stream_target);
+    let builder = match &events_stream {
+        EventsStream::Native => configure(&subscription).handle_transactional(
+            TOPIC,
+            1,
+            Contract(NativeRelay::new(&subscription, courier.store().clone())?),
+        ),
+        EventsStream::Redis(store) => configure(&subscription).handle(
+            TOPIC,
+            1,
+            Contract(RedisRelay::new(&subscription, store.clone())?),
+        ),
+    };
+    workers.push(builder.build().await?);
+    if let Some(nats) = &nats {
+        let subscription = SubscriptionConfig::new(
+            NATS_SUBSCRIPTION,
+            topics.clone(),
+            TargetConfig::Nats(NatsTargetConfig {
+                subject: format!("{}.{{tenant}}.{{topic}}", cli.nats_subject_prefix),
+                stream: nats.stream.clone(),
+                timeout_ms: DEFAULT_RELAY_TIMEOUT_MS,
+            }),
+        );
+        let relay = NatsRelay::start(&subscription, nats.client.clone()).await?;
+        workers.push(
+            configure(&subscription)
+                .handle(TOPIC, 1, Contract(relay))
+                .build()
+                .await?,
+        );
+    }
+
+    // The application: each order and its event in one transaction. The
+    // relays start after, so they meet a backlog of whole batches, poison
+    // events among good ones.
+    let poison_at: BTreeSet<usize> = (1..=cli.poison)
+        .map(|n| n * cli.count / (cli.poison + 1))
+        .collect();
+    let mut events = BTreeSet::new();
+    let mut poison = BTreeSet::new();
+    for n in 0..cli.count {
+        let customer = format!("customer-{}", n % 17);
+        let amount_cents = 1_000 + u64::try_from(n)? * 7;
+        let is_poison = poison_at.contains(&n);
+        let id = courier
+            .store()
+            .place_order(&courier, &customer, amount_cents, is_poison)
+            .await
+            .with_context(|| format!("placing order {n}"))?;
+        events.insert(id);
+        if is_poison {
+            poison.insert(id);
+        }
+    }
+    tracing::info!(
+        orders = cli.count,
+        poison = poison.len(),
+        "orders placed; relaying"
+    );
+
+    let started = Instant::now();
+    let running: Vec<_> = workers.into_iter().map(courier::Worker::start).collect();
+    let mut subscriptions = vec![STREAM_SUBSCRIPTION];
+    if nats.is_some() {
+        subscriptions.push(NATS_SUBSCRIPTION);
+    }
+    let deadline = started + Duration::from_secs(cli.timeout_seconds);
+    let all_settled = loop {
+        let mut done = true;
+        for subscription in &subscriptions {
+            done &= drained(courier.store(), subscription).await?;
+        }
+        if done {
+            tracing::info!(seconds = started.elapsed().as_secs_f64(), "relayed");
+            break true;
+        }
+        if Instant::now() > deadline {
+            tracing::warn!(
+                seconds = cli.timeout_seconds,
+                "deliveries still open at the deadline"
+            );
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for worker in running {
+        worker.shutdown().await;
+    }
+
+    let expected = events.len() - poison.len();
+    let key = StreamKey::new(TENANT, STREAM)?;
+    let copies = match &events_stream {
+        EventsStream::Native => {
+            // Only completed deliveries' entries are worth waiting for.
+            let wait = Instant::now() + S::NATIVE_VISIBILITY_WAIT;
+            loop {
+                let copies = stream_copies(courier.store(), &key, &events).await?;
+                if copies.len() >= expected || !all_settled || Instant::now() >= wait {
+                    break copies;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        EventsStream::Redis(store) => stream_copies(store, &key, &events).await?,
+    };
+    let mut downstreams = vec![Downstream {
+        name: stream_name,
+        subscription: STREAM_SUBSCRIPTION,
+        copies,
+        dead: dead_letters(&courier, STREAM_SUBSCRIPTION, &events).await?,
+    }];
+    if let Some(nats) = &nats {
+        downstreams.push(Downstream {
+            name: format!("JetStream stream {} ({})", nats.stream, nats.subject),
+            subscription: NATS_SUBSCRIPTION,
+            copies: jetstream_copies(nats, &events).await?,
+            dead: dead_letters(&courier, NATS_SUBSCRIPTION, &events).await?,
+        });
+    }
+    Ok(Report {
+        events,
+        poison,
+        downstreams,
+    })
+}
+
+/// Connects to the servers the options name: Redis (checked with a ping)
+/// and NATS (the JetStream stream created if missing).
+async fn downstreams(cli: &Cli, run_tag: &str) -> anyhow::Result<(EventsStream, Option<Nats>)> {
+    let events_stream = match &cli.redis_url {
+        Some(url) => {
+            let prefix = cli
+                .key_prefix
+                .clone()
+                .unwrap_or_else(|| format!("outbox-relay:{run_tag}:"));
+            let store = RedisStreamStore::connect(url, &prefix)
+                .await
+                .context("connecting to Redis")?;
+            store.ping().await.context("connecting to Redis")?;
+            EventsStream::Redis(store)
+        }
+        None => EventsStream::Native,
+    };
+    let nats = match &cli.nats_url {
+        Some(url) => {
+            let client = connect_nats(url).await?;
+            jetstream::new(client.clone())
+                .get_or_create_stream(jetstream::stream::Config {
+                    name: cli.nats_stream.clone(),
+                    subjects: vec![format!("{}.>", cli.nats_subject_prefix)],
+                    duplicate_window: JETSTREAM_DUPLICATE_WINDOW,
+                    storage: jetstream::stream::StorageType::File,
+                    ..Default::default()
+                })
+                .await
+                .with_context(|| format!("creating JetStream stream {}", cli.nats_stream))?;
+            Some(Nats {
+                client,
+                stream: cli.nats_stream.clone(),
+                subject: format!("{}.{TENANT}.{TOPIC}", cli.nats_subject_prefix),
+            })
+        }
+        None => None,
+    };
+    Ok((events_stream, nats))
+}
+
+async fn run(cli: &Cli) -> anyhow::Result<Report> {
+    if cli.poison >= cli.count.max(1) {
+        bail!(
+            "--poison {} must be below --count {}: a poison event needs batch-mates",
+            cli.poison,
+            cli.count
+        );
+    }
+    let run_tag = Uuid::new_v4().simple().to_string()[..12].to_owned();
+    if cli.database_url.starts_with("postgres://") || cli.database_url.starts_with("postgresql://")
+    {
+        // Courier's tables and `orders` in one schema: the relays'
+        // transactions come from this pool, so its search_path is the schema.
+        courier::postgres::validate_schema(&cli.schema)?;
+        let options: sqlx::postgres::PgConnectOptions = cli.database_url.parse()?;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(courier::POSTGRES_CONNECTIONS)
+            .connect_with(options.options([("search_path", cli.schema.as_str())]))
+            .await?;
+        sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {}", cli.schema))
+            .execute(&pool)
+            .await?;
+        let courier = Courier::from_postgres_store(PgStore::with_schema(pool, &cli.schema)?);
+        courier.migrate().await?;
+        let (events_stream, nats) = downstreams(cli, &run_tag).await?;
+        run_with(courier, cli, events_stream, nats).await
+    } else {
+        let courier = Courier::connect_sqlite(&cli.database_url).await?;
+        courier.migrate().await?;
+        let (events_stream, nats) = downstreams(cli, &run_tag).await?;
+        run_with(courier, cli, events_stream, nats).await
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,outbox_relay=info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    if !cli.enabled {
+        tracing::info!("relay disabled");
+        return Ok(());
+    }
+    let report = run(&cli).await?;
+    let expected = report.events.len() - report.poison.len();
+    println!(
+        "placed {} orders, one event each, {} of them poison",
+        report.events.len(),
+        report.poison.len()
+    );
+    for downstream in &report.downstreams {
+        println!(
+            "{}: {} entries for {} events (expected {expected}); {} dead-lettered by {} (expected {})",
+            downstream.name,
+            downstream.entries(),
+            downstream.copies.len(),
+            downstream.dead.len(),
+            downstream.subscription,
+            report.poison.len()
+        );
+    }
+    let problems = report.problems();
+    if !problems.is_empty() {
+        for problem in &problems {
+            println!("mismatch: {problem}");
+        }
+        bail!("downstream counts differ from the events placed");
+    }
+    println!(
+        "ok: every event reached each downstream exactly once; every poison event was dead-lettered"
+    );
+    Ok(())
+}

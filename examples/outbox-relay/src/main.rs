@@ -693,15 +693,20 @@ async fn downstreams(cli: &Cli, run_tag: &str) -> anyhow::Result<(EventsStream, 
                 .unwrap_or_else(|| format!("outbox-relay:{run_tag}:"));
             let store = RedisStreamStore::connect(url, &prefix)
                 .await
-                .context("connecting to Redis")?;
-            store.ping().await.context("connecting to Redis")?;
+                .context("connecting to Redis (--redis-url)")?;
+            store
+                .ping()
+                .await
+                .context("connecting to Redis (--redis-url)")?;
             EventsStream::Redis(store)
         }
         None => EventsStream::Native,
     };
     let nats = match &cli.nats_url {
         Some(url) => {
-            let client = connect_nats(url).await?;
+            let client = connect_nats(url)
+                .await
+                .context("connecting to NATS (--nats-url)")?;
             jetstream::new(client.clone())
                 .get_or_create_stream(jetstream::stream::Config {
                     name: cli.nats_stream.clone(),
@@ -732,6 +737,9 @@ async fn run(cli: &Cli) -> anyhow::Result<Report> {
         );
     }
     let run_tag = Uuid::new_v4().simple().to_string()[..12].to_owned();
+    // The servers first: one that is unreachable stops the run before
+    // anything is written.
+    let (events_stream, nats) = downstreams(cli, &run_tag).await?;
     if cli.database_url.starts_with("postgres://") || cli.database_url.starts_with("postgresql://")
     {
         // Courier's tables and `orders` in one schema: the relays'
@@ -747,12 +755,10 @@ async fn run(cli: &Cli) -> anyhow::Result<Report> {
             .await?;
         let courier = Courier::from_postgres_store(PgStore::with_schema(pool, &cli.schema)?);
         courier.migrate().await?;
-        let (events_stream, nats) = downstreams(cli, &run_tag).await?;
         run_with(courier, cli, events_stream, nats).await
     } else {
         let courier = Courier::connect_sqlite(&cli.database_url).await?;
         courier.migrate().await?;
-        let (events_stream, nats) = downstreams(cli, &run_tag).await?;
         run_with(courier, cli, events_stream, nats).await
     }
 }

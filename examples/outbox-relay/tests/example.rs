@@ -239,34 +239,48 @@ async fn jetstream_copies(
     Ok(copies)
 }
 
-/// Asserts that `copies` holds every good event once and nothing else.
-fn assert_each_good_event_once(downstream: &str, outbox: &Outbox, copies: &BTreeMap<Uuid, usize>) {
+/// Checks that `copies` holds every good event once and nothing else.
+/// (Errors, not panics: a test cleans up its Redis keys and JetStream
+/// stream after its checks, whatever they found.)
+fn check_each_good_event_once(
+    downstream: &str,
+    outbox: &Outbox,
+    copies: &BTreeMap<Uuid, usize>,
+) -> anyhow::Result<()> {
     let held: BTreeSet<Uuid> = copies.keys().copied().collect();
-    assert_eq!(
-        held.len(),
-        outbox.good.len(),
+    ensure!(
+        held.len() == outbox.good.len(),
         "{downstream} holds {} events, {} good ones were placed",
         held.len(),
         outbox.good.len()
     );
-    assert_eq!(held, outbox.good, "{downstream} holds other events");
+    ensure!(held == outbox.good, "{downstream} holds other events");
     let doubled: Vec<_> = copies.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(doubled.is_empty(), "{downstream} holds twice: {doubled:?}");
+    ensure!(doubled.is_empty(), "{downstream} holds twice: {doubled:?}");
+    Ok(())
 }
 
-/// Asserts that `subscription` dead-lettered exactly the poison events, at
+/// Checks that `subscription` dead-lettered exactly the poison events, at
 /// their first attempt, with the contract's reason.
-fn assert_poison_dead_lettered(subscription: &str, outbox: &Outbox) {
-    let dead = &outbox.dead[subscription];
+fn check_poison_dead_lettered(subscription: &str, outbox: &Outbox) -> anyhow::Result<()> {
+    let dead = outbox
+        .dead
+        .get(subscription)
+        .context("dead letters listed")?;
     let ids: BTreeSet<Uuid> = dead.keys().copied().collect();
-    assert_eq!(ids, outbox.poison, "{subscription}'s dead letters");
+    ensure!(
+        ids == outbox.poison,
+        "{subscription} dead-lettered {ids:?}, the poison events are {:?}",
+        outbox.poison
+    );
     for (id, (attempts, error)) in dead {
-        assert_eq!(*attempts, 1, "{id} was tried {attempts} times");
-        assert!(
+        ensure!(*attempts == 1, "{id} was tried {attempts} times");
+        ensure!(
             error.contains("breaks the order.placed v1 contract"),
             "{id}: {error}"
         );
     }
+    Ok(())
 }
 
 async fn orders_on_sqlite(store: &SqliteStore) -> anyhow::Result<i64> {
@@ -359,8 +373,8 @@ async fn every_event_reaches_the_native_stream_once_on_sqlite() -> anyhow::Resul
     assert_eq!(orders_on_sqlite(&store).await?, 300);
     let outbox = outbox(&store).await?;
     assert_eq!((outbox.good.len(), outbox.poison.len()), (297, 3));
-    assert_each_good_event_once("native stream", &outbox, &stream_copies(&store).await?);
-    assert_poison_dead_lettered(STREAM_SUBSCRIPTION, &outbox);
+    check_each_good_event_once("native stream", &outbox, &stream_copies(&store).await?)?;
+    check_poison_dead_lettered(STREAM_SUBSCRIPTION, &outbox)?;
     Ok(())
 }
 
@@ -388,18 +402,21 @@ async fn every_event_reaches_the_native_stream_and_jetstream_once_on_postgres() 
             "2",
         ])
         .await?;
-        assert!(out.contains("298 entries for 298 events"), "{out}");
+        ensure!(out.contains("298 entries for 298 events"), "{out}");
 
         let store: PgStore = courier_testkit::Backend::courier(&pg).store().clone();
-        assert_eq!(orders_on_postgres(&pg).await?, 300);
+        ensure!(orders_on_postgres(&pg).await? == 300, "orders");
         let outbox = outbox(&store).await?;
-        assert_eq!((outbox.good.len(), outbox.poison.len()), (298, 2));
+        ensure!(
+            (outbox.good.len(), outbox.poison.len()) == (298, 2),
+            "{outbox:?}"
+        );
         let native = native_copies(&store, outbox.good.len()).await?;
-        assert_each_good_event_once("native stream", &outbox, &native);
+        check_each_good_event_once("native stream", &outbox, &native)?;
         let jetstream = jetstream_copies(&nats.client, &nats.stream).await?;
-        assert_each_good_event_once("JetStream", &outbox, &jetstream);
-        assert_poison_dead_lettered(STREAM_SUBSCRIPTION, &outbox);
-        assert_poison_dead_lettered(NATS_SUBSCRIPTION, &outbox);
+        check_each_good_event_once("JetStream", &outbox, &jetstream)?;
+        check_poison_dead_lettered(STREAM_SUBSCRIPTION, &outbox)?;
+        check_poison_dead_lettered(NATS_SUBSCRIPTION, &outbox)?;
         anyhow::Ok(())
     }
     .await;
@@ -436,19 +453,22 @@ async fn every_event_reaches_the_redis_stream_and_jetstream_once() -> anyhow::Re
         .await?;
 
         let store = db.store().await?;
-        assert_eq!(orders_on_sqlite(&store).await?, 300);
+        ensure!(orders_on_sqlite(&store).await? == 300, "orders");
         let outbox = outbox(&store).await?;
-        assert_eq!((outbox.good.len(), outbox.poison.len()), (297, 3));
+        ensure!(
+            (outbox.good.len(), outbox.poison.len()) == (297, 3),
+            "{outbox:?}"
+        );
         let redis = RedisStreamStore::connect(&courier_testkit::redis_url(), &prefix).await?;
-        assert_each_good_event_once("Redis stream", &outbox, &stream_copies(&redis).await?);
-        assert!(
+        check_each_good_event_once("Redis stream", &outbox, &stream_copies(&redis).await?)?;
+        ensure!(
             stream_copies(&store).await?.is_empty(),
             "with Redis, nothing goes to the native stream"
         );
         let jetstream = jetstream_copies(&nats.client, &nats.stream).await?;
-        assert_each_good_event_once("JetStream", &outbox, &jetstream);
-        assert_poison_dead_lettered(STREAM_SUBSCRIPTION, &outbox);
-        assert_poison_dead_lettered(NATS_SUBSCRIPTION, &outbox);
+        check_each_good_event_once("JetStream", &outbox, &jetstream)?;
+        check_poison_dead_lettered(STREAM_SUBSCRIPTION, &outbox)?;
+        check_poison_dead_lettered(NATS_SUBSCRIPTION, &outbox)?;
         anyhow::Ok(())
     }
     .await;
@@ -481,8 +501,8 @@ async fn poison_events_are_dead_lettered_and_their_batch_mates_delivered() -> an
     let store = db.store().await?;
     let outbox = outbox(&store).await?;
     assert_eq!((outbox.good.len(), outbox.poison.len()), (115, 5));
-    assert_each_good_event_once("native stream", &outbox, &stream_copies(&store).await?);
-    assert_poison_dead_lettered(STREAM_SUBSCRIPTION, &outbox);
+    check_each_good_event_once("native stream", &outbox, &stream_copies(&store).await?)?;
+    check_poison_dead_lettered(STREAM_SUBSCRIPTION, &outbox)?;
     Ok(())
 }
 
@@ -510,7 +530,7 @@ async fn a_backlog_is_relayed_without_waiting_for_the_interval() -> anyhow::Resu
     let store = db.store().await?;
     let outbox = outbox(&store).await?;
     assert_eq!(outbox.good.len(), 399);
-    assert_each_good_event_once("native stream", &outbox, &stream_copies(&store).await?);
+    check_each_good_event_once("native stream", &outbox, &stream_copies(&store).await?)?;
     Ok(())
 }
 
@@ -541,6 +561,11 @@ async fn a_disabled_relay_stores_and_relays_nothing() -> anyhow::Result<()> {
         &[("OUTBOX_RELAY_ENABLED", "false")],
     )
     .await?;
+    let keys = redis_keys(&prefix).await?;
+    let created = nats.exists().await;
+    nats.delete().await;
+    delete_redis_prefix(&prefix).await?;
+
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
     assert!(stderr.contains("relay disabled"), "{stderr}");
@@ -548,9 +573,7 @@ async fn a_disabled_relay_stores_and_relays_nothing() -> anyhow::Result<()> {
         !std::path::Path::new(&db.path).exists(),
         "the database was created"
     );
-    assert_eq!(redis_keys(&prefix).await?, Vec::<String>::new());
-    let created = nats.exists().await;
-    nats.delete().await;
+    assert_eq!(keys, Vec::<String>::new(), "Redis keys were written");
     assert!(!created, "the JetStream stream was created");
     Ok(())
 }

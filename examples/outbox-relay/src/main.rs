@@ -47,28 +47,27 @@
 //! holds every good event exactly once and each poison event is a dead
 //! letter of every subscription.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod downstream;
+mod orders;
+
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use async_nats::jetstream;
 use clap::{ArgAction, Parser};
 use courier::postgres::PgStore;
-use courier::redis::RedisStreamStore;
-use courier::sqlite::SqliteStore;
-use courier::{
-    AdminStore, Courier, DeadLetterFilter, DeadLetterStore, Handler, HandlerError, Message,
-    NewMessage, OutboxStore, StreamEntryId, StreamKey, StreamStore, TransactionalHandler,
-};
+use courier::{Courier, DeadLetterFilter, StreamKey};
 use courier_server::config::{
     NativeStreamTargetConfig, NatsTargetConfig, RedisStreamTargetConfig, SubscriptionConfig,
     TargetConfig, DEFAULT_RELAY_TIMEOUT_MS,
 };
-use courier_server::relay::nats::MESSAGE_ID_HEADER;
-use courier_server::relay::{connect_nats, NativeRelay, NativeStreamStore, NatsRelay, RedisRelay};
-use futures_util::StreamExt;
-use serde::Deserialize;
+use courier_server::relay::{NativeRelay, NatsRelay, RedisRelay};
 use uuid::Uuid;
+
+use downstream::{
+    downstreams, jetstream_copies, stream_copies, Downstream, EventsStream, Nats, Report,
+};
+use orders::{Contract, OrderStore};
 
 /// The tenant whose orders the example places.
 pub const TENANT: &str = "acme";
@@ -80,11 +79,6 @@ pub const STREAM: &str = "events";
 pub const STREAM_SUBSCRIPTION: &str = "relay-events";
 /// The subscription relaying to NATS JetStream.
 pub const NATS_SUBSCRIPTION: &str = "relay-nats";
-/// The duplicate window of a JetStream stream the example creates: longer
-/// than the relay's redelivery horizon (335 s with the default retry
-/// policy), which the NATS relay checks at start.
-const JETSTREAM_DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
-
 #[derive(Parser, Debug)]
 #[command(
     version,
@@ -137,335 +131,6 @@ struct Cli {
     /// Give up waiting for the relays after this many seconds.
     #[arg(long, default_value_t = 120)]
     timeout_seconds: u64,
-}
-
-/// The `order.placed` (version 1) contract downstream consumers rely on.
-#[derive(Debug, Deserialize)]
-#[allow(dead_code)] // Decoded to check the contract; the relays forward the JSON as written.
-struct OrderPlaced {
-    order_id: i64,
-    customer: String,
-    amount_cents: u64,
-}
-
-/// Relays only events that keep the `order.placed` contract: any other is a
-/// permanent failure (dead-lettered at once, with the decode error), since
-/// every retry would meet the same payload. The relayed message is the one
-/// published, byte for byte; the check only reads it.
-pub struct Contract<R>(R);
-
-impl<R> Contract<R> {
-    fn check(message: &Message<serde_json::Value>) -> Result<(), HandlerError> {
-        serde_json::from_value::<OrderPlaced>(message.payload.clone())
-            .map(|_| ())
-            .map_err(|error| {
-                HandlerError::permanent(format!(
-                    "the payload breaks the {} v{} contract: {error}",
-                    message.topic, message.schema_version
-                ))
-            })
-    }
-}
-
-impl<R: Handler<Payload = serde_json::Value>> Handler for Contract<R> {
-    type Payload = serde_json::Value;
-
-    async fn handle(&self, message: Message<serde_json::Value>) -> Result<(), HandlerError> {
-        Self::check(&message)?;
-        self.0.handle(message).await
-    }
-}
-
-impl<C: Send + 'static, R: TransactionalHandler<C, Payload = serde_json::Value>>
-    TransactionalHandler<C> for Contract<R>
-{
-    type Payload = serde_json::Value;
-
-    async fn handle(
-        &self,
-        message: &Message<serde_json::Value>,
-        conn: &mut C,
-    ) -> Result<(), HandlerError> {
-        Self::check(message)?;
-        self.0.handle(message, conn).await
-    }
-}
-
-/// One order's event: the good ones keep the contract; a poison one has its
-/// amount as a decimal string (a producer bug the relay must not pass on).
-fn order_event(
-    order_id: i64,
-    customer: &str,
-    amount_cents: u64,
-    poison: bool,
-) -> Result<NewMessage, courier::ValidationError> {
-    let payload = if poison {
-        serde_json::json!({
-            "order_id": order_id,
-            "customer": customer,
-            "amount_cents": format!("{}.{:02}", amount_cents / 100, amount_cents % 100),
-        })
-    } else {
-        serde_json::json!({ "order_id": order_id, "customer": customer, "amount_cents": amount_cents })
-    };
-    Ok(NewMessage::new(TENANT, TOPIC, &payload)?
-        .with_idempotency_key(format!("order-{order_id}-placed")))
-}
-
-/// A store the example's application writes orders to.
-trait OrderStore: OutboxStore + DeadLetterStore + AdminStore + StreamStore + NativeStreamStore {
-    /// How long committed native entries may take to become readable: on
-    /// PostgreSQL they are handed out below the oldest running writer's
-    /// snapshot, so another session's open transaction delays them; on
-    /// SQLite they are readable at once.
-    const NATIVE_VISIBILITY_WAIT: Duration;
-
-    /// Creates `orders` if it does not exist.
-    async fn create_orders_table(&self) -> anyhow::Result<()>;
-
-    /// Places one order: its row and its event commit in one transaction.
-    async fn place_order(
-        &self,
-        courier: &Courier<Self>,
-        customer: &str,
-        amount_cents: u64,
-        poison: bool,
-    ) -> anyhow::Result<Uuid>;
-}
-
-impl OrderStore for PgStore {
-    const NATIVE_VISIBILITY_WAIT: Duration = Duration::from_secs(30);
-
-    async fn create_orders_table(&self) -> anyhow::Result<()> {
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS orders (
-               id bigserial PRIMARY KEY,
-               customer text NOT NULL,
-               amount_cents bigint NOT NULL,
-               placed_at timestamptz NOT NULL DEFAULT now())",
-        )
-        .execute(self.pool())
-        .await?;
-        Ok(())
-    }
-
-    async fn place_order(
-        &self,
-        courier: &Courier<Self>,
-        customer: &str,
-        amount_cents: u64,
-        poison: bool,
-    ) -> anyhow::Result<Uuid> {
-        let mut tx = self.pool().begin().await?;
-        let order_id: i64 = sqlx::query_scalar(
-            "INSERT INTO orders (customer, amount_cents) VALUES ($1, $2) RETURNING id",
-        )
-        .bind(customer)
-        .bind(i64::try_from(amount_cents)?)
-        .fetch_one(&mut *tx)
-        .await?;
-        let event = order_event(order_id, customer, amount_cents, poison)?;
-        let outcome = courier.enqueue(&mut tx, &event).await?;
-        tx.commit().await?;
-        Ok(outcome.id)
-    }
-}
-
-impl OrderStore for SqliteStore {
-    const NATIVE_VISIBILITY_WAIT: Duration = Duration::ZERO;
-
-    async fn create_orders_table(&self) -> anyhow::Result<()> {
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS orders (
-               id INTEGER PRIMARY KEY AUTOINCREMENT,
-               customer TEXT NOT NULL,
-               amount_cents INTEGER NOT NULL,
-               placed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))",
-        )
-        .execute(self.pool())
-        .await?;
-        Ok(())
-    }
-
-    async fn place_order(
-        &self,
-        courier: &Courier<Self>,
-        customer: &str,
-        amount_cents: u64,
-        poison: bool,
-    ) -> anyhow::Result<Uuid> {
-        // BEGIN IMMEDIATE: a read-then-write transaction never meets SQLITE_BUSY.
-        let mut tx = self.begin().await?;
-        let order_id: i64 = sqlx::query_scalar(
-            "INSERT INTO orders (customer, amount_cents) VALUES (?1, ?2) RETURNING id",
-        )
-        .bind(customer)
-        .bind(i64::try_from(amount_cents)?)
-        .fetch_one(&mut *tx)
-        .await?;
-        let event = order_event(order_id, customer, amount_cents, poison)?;
-        let outcome = courier.enqueue(&mut tx, &event).await?;
-        tx.commit().await?;
-        Ok(outcome.id)
-    }
-}
-
-/// Where `relay-events` writes.
-enum EventsStream {
-    /// The native stream in the outbox database.
-    Native,
-    /// A Redis stream.
-    Redis(RedisStreamStore),
-}
-
-/// The NATS downstream.
-struct Nats {
-    client: async_nats::Client,
-    stream: String,
-    subject: String,
-}
-
-/// What one downstream holds of this run's events.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Downstream {
-    /// What it is (`native stream acme/events`, …).
-    pub name: String,
-    /// The subscription relaying to it.
-    pub subscription: &'static str,
-    /// Copies of each of this run's events it holds, by message id.
-    pub copies: BTreeMap<Uuid, usize>,
-    /// This run's events the subscription dead-lettered.
-    pub dead: BTreeSet<Uuid>,
-}
-
-impl Downstream {
-    /// Copies of this run's events it holds.
-    pub fn entries(&self) -> usize {
-        self.copies.values().sum()
-    }
-}
-
-/// What one run placed and found downstream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Report {
-    /// Every event placed, by message id.
-    pub events: BTreeSet<Uuid>,
-    /// The poison ones among them.
-    pub poison: BTreeSet<Uuid>,
-    /// Each downstream.
-    pub downstreams: Vec<Downstream>,
-}
-
-impl Report {
-    /// Every way the run fell short of "each good event once downstream,
-    /// each poison event a dead letter"; empty when it did not.
-    pub fn problems(&self) -> Vec<String> {
-        let good: BTreeSet<Uuid> = self.events.difference(&self.poison).copied().collect();
-        let mut problems = Vec::new();
-        for downstream in &self.downstreams {
-            let held: BTreeSet<Uuid> = downstream.copies.keys().copied().collect();
-            let missing = good.difference(&held).count();
-            if missing > 0 {
-                problems.push(format!("{}: {missing} events missing", downstream.name));
-            }
-            let doubled = downstream.copies.values().filter(|n| **n > 1).count();
-            if doubled > 0 {
-                problems.push(format!(
-                    "{}: {doubled} events held twice or more",
-                    downstream.name
-                ));
-            }
-            let leaked = held.intersection(&self.poison).count();
-            if leaked > 0 {
-                problems.push(format!(
-                    "{}: {leaked} poison events relayed",
-                    downstream.name
-                ));
-            }
-            if downstream.dead != self.poison {
-                problems.push(format!(
-                    "{}: {} dead letters, expected the {} poison events",
-                    downstream.subscription,
-                    downstream.dead.len(),
-                    self.poison.len()
-                ));
-            }
-        }
-        problems
-    }
-}
-
-/// Every entry of `key` relaying one of `events`, counted by message id.
-async fn stream_copies<S: StreamStore>(
-    store: &S,
-    key: &StreamKey,
-    events: &BTreeSet<Uuid>,
-) -> anyhow::Result<BTreeMap<Uuid, usize>> {
-    let mut copies = BTreeMap::new();
-    let mut after = StreamEntryId::ZERO;
-    loop {
-        let page = store.range(key, after, 1000).await?;
-        let Some(last) = page.last() else {
-            return Ok(copies);
-        };
-        after = last.id;
-        for entry in &page {
-            if let Some(origin) = &entry.origin {
-                if events.contains(&origin.message_id) {
-                    *copies.entry(origin.message_id).or_insert(0) += 1;
-                }
-            }
-        }
-    }
-}
-
-/// Every message of the JetStream stream on `subject` relaying one of
-/// `events`, counted by message id, read by a consumer of this run's own.
-async fn jetstream_copies(
-    nats: &Nats,
-    events: &BTreeSet<Uuid>,
-) -> anyhow::Result<BTreeMap<Uuid, usize>> {
-    let context = jetstream::new(nats.client.clone());
-    let stream = context.get_stream(&nats.stream).await?;
-    let mut consumer = stream
-        .create_consumer(jetstream::consumer::pull::Config {
-            filter_subject: nats.subject.clone(),
-            deliver_policy: jetstream::consumer::DeliverPolicy::All,
-            ack_policy: jetstream::consumer::AckPolicy::None,
-            inactive_threshold: Duration::from_secs(60),
-            ..Default::default()
-        })
-        .await?;
-    let total = consumer.info().await?.num_pending;
-    let mut copies = BTreeMap::new();
-    let mut read = 0_u64;
-    while read < total {
-        let mut batch = consumer
-            .fetch()
-            .max_messages(500)
-            .expires(Duration::from_secs(1))
-            .messages()
-            .await?;
-        let before = read;
-        while let Some(message) = batch.next().await {
-            let message = message.map_err(|e| anyhow::anyhow!("reading JetStream: {e}"))?;
-            read += 1;
-            let id = message
-                .headers
-                .as_ref()
-                .and_then(|headers| headers.get(MESSAGE_ID_HEADER))
-                .and_then(|value| value.as_str().parse::<Uuid>().ok());
-            if let Some(id) = id.filter(|id| events.contains(id)) {
-                *copies.entry(id).or_insert(0) += 1;
-            }
-        }
-        if read == before {
-            bail!("JetStream stopped delivering at {read} of {total} messages");
-        }
-    }
-    let name = consumer.cached_info().name.clone();
-    let _ = stream.delete_consumer(&name).await;
-    Ok(copies)
 }
 
 /// This run's events `subscription` dead-lettered.
@@ -680,52 +345,6 @@ async fn run_with<S: OrderStore>(
         poison,
         downstreams,
     })
-}
-
-/// Connects to the servers the options name: Redis (checked with a ping)
-/// and NATS (the JetStream stream created if missing).
-async fn downstreams(cli: &Cli, run_tag: &str) -> anyhow::Result<(EventsStream, Option<Nats>)> {
-    let events_stream = match &cli.redis_url {
-        Some(url) => {
-            let prefix = cli
-                .key_prefix
-                .clone()
-                .unwrap_or_else(|| format!("outbox-relay:{run_tag}:"));
-            let store = RedisStreamStore::connect(url, &prefix)
-                .await
-                .context("connecting to Redis (--redis-url)")?;
-            store
-                .ping()
-                .await
-                .context("connecting to Redis (--redis-url)")?;
-            EventsStream::Redis(store)
-        }
-        None => EventsStream::Native,
-    };
-    let nats = match &cli.nats_url {
-        Some(url) => {
-            let client = connect_nats(url)
-                .await
-                .context("connecting to NATS (--nats-url)")?;
-            jetstream::new(client.clone())
-                .get_or_create_stream(jetstream::stream::Config {
-                    name: cli.nats_stream.clone(),
-                    subjects: vec![format!("{}.>", cli.nats_subject_prefix)],
-                    duplicate_window: JETSTREAM_DUPLICATE_WINDOW,
-                    storage: jetstream::stream::StorageType::File,
-                    ..Default::default()
-                })
-                .await
-                .with_context(|| format!("creating JetStream stream {}", cli.nats_stream))?;
-            Some(Nats {
-                client,
-                stream: cli.nats_stream.clone(),
-                subject: format!("{}.{TENANT}.{TOPIC}", cli.nats_subject_prefix),
-            })
-        }
-        None => None,
-    };
-    Ok((events_stream, nats))
 }
 
 async fn run(cli: &Cli) -> anyhow::Result<Report> {

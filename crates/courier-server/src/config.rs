@@ -340,6 +340,30 @@ fn default_concurrency() -> usize {
     16
 }
 
+impl SubscriptionConfig {
+    /// The subscription `name` on `topics` delivering to `target`, with what
+    /// a `[[subscriptions]]` entry naming only these three gets: every
+    /// tenant, the default retry policy, 16 deliveries in flight, no replay.
+    /// For code that builds a relay or webhook handler without a config file
+    /// ([`RedisRelay::new`](crate::relay::RedisRelay::new),
+    /// [`NatsRelay::start`](crate::relay::NatsRelay::start),
+    /// [`NativeRelay::new`](crate::relay::NativeRelay::new)); change a field
+    /// afterwards for anything else. Nothing is checked here:
+    /// [`Config::validate`] checks subscriptions of a loaded config, and the
+    /// relays check their target when they are made.
+    pub fn new(name: impl Into<String>, topics: Vec<String>, target: TargetConfig) -> Self {
+        Self {
+            name: name.into(),
+            topics,
+            tenants: None,
+            retry: RetryConfig::default(),
+            concurrency: default_concurrency(),
+            replay: None,
+            target,
+        }
+    }
+}
+
 /// `[redis]`: the Redis server streams (`[streams] backend = "redis"`) and
 /// Redis relays use.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -1329,6 +1353,21 @@ mod tests {
     }
 
     const HASH: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    #[test]
+    fn a_subscription_made_in_code_has_the_config_file_defaults() {
+        let text = "[[subscriptions]]\nname = \"to-native\"\ntopics = [\"order.*\"]\n\
+                    [subscriptions.target]\ntype = \"stream\"\nstream = \"events\"\n";
+        let config = Config::from_sources(Some(text), None, Vec::new()).unwrap();
+        let made = SubscriptionConfig::new(
+            "to-native",
+            vec!["order.*".into()],
+            TargetConfig::Stream(NativeStreamTargetConfig {
+                stream: "events".into(),
+            }),
+        );
+        assert_eq!(config.subscriptions, vec![made]);
+    }
 
     #[test]
     fn defaults_are_sqlite_on_loopback() {

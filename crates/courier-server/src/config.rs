@@ -26,6 +26,7 @@ use base64::Engine as _;
 use courier::{validate_name, RetryPolicy, MAX_PAYLOAD_BYTES};
 use serde::Deserialize;
 
+use crate::redact::redact_urls;
 use crate::relay::template::{stream_template, subject_template, validate_jetstream_name};
 use crate::relay::RedeliveryHorizon;
 
@@ -74,12 +75,13 @@ pub enum ConfigError {
         message: String,
     },
     /// A key is unknown or its value is refused.
-    #[error("config key `{key}`{}: {reason}", value.as_ref().map(|v| format!(" = {v}")).unwrap_or_default())]
+    #[error("config key `{key}`{}: {reason}", value.as_ref().map(|v| format!(" = {}", redact_urls(v))).unwrap_or_default())]
     Invalid {
         /// The key's path (`listen`, `subscriptions[0].target.url`), with the
         /// environment variable it came from, if any.
         key: String,
-        /// The refused value, as written (secrets are not shown).
+        /// The refused value, as written, with secrets left out (the
+        /// password and query values of a URL are `***`).
         value: Option<String>,
         /// Why.
         reason: String,
@@ -90,7 +92,7 @@ impl ConfigError {
     fn invalid(key: impl Into<String>, value: Option<String>, reason: impl Into<String>) -> Self {
         ConfigError::Invalid {
             key: key.into(),
-            value,
+            value: value.map(|v| redact_urls(&v)),
             reason: reason.into(),
         }
     }
@@ -1311,7 +1313,11 @@ fn with_origin(error: ConfigError, origins: &Origins) -> ConfigError {
                 Some(variable) if !key.contains(" (from ") => format!("{key} (from {variable})"),
                 _ => key,
             };
-            ConfigError::Invalid { key, value, reason }
+            ConfigError::Invalid {
+                key,
+                value: value.map(|v| redact_urls(&v)),
+                reason,
+            }
         }
         other => other,
     }

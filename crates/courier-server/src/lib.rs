@@ -23,6 +23,7 @@ pub mod config;
 pub mod daemon;
 pub mod error;
 pub mod metrics;
+pub mod redact;
 pub mod relay;
 pub mod store;
 pub mod stream_api;

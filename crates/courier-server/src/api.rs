@@ -44,7 +44,7 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use crate::auth::{Admin, Authenticator, Principal, Publisher, Reader, TenantScope};
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, Role};
 use crate::error::{ApiError, ErrorBody};
 use crate::metrics::{prometheus, OLDEST_PENDING_AGE, PUBLISHED, QUEUE_DEPTH};
 use crate::store::ApiStore;
@@ -748,8 +748,12 @@ pub struct PauseState {
 /// A health answer.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Health {
-    /// `ok` or `ready`.
+    /// `ok` (`/healthz`), `ready` or `not_ready` (`/readyz`).
     pub status: String,
+    /// Why the daemon is not ready: only to an `admin` token (the database's
+    /// error text may name hosts, users and schemas).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 // ---------------------------------------------------------------- helpers
@@ -1405,34 +1409,58 @@ async fn resume_subscription(
 async fn healthz() -> Json<Health> {
     Json(Health {
         status: "ok".into(),
+        detail: None,
     })
 }
 
 /// The database answers and its schema is the one this build expects.
+///
+/// Public, and the public answer is only the status: 200 `{"status":
+/// "ready"}` or 503 `{"status": "not_ready"}`. An `admin` token (or an open
+/// API) also gets `detail`, why it is not ready; the log always has it.
 #[utoipa::path(
     get,
     path = "/readyz",
     tag = "operations",
     responses(
         (status = 200, body = Health),
-        (status = 503, description = "Database unreachable or schema not current", body = ErrorBody),
+        (status = 503, description = "Database unreachable or schema not current (`detail` only for an `admin` token)", body = Health),
     )
 )]
-async fn readyz(State(state): State<ApiState>) -> Result<Json<Health>, ApiError> {
-    match state.store.ready().await {
-        Ok(true) => Ok(Json(Health {
-            status: "ready".into(),
-        })),
-        Ok(false) => Err(ApiError::unavailable(
-            "the database schema is not the one this build expects; run migrations",
-        )),
-        Err(error) => {
-            tracing::warn!(%error, "readiness check failed");
-            Err(ApiError::unavailable(format!(
-                "the database is unreachable: {error}"
-            )))
+async fn readyz(State(state): State<ApiState>, headers: HeaderMap) -> Response {
+    let problem = match state.store.ready().await {
+        Ok(true) => None,
+        Ok(false) => {
+            Some("the database schema is not the one this build expects; run migrations".to_owned())
         }
-    }
+        Err(error) => {
+            let detail =
+                crate::redact::redact_urls(&format!("the database is unreachable: {error}"));
+            tracing::warn!(%detail, "readiness check failed");
+            Some(detail)
+        }
+    };
+    let Some(problem) = problem else {
+        return Json(Health {
+            status: "ready".into(),
+            detail: None,
+        })
+        .into_response();
+    };
+    // A bad or missing token is not refused here: it gets the public answer.
+    let admin = state
+        .auth
+        .authenticate(&headers)
+        .is_ok_and(|principal| principal.has(Role::Admin));
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::RETRY_AFTER, crate::error::RETRY_AFTER_SECONDS)],
+        Json(Health {
+            status: "not_ready".into(),
+            detail: admin.then_some(problem),
+        }),
+    )
+        .into_response()
 }
 
 /// Prometheus metrics (text format 0.0.4).

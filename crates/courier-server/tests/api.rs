@@ -879,3 +879,47 @@ async fn the_served_document_is_the_generated_one_and_routers_share_one_recorder
     );
     assert_eq!(get(&second, "/metrics", None).await.status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn readiness_tells_only_admins_why_the_database_is_not_ready() {
+    // A store whose database is down: nothing listens on port 1.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_millis(300))
+        .connect_lazy("postgres://courier-user@127.0.0.1:1/courier")
+        .unwrap();
+    let down = Courier::postgres_with_schema(pool, "courier").unwrap();
+    let app = app(down.store().clone(), &standard_tokens(), LIMIT);
+    for token in [
+        None,
+        Some("wrong-token"),
+        Some("reader-a"),
+        Some("publisher-a"),
+    ] {
+        let reply = get(&app, "/readyz", token).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{token:?}: {}",
+            reply.text
+        );
+        assert_eq!(
+            reply.body,
+            json!({"status": "not_ready"}),
+            "{token:?}: the public answer is the status only"
+        );
+        assert!(!reply.text.contains("127.0.0.1"), "{}", reply.text);
+    }
+    for token in ["admin-a", "admin-all"] {
+        let reply = get(&app, "/readyz", Some(token)).await;
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(reply.body["status"], json!("not_ready"), "{}", reply.text);
+        assert!(
+            reply.body["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("the database is unreachable"),
+            "{token}: {}",
+            reply.text
+        );
+    }
+}

@@ -29,16 +29,16 @@ pub fn redact_urls(text: &str) -> String {
         let body_len = rest[body_start..]
             .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>' | '`'))
             .unwrap_or(rest.len() - body_start);
-        out.push_str(&rest[..scheme_start]);
         if scheme_start == at {
             // No scheme: not a URL; keep the text.
             out.push_str(&rest[..body_start]);
-        } else {
-            out.push_str(&rest[scheme_start..body_start]);
-            out.push_str(&redact_after_scheme(
-                &rest[body_start..body_start + body_len],
-            ));
+            rest = &rest[body_start..];
+            continue;
         }
+        out.push_str(&rest[..body_start]);
+        out.push_str(&redact_after_scheme(
+            &rest[body_start..body_start + body_len],
+        ));
         rest = &rest[body_start + body_len..];
     }
     out.push_str(rest);

@@ -16,7 +16,9 @@
 //! routes under `/v1/streams` are in [`crate::stream_api`]. A token sees only
 //! its tenants: another tenant's message is 404, publishing for another tenant
 //! 403. Pausing a subscription affects every tenant, so it needs a token
-//! scoped to `*`. `/healthz`, `/readyz` and `/v1/openapi.json` are public.
+//! scoped to `*`; `/metrics` shows every tenant's counts, so it needs
+//! `admin` (or a listener of its own, [`metrics_router`]). `/healthz`,
+//! `/readyz` and `/v1/openapi.json` are public.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -1463,7 +1465,8 @@ async fn readyz(State(state): State<ApiState>, headers: HeaderMap) -> Response {
         .into_response()
 }
 
-/// Prometheus metrics (text format 0.0.4).
+/// Prometheus metrics (text format 0.0.4): every subscription's counts over
+/// every tenant, so only for `admin` tokens (or on `server.metrics_listen`).
 #[utoipa::path(
     get,
     path = "/metrics",
@@ -1471,11 +1474,31 @@ async fn readyz(State(state): State<ApiState>, headers: HeaderMap) -> Response {
     responses(
         (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"),
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
-        (status = 403, description = "No `read` role", body = ErrorBody),
+        (status = 403, description = "No `admin` role", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
-async fn metrics_text(State(state): State<ApiState>, Reader(_principal): Reader) -> Response {
+async fn metrics_text(State(state): State<ApiState>, Admin(_principal): Admin) -> Response {
+    render_metrics(&state).await
+}
+
+/// A router serving only `GET /metrics`, without tokens: for
+/// `server.metrics_listen`, an address of its own that only the scraper
+/// reaches (loopback, or a network the operator controls).
+pub fn metrics_router(state: ApiState) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(|State(state): State<ApiState>| async move {
+                render_metrics(&state).await
+            }),
+        )
+        .fallback(|| async { ApiError::not_found("only /metrics is served here", None) })
+        .with_state(state)
+}
+
+/// The metrics text, with the queue depths of every subscription set first.
+async fn render_metrics(state: &ApiState) -> Response {
     match state.store.delivery_stats(None).await {
         Ok(rows) => {
             let mut by_subscription: BTreeMap<String, (i64, i64, i64, Option<f64>)> =

@@ -559,6 +559,18 @@ pub struct Config {
     pub streams: StreamsSection,
     /// Stream subscriptions the daemon delivers.
     pub stream_subscriptions: Vec<StreamSubscriptionSettings>,
+    /// The HTTP server's limits and extra listeners.
+    pub server: ServerSection,
+}
+
+/// `[server]`: how the HTTP API meets its clients.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    /// An extra address serving only `GET /metrics`, without tokens, for a
+    /// Prometheus scraper (`127.0.0.1:9464`); none by default, and then
+    /// `/metrics` on `listen` needs an `admin` token.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Default for Config {
@@ -577,6 +589,7 @@ impl Default for Config {
             nats: None,
             streams: StreamsSection::default(),
             stream_subscriptions: Vec::new(),
+            server: ServerSection::default(),
         }
     }
 }
@@ -695,6 +708,15 @@ impl Config {
                     key("roles"),
                     Some("[]".into()),
                     "must name at least one of admin, consume, publish, read",
+                ));
+            }
+        }
+        if let Some(metrics_listen) = self.server.metrics_listen {
+            if metrics_listen == self.listen && metrics_listen.port() != 0 {
+                return Err(bad(
+                    "server.metrics_listen",
+                    &metrics_listen,
+                    "must differ from `listen`",
                 ));
             }
         }

@@ -31,7 +31,7 @@ use futures_util::future::BoxFuture;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{router, ApiState};
+use crate::api::{metrics_router, router, ApiState};
 use crate::config::{
     Config, ConfigError, DatabaseKind, LogFormat, SubscriptionConfig, TargetConfig,
 };
@@ -104,6 +104,7 @@ pub enum ServeError {
 /// A started daemon: listening, its workers running.
 pub struct Running {
     address: SocketAddr,
+    metrics_address: Option<SocketAddr>,
     task: BoxFuture<'static, Result<(), ServeError>>,
 }
 
@@ -111,6 +112,7 @@ impl std::fmt::Debug for Running {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Running")
             .field("address", &self.address)
+            .field("metrics_address", &self.metrics_address)
             .finish_non_exhaustive()
     }
 }
@@ -119,6 +121,12 @@ impl Running {
     /// The address the API listens on (the bound port when `listen` used port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.address
+    }
+
+    /// The address of the token-less `/metrics` listener
+    /// (`server.metrics_listen`), if one is configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_address
     }
 
     /// Runs until the shutdown future completes and shutdown has finished.
@@ -186,6 +194,10 @@ where
     let state = streams.serve_api(ApiState::new(courier.store().clone(), &config)?);
     let stop_requests = state.shutdown_token();
     let open = state.is_open();
+    let metrics_app = config
+        .server
+        .metrics_listen
+        .map(|_| metrics_router(state.clone()));
     let app = router(state);
     let relays = RelayConnections::connect(&config).await?;
 
@@ -272,6 +284,30 @@ where
         address: config.listen,
         source,
     })?;
+    let metrics_listener = match config.server.metrics_listen {
+        Some(metrics_listen) => match bind_listener(metrics_listen).await {
+            Ok(bound) => Some(bound),
+            Err(error) => {
+                futures_util::future::join(
+                    stop_workers(workers),
+                    stop_subscriptions(stream_subscriptions),
+                )
+                .await;
+                return Err(error);
+            }
+        },
+        None => None,
+    };
+    let metrics_address = metrics_listener.as_ref().map(|(_, address)| *address);
+    if let Some(metrics_address) = metrics_address {
+        if !metrics_address.ip().is_loopback() {
+            tracing::warn!(
+                %metrics_address,
+                "server.metrics_listen is not a loopback address: anyone who reaches it reads every subscription's metrics without a token"
+            );
+        }
+        tracing::info!(%metrics_address, "serving /metrics without tokens");
+    }
     if open {
         tracing::warn!(
             %address,
@@ -297,6 +333,15 @@ where
     let shutdown_timeout = config.shutdown_timeout();
     let task = async move {
         let stop_accepting = CancellationToken::new();
+        let metrics_server = metrics_listener
+            .zip(metrics_app)
+            .map(|((listener, _), app)| {
+                tokio::spawn(
+                    axum::serve(listener, app)
+                        .with_graceful_shutdown(stop_accepting.clone().cancelled_owned())
+                        .into_future(),
+                )
+            });
         let server = axum::serve(listener, app)
             .with_graceful_shutdown(stop_accepting.clone().cancelled_owned())
             .into_future();
@@ -321,6 +366,15 @@ where
                 }
             },
         };
+        if let Some(metrics_server) = metrics_server {
+            // Scrapes are short; one still running at the deadline is cut.
+            if tokio::time::timeout(shutdown_timeout, metrics_server)
+                .await
+                .is_err()
+            {
+                tracing::warn!("a /metrics request did not finish before the shutdown deadline");
+            }
+        }
         services.cancel();
         if let Some(publisher) = demo_publisher {
             let _ = publisher.await;
@@ -343,8 +397,17 @@ where
     };
     Ok(Running {
         address,
+        metrics_address,
         task: Box::pin(task),
     })
+}
+
+/// Binds `address`, returning the listener and the address it got.
+async fn bind_listener(address: SocketAddr) -> Result<(TcpListener, SocketAddr), ServeError> {
+    let bind_error = |source| ServeError::Bind { address, source };
+    let listener = TcpListener::bind(address).await.map_err(bind_error)?;
+    let bound = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, bound))
 }
 
 /// A worker for `subscription` with the handler its target calls for: a

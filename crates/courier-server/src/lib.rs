@@ -32,7 +32,7 @@ pub mod stream_subscriptions;
 pub mod stream_webhook;
 pub mod webhook;
 
-pub use api::{openapi, router, ApiState};
+pub use api::{metrics_router, openapi, router, ApiState};
 pub use auth::{Authenticator, Principal, TenantScope};
 pub use config::{Config, ConfigError};
 pub use daemon::{bind, init_logging, run, Running, ServeError};

@@ -417,7 +417,8 @@ fn routes(message_id: &str) -> Vec<(Method, String, Option<Value>, &'static str)
         (Method::GET, "/v1/stats".into(), None, "read"),
         (Method::GET, "/v1/dead-letters".into(), None, "read"),
         (Method::GET, "/v1/subscriptions".into(), None, "read"),
-        (Method::GET, "/metrics".into(), None, "read"),
+        // Every tenant's counts: admin only.
+        (Method::GET, "/metrics".into(), None, "admin"),
         (
             Method::POST,
             "/v1/dead-letters/retry".into(),
@@ -575,6 +576,26 @@ where
     let dead_id = dead.body["items"][0]["id"].clone();
     let stats = get(&app, "/v1/stats", Some("reader-a")).await;
     assert_eq!(stats.body["dead"], json!(0), "{}", stats.text);
+    // Subscriptions are listed without counts, so no tenant's counts show.
+    let listed = get(&app, "/v1/subscriptions", Some("reader-a")).await;
+    for subscription in listed.body["subscriptions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let mut fields: Vec<&str> = subscription
+            .as_object()
+            .into_iter()
+            .flat_map(|o| o.keys().map(String::as_str))
+            .collect();
+        fields.sort_unstable();
+        assert_eq!(
+            fields,
+            ["created_at", "name", "paused", "topics"],
+            "{}",
+            listed.text
+        );
+    }
     let stats = get(&app, "/v1/stats", Some("all")).await;
     assert_eq!(stats.body["dead"], json!(1), "{}", stats.text);
     // Tenant a's admin cannot retry b's dead letter, by id or filter.

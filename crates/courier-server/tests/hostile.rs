@@ -254,3 +254,117 @@ async fn a_browser_cannot_drive_an_open_daemon() {
     );
     daemon.shutdown().await;
 }
+
+/// Reads from `stream` until it closes, an error, or `limit`; what was read
+/// and whether the server closed the connection within `limit`.
+async fn read_until_closed(stream: &mut tokio::net::TcpStream, limit: Duration) -> (String, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buffer)).await {
+            Err(_) => return (String::from_utf8_lossy(&received).into_owned(), false),
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                return (String::from_utf8_lossy(&received).into_owned(), true)
+            }
+            Ok(Ok(n)) => received.extend_from_slice(&buffer[..n]),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stalls_in_its_headers_is_disconnected() {
+    use tokio::io::AsyncWriteExt;
+    let daemon = Daemon::start(|config| config.server.header_read_timeout_ms = 500).await;
+    let mut stream = tokio::net::TcpStream::connect(daemon.address)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    // Half a header line, then nothing.
+    stream
+        .write_all(
+            format!(
+                "GET /healthz HTTP/1.1\r\nHost: {}\r\nX-Slow: ",
+                daemon.address
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let (_, closed) = read_until_closed(&mut stream, Duration::from_secs(10)).await;
+    let elapsed = started.elapsed();
+    assert!(closed, "the connection was still open after {elapsed:?}");
+    assert!(
+        elapsed >= Duration::from_millis(400) && elapsed < Duration::from_secs(5),
+        "closed after {elapsed:?}, the header read timeout is 500 ms"
+    );
+    // Other clients are served meanwhile and after.
+    let (status, _) = send(daemon.address, reqwest::Method::GET, "/healthz", &[], None).await;
+    assert_eq!(status, 200);
+    daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_body_trickles_in_is_answered_408() {
+    use tokio::io::AsyncWriteExt;
+    let daemon = Daemon::start(|config| config.server.request_timeout_ms = 500).await;
+    let mut stream = tokio::net::TcpStream::connect(daemon.address)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    // A whole head announcing 100 bytes, then only 10 of them.
+    stream
+        .write_all(
+            format!(
+                "POST /v1/messages HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+                 Content-Length: 100\r\n\r\n{{\"tenant\":",
+                daemon.address
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let (answer, _) = read_until_closed(&mut stream, Duration::from_secs(5)).await;
+    let elapsed = started.elapsed();
+    assert!(
+        answer.starts_with("HTTP/1.1 408"),
+        "after {elapsed:?}: {answer:?}"
+    );
+    assert!(answer.contains(r#""code":"request_timeout""#), "{answer}");
+    assert!(
+        elapsed < Duration::from_secs(4),
+        "answered after {elapsed:?}"
+    );
+    daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_limit_wait_until_one_closes() {
+    use tokio::io::AsyncWriteExt;
+    let daemon = Daemon::start(|config| config.server.max_connections = 1).await;
+    // The one connection the daemon serves, idle.
+    let holder = tokio::net::TcpStream::connect(daemon.address)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut waiting = tokio::net::TcpStream::connect(daemon.address)
+        .await
+        .unwrap();
+    waiting
+        .write_all(
+            format!(
+                "GET /healthz HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+                daemon.address
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let (answer, _) = read_until_closed(&mut waiting, Duration::from_millis(500)).await;
+    assert_eq!(answer, "", "served past the connection limit");
+    drop(holder);
+    let (answer, closed) = read_until_closed(&mut waiting, Duration::from_secs(5)).await;
+    assert!(closed && answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    daemon.shutdown().await;
+}

@@ -182,3 +182,29 @@ async fn start_up_errors_print_no_password_or_query_token() {
     let error = courier_server::bind(config, async {}).await.unwrap_err();
     assert_no_secret("the start-up error", &format!("{error} {error:?}"));
 }
+
+#[tokio::test]
+async fn an_unreachable_relay_server_s_password_is_not_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = dir.path().join("courier.db");
+    for (section, target) in [
+        (
+            format!("[redis]\nurl = \"redis://{USER}:{PASSWORD}@127.0.0.1:1\""),
+            "{ type = \"redis_stream\", stream = \"orders\" }",
+        ),
+        (
+            format!("[nats]\nurl = \"nats://{USER}:{PASSWORD}@127.0.0.1:1\""),
+            "{ type = \"nats\", subject = \"orders\", stream = \"ORDERS\" }",
+        ),
+    ] {
+        let text = format!(
+            "database_url = {database:?}\nlisten = \"127.0.0.1:0\"\n\
+             [[subscriptions]]\nname = \"relay\"\ntopics = [\"*\"]\ntarget = {target}\n{section}\n"
+        );
+        let config = Config::from_toml_str(&text).unwrap();
+        let error = courier_server::bind(config, async {}).await.unwrap_err();
+        let shown = format!("{error} {error:?}");
+        assert!(shown.contains("relay"), "{shown}");
+        assert_no_secret("a relay's start-up error", &shown);
+    }
+}

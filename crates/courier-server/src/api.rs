@@ -5,6 +5,10 @@
 //! `routes!`), so the document served at `/v1/openapi.json` lists exactly the
 //! routes the router serves.
 //!
+//! Before any handler runs, [`crate::guard`] refuses what a browser could
+//! send on a user's behalf: a foreign `Host` (421), a foreign `Origin` (403)
+//! and a state change not declared as JSON (415).
+//!
 //! Input is refused before anything is stored: the body is capped before it is
 //! read (413), must be JSON (400), must match the request type exactly —
 //! unknown fields and wrong types are refused (422) — and every name, key,

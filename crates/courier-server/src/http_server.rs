@@ -4,7 +4,8 @@
 //! - **Header read timeout** (`server.header_read_timeout_ms`): a connection
 //!   that has not sent a whole request head within it is closed, so clients
 //!   that send half a header line and stall (slowloris) cannot hold
-//!   connections open.
+//!   connections open. hyper starts the clock whenever it waits for a head,
+//!   so an idle kept-alive connection is closed after it too.
 //! - **Request timeout** (`server.request_timeout_ms`, [`request_timeout`]):
 //!   a request whose answer is not ready within it — a body that trickles in,
 //!   a handler stuck on a slow database — is answered 408 with the API's JSON

@@ -379,8 +379,10 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            // `{:#}` puts the whole context chain on one line.
-            eprintln!("courier: error: {error:#}");
+            // `{:#}` puts the whole context chain on one line; a database,
+            // Redis or webhook URL in it loses its password and query values.
+            let text = courier_server::redact::redact_urls(&format!("{error:#}"));
+            eprintln!("courier: error: {text}");
             ExitCode::FAILURE
         }
     }

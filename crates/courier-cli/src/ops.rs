@@ -276,10 +276,14 @@ impl Remote {
         self.send(request, path).await
     }
 
-    /// `DELETE path`.
+    /// `DELETE path`, declared as JSON like every state change (the daemon
+    /// refuses state changes without `Content-Type: application/json`).
     pub async fn delete(&self, path: &str) -> anyhow::Result<serde_json::Value> {
-        self.send(self.client.delete(format!("{}{path}", self.base)), path)
-            .await
+        let request = self
+            .client
+            .delete(format!("{}{path}", self.base))
+            .header("content-type", "application/json");
+        self.send(request, path).await
     }
 
     async fn send(

@@ -5,6 +5,10 @@
 //! `routes!`), so the document served at `/v1/openapi.json` lists exactly the
 //! routes the router serves.
 //!
+//! Before any handler runs, [`crate::guard`] refuses what a browser could
+//! send on a user's behalf: a foreign `Host` (421), a foreign `Origin` (403)
+//! and a state change not declared as JSON (415).
+//!
 //! Input is refused before anything is stored: the body is capped before it is
 //! read (413), must be JSON (400), must match the request type exactly —
 //! unknown fields and wrong types are refused (422) — and every name, key,
@@ -16,7 +20,9 @@
 //! routes under `/v1/streams` are in [`crate::stream_api`]. A token sees only
 //! its tenants: another tenant's message is 404, publishing for another tenant
 //! 403. Pausing a subscription affects every tenant, so it needs a token
-//! scoped to `*`. `/healthz`, `/readyz` and `/v1/openapi.json` are public.
+//! scoped to `*`; `/metrics` shows every tenant's counts, so it needs
+//! `admin` (or a listener of its own, [`metrics_router`]). `/healthz`,
+//! `/readyz` and `/v1/openapi.json` are public.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -44,8 +50,9 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use crate::auth::{Admin, Authenticator, Principal, Publisher, Reader, TenantScope};
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, Role};
 use crate::error::{ApiError, ErrorBody};
+use crate::guard::{guard_requests, is_json, RequestGuard};
 use crate::metrics::{prometheus, OLDEST_PENDING_AGE, PUBLISHED, QUEUE_DEPTH};
 use crate::store::ApiStore;
 use crate::stream_store::ApiStreams;
@@ -75,6 +82,7 @@ pub struct ApiState {
     metrics: PrometheusHandle,
     streams: Option<Arc<dyn ApiStreams>>,
     shutdown: tokio_util::sync::CancellationToken,
+    guard: Arc<RequestGuard>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -99,7 +107,8 @@ impl ApiState {
             store,
             Authenticator::new(&config.tokens)?,
             config.max_payload_bytes,
-        ))
+        )
+        .with_guard(RequestGuard::with_origins(&config.server)))
     }
 
     /// State over `store` with an explicit authenticator and payload limit
@@ -116,7 +125,16 @@ impl ApiState {
             metrics: prometheus(),
             streams: None,
             shutdown: tokio_util::sync::CancellationToken::new(),
+            guard: Arc::new(RequestGuard::any_host()),
         }
+    }
+
+    /// The same state checking hosts, origins and content types with
+    /// `guard` (see [`crate::guard`]); the default accepts any host.
+    #[must_use]
+    pub fn with_guard(mut self, guard: RequestGuard) -> Self {
+        self.guard = Arc::new(guard);
+        self
     }
 
     /// The same state serving `/v1/streams` from `streams`.
@@ -154,8 +172,10 @@ impl ApiState {
     }
 }
 
-/// The router with every route, its body caps and `/v1/openapi.json`.
+/// The router with every route, its body caps and `/v1/openapi.json`,
+/// behind the state's [`RequestGuard`].
 pub fn router(state: ApiState) -> Router {
+    let guard = Arc::clone(&state.guard);
     let single = state.single_body_limit();
     let batch = MAX_BATCH_BODY_BYTES.max(single);
     let (router, document) = api_routes(single, batch).split_for_parts();
@@ -170,6 +190,7 @@ pub fn router(state: ApiState) -> Router {
         )
         .fallback(|| async { ApiError::not_found("no such route", None) })
         .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(guard, guard_requests))
 }
 
 /// The OpenAPI 3 document of the API (what `/v1/openapi.json` serves).
@@ -267,18 +288,13 @@ where
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        // The router's guard refuses state changes without JSON already;
+        // this holds for bodies read under any other router too.
         if let Some(content_type) = request.headers().get(header::CONTENT_TYPE) {
-            let essence = content_type
-                .to_str()
-                .unwrap_or("")
-                .split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase();
-            if essence != "application/json" && !essence.ends_with("+json") {
+            let content_type = String::from_utf8_lossy(content_type.as_bytes());
+            if !is_json(&content_type) {
                 return Err(ApiError::unsupported_media_type(format!(
-                    "the body must be application/json, not {essence:?}"
+                    "the body must be application/json, not {content_type:?}"
                 )));
             }
         }
@@ -748,8 +764,12 @@ pub struct PauseState {
 /// A health answer.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Health {
-    /// `ok` or `ready`.
+    /// `ok` (`/healthz`), `ready` or `not_ready` (`/readyz`).
     pub status: String,
+    /// Why the daemon is not ready: only to an `admin` token (the database's
+    /// error text may name hosts, users and schemas).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 // ---------------------------------------------------------------- helpers
@@ -1405,37 +1425,62 @@ async fn resume_subscription(
 async fn healthz() -> Json<Health> {
     Json(Health {
         status: "ok".into(),
+        detail: None,
     })
 }
 
 /// The database answers and its schema is the one this build expects.
+///
+/// Public, and the public answer is only the status: 200 `{"status":
+/// "ready"}` or 503 `{"status": "not_ready"}`. An `admin` token (or an open
+/// API) also gets `detail`, why it is not ready; the log always has it.
 #[utoipa::path(
     get,
     path = "/readyz",
     tag = "operations",
     responses(
         (status = 200, body = Health),
-        (status = 503, description = "Database unreachable or schema not current", body = ErrorBody),
+        (status = 503, description = "Database unreachable or schema not current (`detail` only for an `admin` token)", body = Health),
     )
 )]
-async fn readyz(State(state): State<ApiState>) -> Result<Json<Health>, ApiError> {
-    match state.store.ready().await {
-        Ok(true) => Ok(Json(Health {
-            status: "ready".into(),
-        })),
-        Ok(false) => Err(ApiError::unavailable(
-            "the database schema is not the one this build expects; run migrations",
-        )),
-        Err(error) => {
-            tracing::warn!(%error, "readiness check failed");
-            Err(ApiError::unavailable(format!(
-                "the database is unreachable: {error}"
-            )))
+async fn readyz(State(state): State<ApiState>, headers: HeaderMap) -> Response {
+    let problem = match state.store.ready().await {
+        Ok(true) => None,
+        Ok(false) => {
+            Some("the database schema is not the one this build expects; run migrations".to_owned())
         }
-    }
+        Err(error) => {
+            let detail =
+                crate::redact::redact_urls(&format!("the database is unreachable: {error}"));
+            tracing::warn!(%detail, "readiness check failed");
+            Some(detail)
+        }
+    };
+    let Some(problem) = problem else {
+        return Json(Health {
+            status: "ready".into(),
+            detail: None,
+        })
+        .into_response();
+    };
+    // A bad or missing token is not refused here: it gets the public answer.
+    let admin = state
+        .auth
+        .authenticate(&headers)
+        .is_ok_and(|principal| principal.has(Role::Admin));
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::RETRY_AFTER, crate::error::RETRY_AFTER_SECONDS)],
+        Json(Health {
+            status: "not_ready".into(),
+            detail: admin.then_some(problem),
+        }),
+    )
+        .into_response()
 }
 
-/// Prometheus metrics (text format 0.0.4).
+/// Prometheus metrics (text format 0.0.4): every subscription's counts over
+/// every tenant, so only for `admin` tokens (or on `server.metrics_listen`).
 #[utoipa::path(
     get,
     path = "/metrics",
@@ -1443,11 +1488,33 @@ async fn readyz(State(state): State<ApiState>) -> Result<Json<Health>, ApiError>
     responses(
         (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"),
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
-        (status = 403, description = "No `read` role", body = ErrorBody),
+        (status = 403, description = "No `admin` role", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
-async fn metrics_text(State(state): State<ApiState>, Reader(_principal): Reader) -> Response {
+async fn metrics_text(State(state): State<ApiState>, Admin(_principal): Admin) -> Response {
+    render_metrics(&state).await
+}
+
+/// A router serving only `GET /metrics`, without tokens: for
+/// `server.metrics_listen`, an address of its own that only the scraper
+/// reaches (loopback, or a network the operator controls).
+pub fn metrics_router(state: ApiState) -> Router {
+    let guard = Arc::clone(&state.guard);
+    Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(|State(state): State<ApiState>| async move {
+                render_metrics(&state).await
+            }),
+        )
+        .fallback(|| async { ApiError::not_found("only /metrics is served here", None) })
+        .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(guard, guard_requests))
+}
+
+/// The metrics text, with the queue depths of every subscription set first.
+async fn render_metrics(state: &ApiState) -> Response {
     match state.store.delivery_stats(None).await {
         Ok(rows) => {
             let mut by_subscription: BTreeMap<String, (i64, i64, i64, Option<f64>)> =

@@ -26,6 +26,7 @@ use base64::Engine as _;
 use courier::{validate_name, RetryPolicy, MAX_PAYLOAD_BYTES};
 use serde::Deserialize;
 
+use crate::redact::redact_urls;
 use crate::relay::template::{stream_template, subject_template, validate_jetstream_name};
 use crate::relay::RedeliveryHorizon;
 
@@ -47,6 +48,10 @@ pub const MAX_WEBHOOK_TIMEOUT_MS: u64 = 300_000;
 pub const MAX_SHUTDOWN_TIMEOUT_MS: u64 = 3_600_000;
 /// The most handlers of one subscription running at once.
 pub const MAX_CONCURRENCY: usize = 10_000;
+/// The longest accepted header read or request timeout.
+pub const MAX_SERVER_TIMEOUT_MS: u64 = 3_600_000;
+/// The most connections the server may be configured to serve at once.
+pub const MAX_CONNECTIONS: usize = 1_000_000;
 /// The prefix of every environment variable that sets a key.
 pub const ENV_PREFIX: &str = "COURIER_";
 /// `COURIER_*` variables that belong to the command line, not to the config.
@@ -74,12 +79,13 @@ pub enum ConfigError {
         message: String,
     },
     /// A key is unknown or its value is refused.
-    #[error("config key `{key}`{}: {reason}", value.as_ref().map(|v| format!(" = {v}")).unwrap_or_default())]
+    #[error("config key `{key}`{}: {reason}", value.as_ref().map(|v| format!(" = {}", redact_urls(v))).unwrap_or_default())]
     Invalid {
         /// The key's path (`listen`, `subscriptions[0].target.url`), with the
         /// environment variable it came from, if any.
         key: String,
-        /// The refused value, as written (secrets are not shown).
+        /// The refused value, as written, with secrets left out (the
+        /// password and query values of a URL are `***`).
         value: Option<String>,
         /// Why.
         reason: String,
@@ -90,7 +96,7 @@ impl ConfigError {
     fn invalid(key: impl Into<String>, value: Option<String>, reason: impl Into<String>) -> Self {
         ConfigError::Invalid {
             key: key.into(),
-            value,
+            value: value.map(|v| redact_urls(&v)),
             reason: reason.into(),
         }
     }
@@ -581,6 +587,61 @@ pub struct Config {
     pub streams: StreamsSection,
     /// Stream subscriptions the daemon delivers.
     pub stream_subscriptions: Vec<StreamSubscriptionSettings>,
+    /// The HTTP server's limits and extra listeners.
+    pub server: ServerSection,
+}
+
+/// `[server]`: how the HTTP API meets its clients.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    /// How long a connection may take to send a request's head; past it the
+    /// connection is closed (slowloris).
+    pub header_read_timeout_ms: u64,
+    /// How long one request may take, body and answer; past it the answer
+    /// is 408. Blocking stream reads longer than this are cut too.
+    pub request_timeout_ms: u64,
+    /// How many connections are served at once; more wait to be accepted.
+    pub max_connections: usize,
+    /// Extra `Host` values the API answers to besides its listen address
+    /// (and, on loopback, `localhost:PORT`, `127.0.0.1:PORT`, `[::1]:PORT`):
+    /// `courier.internal` (any port) or `courier.internal:8443`. Others: 421.
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`https://ops.example.com`) whose browser pages may call the
+    /// API; a request with any other `Origin` header is 403. Default: none.
+    pub allowed_origins: Vec<String>,
+    /// An extra address serving only `GET /metrics`, without tokens, for a
+    /// Prometheus scraper (`127.0.0.1:9464`); none by default, and then
+    /// `/metrics` on `listen` needs an `admin` token.
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        Self {
+            header_read_timeout_ms: crate::http_server::DEFAULT_HEADER_READ_TIMEOUT_MS,
+            request_timeout_ms: crate::http_server::DEFAULT_REQUEST_TIMEOUT_MS,
+            max_connections: crate::http_server::DEFAULT_MAX_CONNECTIONS,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            metrics_listen: None,
+        }
+    }
+}
+
+impl ServerSection {
+    /// The limits of each listener.
+    pub fn limits(&self) -> crate::http_server::HttpLimits {
+        crate::http_server::HttpLimits {
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            max_connections: self.max_connections,
+        }
+    }
+
+    /// How long one request may take.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
 }
 
 impl Default for Config {
@@ -599,6 +660,7 @@ impl Default for Config {
             nats: None,
             streams: StreamsSection::default(),
             stream_subscriptions: Vec::new(),
+            server: ServerSection::default(),
         }
     }
 }
@@ -717,6 +779,67 @@ impl Config {
                     key("roles"),
                     Some("[]".into()),
                     "must name at least one of admin, consume, publish, read",
+                ));
+            }
+        }
+        for (key, value) in [
+            (
+                "server.header_read_timeout_ms",
+                self.server.header_read_timeout_ms,
+            ),
+            ("server.request_timeout_ms", self.server.request_timeout_ms),
+        ] {
+            if value == 0 || value > MAX_SERVER_TIMEOUT_MS {
+                return Err(bad(
+                    key,
+                    &value,
+                    &format!("must be between 1 and {MAX_SERVER_TIMEOUT_MS} (one hour)"),
+                ));
+            }
+        }
+        if self.server.max_connections == 0 || self.server.max_connections > MAX_CONNECTIONS {
+            return Err(bad(
+                "server.max_connections",
+                &self.server.max_connections,
+                &format!("must be between 1 and {MAX_CONNECTIONS}"),
+            ));
+        }
+        for (i, host) in self.server.allowed_hosts.iter().enumerate() {
+            let ok = !host.is_empty()
+                && host.bytes().all(|b| {
+                    b.is_ascii_alphanumeric()
+                        || matches!(b, b'.' | b'-' | b':' | b'[' | b']' | b'_')
+                });
+            if !ok {
+                return Err(bad(
+                    &format!("server.allowed_hosts[{i}]"),
+                    host,
+                    "must be a host name or address, optionally with :port                      (`courier.internal`, `10.0.0.5:7070`, `[::1]:7070`), without scheme or path",
+                ));
+            }
+        }
+        for (i, origin) in self.server.allowed_origins.iter().enumerate() {
+            let rest = origin
+                .strip_prefix("http://")
+                .or_else(|| origin.strip_prefix("https://"));
+            let ok = rest.is_some_and(|rest| {
+                let rest = rest.trim_end_matches('/');
+                !rest.is_empty() && !rest.contains(['/', '?', '#', '@', ' '])
+            });
+            if !ok {
+                return Err(bad(
+                    &format!("server.allowed_origins[{i}]"),
+                    origin,
+                    "must be an origin: http:// or https://, a host and an optional port,                      no path (`https://ops.example.com`)",
+                ));
+            }
+        }
+        if let Some(metrics_listen) = self.server.metrics_listen {
+            if metrics_listen == self.listen && metrics_listen.port() != 0 {
+                return Err(bad(
+                    "server.metrics_listen",
+                    &metrics_listen,
+                    "must differ from `listen`",
                 ));
             }
         }
@@ -1335,7 +1458,11 @@ fn with_origin(error: ConfigError, origins: &Origins) -> ConfigError {
                 Some(variable) if !key.contains(" (from ") => format!("{key} (from {variable})"),
                 _ => key,
             };
-            ConfigError::Invalid { key, value, reason }
+            ConfigError::Invalid {
+                key,
+                value: value.map(|v| redact_urls(&v)),
+                reason,
+            }
         }
         other => other,
     }

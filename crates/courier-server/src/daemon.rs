@@ -19,7 +19,7 @@
 //! attempt; then maintenance stops and `run` returns `Ok`. A crash instead
 //! leaves leases to expire, after which any daemon's rescuer returns them.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -31,10 +31,12 @@ use futures_util::future::BoxFuture;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{router, ApiState};
+use crate::api::{metrics_router, router, ApiState};
 use crate::config::{
     Config, ConfigError, DatabaseKind, LogFormat, SubscriptionConfig, TargetConfig,
 };
+use crate::guard::RequestGuard;
+use crate::http_server;
 use crate::metrics::prometheus;
 use crate::relay::{NativeRelay, NativeStreamStore, RelayConnections, RelayError};
 use crate::stream_subscriptions::{stop_subscriptions, StreamBackend};
@@ -104,6 +106,7 @@ pub enum ServeError {
 /// A started daemon: listening, its workers running.
 pub struct Running {
     address: SocketAddr,
+    metrics_address: Option<SocketAddr>,
     task: BoxFuture<'static, Result<(), ServeError>>,
 }
 
@@ -111,6 +114,7 @@ impl std::fmt::Debug for Running {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Running")
             .field("address", &self.address)
+            .field("metrics_address", &self.metrics_address)
             .finish_non_exhaustive()
     }
 }
@@ -119,6 +123,12 @@ impl Running {
     /// The address the API listens on (the bound port when `listen` used port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.address
+    }
+
+    /// The address of the token-less `/metrics` listener
+    /// (`server.metrics_listen`), if one is configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_address
     }
 
     /// Runs until the shutdown future completes and shutdown has finished.
@@ -186,7 +196,6 @@ where
     let state = streams.serve_api(ApiState::new(courier.store().clone(), &config)?);
     let stop_requests = state.shutdown_token();
     let open = state.is_open();
-    let app = router(state);
     let relays = RelayConnections::connect(&config).await?;
 
     let mut workers: Vec<(String, WorkerHandle)> = Vec::with_capacity(config.subscriptions.len());
@@ -272,6 +281,55 @@ where
         address: config.listen,
         source,
     })?;
+    let metrics_listener = match config.server.metrics_listen {
+        Some(metrics_listen) => match bind_listener(metrics_listen).await {
+            Ok(bound) => Some(bound),
+            Err(error) => {
+                futures_util::future::join(
+                    stop_workers(workers),
+                    stop_subscriptions(stream_subscriptions),
+                )
+                .await;
+                return Err(error);
+            }
+        },
+        None => None,
+    };
+    let metrics_address = metrics_listener.as_ref().map(|(_, address)| *address);
+    // Each listener answers to its own address (and the configured names).
+    let metrics_app = metrics_address.map(|metrics_address| {
+        metrics_router(
+            state
+                .clone()
+                .with_guard(RequestGuard::for_listener(metrics_address, &config.server)),
+        )
+    });
+    let app = router(state.with_guard(RequestGuard::for_listener(address, &config.server)));
+    // The timeout wraps everything a request does, its guard and body included.
+    let with_timeout = |app: axum::Router| {
+        app.layer(axum::middleware::from_fn_with_state(
+            config.server.request_timeout(),
+            http_server::request_timeout,
+        ))
+    };
+    let app = with_timeout(app);
+    let metrics_app = metrics_app.map(with_timeout);
+    let limits = config.server.limits();
+    if address.ip().is_unspecified() && config.server.allowed_hosts.is_empty() {
+        tracing::warn!(
+            %address,
+            "listening on every interface without server.allowed_hosts: requests must carry              `Host: {address}`, any other host gets 421; list the names clients use"
+        );
+    }
+    if let Some(metrics_address) = metrics_address {
+        if !metrics_address.ip().is_loopback() {
+            tracing::warn!(
+                %metrics_address,
+                "server.metrics_listen is not a loopback address: anyone who reaches it reads every subscription's metrics without a token"
+            );
+        }
+        tracing::info!(%metrics_address, "serving /metrics without tokens");
+    }
     if open {
         tracing::warn!(
             %address,
@@ -297,9 +355,17 @@ where
     let shutdown_timeout = config.shutdown_timeout();
     let task = async move {
         let stop_accepting = CancellationToken::new();
-        let server = axum::serve(listener, app)
-            .with_graceful_shutdown(stop_accepting.clone().cancelled_owned())
-            .into_future();
+        let metrics_server = metrics_listener
+            .zip(metrics_app)
+            .map(|((listener, _), app)| {
+                tokio::spawn(http_server::serve(
+                    listener,
+                    app,
+                    limits,
+                    stop_accepting.clone(),
+                ))
+            });
+        let server = http_server::serve(listener, app, limits, stop_accepting.clone());
         let mut server = tokio::spawn(server);
         let mut server_result = None;
         tokio::select! {
@@ -321,6 +387,15 @@ where
                 }
             },
         };
+        if let Some(metrics_server) = metrics_server {
+            // Scrapes are short; one still running at the deadline is cut.
+            if tokio::time::timeout(shutdown_timeout, metrics_server)
+                .await
+                .is_err()
+            {
+                tracing::warn!("a /metrics request did not finish before the shutdown deadline");
+            }
+        }
         services.cancel();
         if let Some(publisher) = demo_publisher {
             let _ = publisher.await;
@@ -343,8 +418,17 @@ where
     };
     Ok(Running {
         address,
+        metrics_address,
         task: Box::pin(task),
     })
+}
+
+/// Binds `address`, returning the listener and the address it got.
+async fn bind_listener(address: SocketAddr) -> Result<(TcpListener, SocketAddr), ServeError> {
+    let bind_error = |source| ServeError::Bind { address, source };
+    let listener = TcpListener::bind(address).await.map_err(bind_error)?;
+    let bound = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, bound))
 }
 
 /// A worker for `subscription` with the handler its target calls for: a

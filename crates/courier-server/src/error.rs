@@ -72,6 +72,26 @@ impl ApiError {
         Self::new(StatusCode::FORBIDDEN, "forbidden", message, field)
     }
 
+    /// 421: the request's `Host` is not one this daemon answers to.
+    pub fn misdirected(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            "misdirected_request",
+            message,
+            Some("host".into()),
+        )
+    }
+
+    /// 408: the request did not complete within the server's request timeout.
+    pub fn request_timeout(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            message,
+            None,
+        )
+    }
+
     /// 404: no such thing (or not visible to this token).
     pub fn not_found(message: impl Into<String>, field: Option<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", message, field)

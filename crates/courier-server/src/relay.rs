@@ -81,6 +81,7 @@ use courier::{
 
 use crate::config::SubscriptionConfig;
 use crate::metrics::{RELAY_PUBLISHED, RELAY_SECONDS};
+use crate::redact::redact_urls;
 
 pub use native::{NativeRelay, NativeStreamStore};
 pub use nats::{connect_nats, NatsRelay};
@@ -217,8 +218,11 @@ impl RelayConnections {
             let store =
                 courier::redis::RedisStreamStore::connect(&section.url, &section.key_prefix)
                     .await
-                    .map_err(|e| unreachable(e.to_string()))?;
-            store.ping().await.map_err(|e| unreachable(e.to_string()))?;
+                    .map_err(|e| unreachable(redact_urls(&e.to_string())))?;
+            store
+                .ping()
+                .await
+                .map_err(|e| unreachable(redact_urls(&e.to_string())))?;
             connections.redis = Some(store);
         }
         if let Some(subscription) = uses(|t| matches!(t, TargetConfig::Nats(_))) {

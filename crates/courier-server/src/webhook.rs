@@ -183,19 +183,17 @@ impl Endpoint {
             Ok(response) => response,
             Err(error) if error.is_timeout() => {
                 return Ok(Err(transport(format!(
-                    "webhook timed out after {} ms",
+                    "webhook of subscription {} timed out after {} ms",
+                    self.subscription,
                     self.timeout.as_millis()
                 ))));
             }
             Err(error) => {
-                let mut reason = error.to_string();
-                let mut source = std::error::Error::source(&error);
-                while let Some(cause) = source {
-                    reason.push_str(": ");
-                    reason.push_str(&cause.to_string());
-                    source = cause.source();
-                }
-                return Ok(Err(transport(format!("webhook unreachable: {reason}"))));
+                return Ok(Err(transport(format!(
+                    "webhook of subscription {} unreachable: {}",
+                    self.subscription,
+                    transport_reason(error)
+                ))));
             }
         };
         let status = response.status();
@@ -210,7 +208,10 @@ impl Endpoint {
             retryable: status.is_server_error()
                 || status == StatusCode::REQUEST_TIMEOUT
                 || status == StatusCode::TOO_MANY_REQUESTS,
-            reason: format!("webhook answered {status}: {text}"),
+            reason: format!(
+                "webhook of subscription {} answered {status}: {text}",
+                self.subscription
+            ),
         }))
     }
 }
@@ -298,6 +299,23 @@ pub fn verify(
         candidate.len() == expected.len()
             && bool::from(candidate.as_bytes().ct_eq(expected.as_bytes()))
     })
+}
+
+/// A transport error's text with its causes, without the URL: reqwest puts
+/// the whole URL (credentials, query tokens) in its message, and that text
+/// goes to the error history, which every reader of the tenant sees, and to
+/// the log. The causes (connect, TLS, I/O errors) name no URL; any URL-shaped
+/// text left in them is redacted all the same.
+fn transport_reason(error: reqwest::Error) -> String {
+    let error = error.without_url();
+    let mut reason = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        reason.push_str(": ");
+        reason.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    crate::redact::redact_urls(&reason)
 }
 
 pub(crate) fn header(value: &str) -> Result<HeaderValue, HandlerError> {

@@ -417,7 +417,8 @@ fn routes(message_id: &str) -> Vec<(Method, String, Option<Value>, &'static str)
         (Method::GET, "/v1/stats".into(), None, "read"),
         (Method::GET, "/v1/dead-letters".into(), None, "read"),
         (Method::GET, "/v1/subscriptions".into(), None, "read"),
-        (Method::GET, "/metrics".into(), None, "read"),
+        // Every tenant's counts: admin only.
+        (Method::GET, "/metrics".into(), None, "admin"),
         (
             Method::POST,
             "/v1/dead-letters/retry".into(),
@@ -575,6 +576,26 @@ where
     let dead_id = dead.body["items"][0]["id"].clone();
     let stats = get(&app, "/v1/stats", Some("reader-a")).await;
     assert_eq!(stats.body["dead"], json!(0), "{}", stats.text);
+    // Subscriptions are listed without counts, so no tenant's counts show.
+    let listed = get(&app, "/v1/subscriptions", Some("reader-a")).await;
+    for subscription in listed.body["subscriptions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let mut fields: Vec<&str> = subscription
+            .as_object()
+            .into_iter()
+            .flat_map(|o| o.keys().map(String::as_str))
+            .collect();
+        fields.sort_unstable();
+        assert_eq!(
+            fields,
+            ["created_at", "name", "paused", "topics"],
+            "{}",
+            listed.text
+        );
+    }
     let stats = get(&app, "/v1/stats", Some("all")).await;
     assert_eq!(stats.body["dead"], json!(1), "{}", stats.text);
     // Tenant a's admin cannot retry b's dead letter, by id or filter.
@@ -878,4 +899,48 @@ async fn the_served_document_is_the_generated_one_and_routers_share_one_recorder
         serde_json::to_value(courier_server::openapi()).unwrap()
     );
     assert_eq!(get(&second, "/metrics", None).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn readiness_tells_only_admins_why_the_database_is_not_ready() {
+    // A store whose database is down: nothing listens on port 1.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_millis(300))
+        .connect_lazy("postgres://courier-user@127.0.0.1:1/courier")
+        .unwrap();
+    let down = Courier::postgres_with_schema(pool, "courier").unwrap();
+    let app = app(down.store().clone(), &standard_tokens(), LIMIT);
+    for token in [
+        None,
+        Some("wrong-token"),
+        Some("reader-a"),
+        Some("publisher-a"),
+    ] {
+        let reply = get(&app, "/readyz", token).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{token:?}: {}",
+            reply.text
+        );
+        assert_eq!(
+            reply.body,
+            json!({"status": "not_ready"}),
+            "{token:?}: the public answer is the status only"
+        );
+        assert!(!reply.text.contains("127.0.0.1"), "{}", reply.text);
+    }
+    for token in ["admin-a", "admin-all"] {
+        let reply = get(&app, "/readyz", Some(token)).await;
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(reply.body["status"], json!("not_ready"), "{}", reply.text);
+        assert!(
+            reply.body["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("the database is unreachable"),
+            "{token}: {}",
+            reply.text
+        );
+    }
 }

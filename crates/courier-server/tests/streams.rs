@@ -168,8 +168,11 @@ impl Daemon {
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }
+        if !content_type.is_empty() {
+            request = request.header("content-type", content_type);
+        }
         if let Some(body) = body {
-            request = request.header("content-type", content_type).body(body);
+            request = request.body(body);
         }
         let response = request.send().await.unwrap();
         let status = response.status();
@@ -211,7 +214,8 @@ impl Daemon {
     }
 
     async fn delete(&self, path: &str, token: &str) -> Reply {
-        self.send(Method::DELETE, path, Some(token), None, "").await
+        self.send(Method::DELETE, path, Some(token), None, "application/json")
+            .await
     }
 
     /// Appends `payloads` to tenant `a`'s `stream`; their ids.

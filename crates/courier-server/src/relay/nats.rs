@@ -67,7 +67,8 @@ pub async fn connect_nats(url: &str) -> Result<async_nats::Client, RelayError> {
     };
     match tokio::time::timeout(CONNECT_TIMEOUT * 2, connect).await {
         Ok(Ok(client)) => Ok(client),
-        Ok(Err(error)) => Err(unreachable(error.to_string())),
+        // The client's errors may quote the server URL, credentials included.
+        Ok(Err(error)) => Err(unreachable(crate::redact::redact_urls(&error.to_string()))),
         Err(_) => Err(unreachable(format!(
             "no connection within {} s",
             (CONNECT_TIMEOUT * 2).as_secs()

@@ -49,12 +49,14 @@ pub async fn call(
     body: Option<Body>,
     extra_headers: &[(&str, &str)],
 ) -> Reply {
+    // Every state change declares JSON, bodiless ones too (the API refuses
+    // them otherwise); a test that sends another type names it.
+    let changes_state = !matches!(method, Method::GET | Method::HEAD);
     let mut request = Request::builder().method(method).uri(uri);
     if let Some(token) = token {
         request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
     }
-    let has_body = body.is_some();
-    if has_body
+    if (body.is_some() || changes_state)
         && !extra_headers
             .iter()
             .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))

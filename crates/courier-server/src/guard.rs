@@ -1,0 +1,280 @@
+//! Browsers must not drive the daemon: checks on every request before any
+//! handler (and before the token is looked at).
+//!
+//! A web page the operator visits can make the browser send requests to the
+//! daemon — a form post or `fetch` to `http://127.0.0.1:7070`, or, after DNS
+//! rebinding, to a name that now resolves to it. An open daemon (no tokens,
+//! loopback) would obey them. So, in this order:
+//!
+//! 1. **Host** (421 `misdirected_request`): the `Host` must be the listen
+//!    address (`127.0.0.1:7070`), with a loopback listener also
+//!    `localhost:PORT`, `127.0.0.1:PORT` or `[::1]:PORT`, or one of
+//!    `server.allowed_hosts` (a name alone matches any port; `name:port` only
+//!    that port). A rebound name is none of these. `GET /healthz` and
+//!    `/readyz` are exempt: probes address pods by IP, and these answer only
+//!    a status to requests without an admin token.
+//! 2. **Origin** (403 `forbidden`, field `origin`): a request carrying an
+//!    `Origin` header (browsers add it to cross-site and to all non-GET
+//!    requests) is refused unless it is one of `server.allowed_origins`.
+//!    Programs (curl, the CLI, SDKs) send none.
+//! 3. **Content-Type** (415 `unsupported_media_type`): every POST, PUT,
+//!    PATCH and DELETE, bodiless ones included, must declare
+//!    `application/json` (or `…+json`). Browsers can send cross-site only
+//!    `text/plain`, form and multipart bodies without asking first, and the
+//!    daemon answers no CORS preflight, so a page cannot send JSON.
+//!
+//! The router's default guard ([`RequestGuard::any_host`]) skips the Host
+//! check, since a router alone does not know its address; the daemon sets
+//! one per listener ([`RequestGuard::for_listener`]) once it is bound.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::config::ServerSection;
+use crate::error::ApiError;
+
+/// Which hosts and origins a listener accepts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestGuard {
+    /// `None`: any host (the router does not know its address).
+    hosts: Option<AllowedHosts>,
+    /// Origins allowed to send requests (lower case, no trailing `/`).
+    origins: BTreeSet<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct AllowedHosts {
+    /// `host:port` pairs, lower case.
+    authorities: BTreeSet<String>,
+    /// Names that match on any port, lower case.
+    names: BTreeSet<String>,
+}
+
+impl RequestGuard {
+    /// Any `Host`; no `Origin` allowed; JSON required on state changes.
+    pub fn any_host() -> Self {
+        Self::default()
+    }
+
+    /// The guard of a listener bound to `address`, with the configured
+    /// extra hosts and allowed origins.
+    pub fn for_listener(address: SocketAddr, server: &ServerSection) -> Self {
+        let mut hosts = AllowedHosts::default();
+        hosts.authorities.insert(address.to_string());
+        if address.ip().is_loopback() {
+            let port = address.port();
+            for name in ["localhost", "127.0.0.1", "[::1]"] {
+                hosts.authorities.insert(format!("{name}:{port}"));
+            }
+        }
+        for host in &server.allowed_hosts {
+            let host = host.trim().to_ascii_lowercase();
+            if has_port(&host) {
+                hosts.authorities.insert(host);
+            } else {
+                hosts.names.insert(host);
+            }
+        }
+        Self {
+            hosts: Some(hosts),
+            origins: Self::origins_of(server),
+        }
+    }
+
+    /// Any `Host`, and the configured allowed origins.
+    pub fn with_origins(server: &ServerSection) -> Self {
+        Self {
+            hosts: None,
+            origins: Self::origins_of(server),
+        }
+    }
+
+    fn origins_of(server: &ServerSection) -> BTreeSet<String> {
+        server
+            .allowed_origins
+            .iter()
+            .map(|origin| normalize_origin(origin))
+            .collect()
+    }
+
+    fn allows_host(&self, host: &str) -> bool {
+        let Some(hosts) = &self.hosts else {
+            return true;
+        };
+        let host = host.trim().to_ascii_lowercase();
+        hosts.authorities.contains(&host) || hosts.names.contains(without_port(&host))
+    }
+
+    fn allows_origin(&self, origin: &str) -> bool {
+        self.origins.contains(&normalize_origin(origin))
+    }
+
+    /// The refusal of `request`, if it is refused.
+    fn check(&self, request: &Request) -> Result<(), ApiError> {
+        let method = request.method();
+        let exempt = matches!(*method, Method::GET | Method::HEAD)
+            && matches!(request.uri().path(), "/healthz" | "/readyz");
+        if !exempt {
+            let host = request
+                .headers()
+                .get(header::HOST)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned)
+                .or_else(|| request.uri().authority().map(|a| a.as_str().to_owned()));
+            match host {
+                Some(host) if self.allows_host(&host) => {}
+                Some(host) => {
+                    return Err(ApiError::misdirected(format!(
+                        "this daemon does not answer to host {host:?}: use its listen address \
+                         or add the name to server.allowed_hosts"
+                    )))
+                }
+                None if self.hosts.is_none() => {}
+                None => return Err(ApiError::misdirected("the request has no Host header")),
+            }
+            if let Some(origin) = request.headers().get(header::ORIGIN) {
+                let origin = String::from_utf8_lossy(origin.as_bytes());
+                if !self.allows_origin(&origin) {
+                    return Err(ApiError::forbidden(
+                        format!(
+                            "requests from origin {origin:?} are refused (a browser page may not \
+                             drive this daemon); add it to server.allowed_origins to allow it"
+                        ),
+                        Some("origin".into()),
+                    ));
+                }
+            }
+        }
+        if matches!(
+            *method,
+            Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+        ) {
+            let content_type = request
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
+            match content_type {
+                Some(value) if is_json(&value) => {}
+                Some(value) => {
+                    return Err(ApiError::unsupported_media_type(format!(
+                        "{method} requests must be sent as application/json, not {value:?}"
+                    )))
+                }
+                None => {
+                    return Err(ApiError::unsupported_media_type(format!(
+                        "{method} requests must carry `Content-Type: application/json`, \
+                         even without a body"
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a `Content-Type` value declares JSON (`application/json`, `…+json`).
+pub(crate) fn is_json(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// Whether `host` (`name`, `name:port`, `[v6]`, `[v6]:port`) names a port.
+fn has_port(host: &str) -> bool {
+    without_port(host).len() != host.len()
+}
+
+/// `host` without its `:port`.
+fn without_port(host: &str) -> &str {
+    let colon = match host.rfind(':') {
+        Some(colon) => colon,
+        None => return host,
+    };
+    let name = &host[..colon];
+    let port = &host[colon + 1..];
+    // `[::1]` has colons inside brackets; a bare IPv6 address is not a host.
+    if !port.is_empty()
+        && port.bytes().all(|b| b.is_ascii_digit())
+        && (!name.contains(':') || name.ends_with(']'))
+    {
+        name
+    } else {
+        host
+    }
+}
+
+fn normalize_origin(origin: &str) -> String {
+    origin.trim().trim_end_matches('/').to_ascii_lowercase()
+}
+
+/// Middleware applying `guard` to every request.
+pub async fn guard_requests(
+    State(guard): State<Arc<RequestGuard>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match guard.check(&request) {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_match_with_and_without_ports() {
+        let server = ServerSection {
+            allowed_hosts: vec!["Courier.Internal".into(), "10.0.0.5:8080".into()],
+            ..ServerSection::default()
+        };
+        let guard = RequestGuard::for_listener("127.0.0.1:7070".parse().unwrap(), &server);
+        for host in [
+            "127.0.0.1:7070",
+            "localhost:7070",
+            "LOCALHOST:7070",
+            "[::1]:7070",
+            "courier.internal",
+            "courier.internal:443",
+            "10.0.0.5:8080",
+        ] {
+            assert!(guard.allows_host(host), "{host}");
+        }
+        for host in [
+            "127.0.0.1:7071",
+            "localhost",
+            "evil.example:7070",
+            "10.0.0.5:8081",
+            "10.0.0.5",
+        ] {
+            assert!(!guard.allows_host(host), "{host}");
+        }
+        let public = RequestGuard::for_listener("0.0.0.0:7070".parse().unwrap(), &server);
+        assert!(!public.allows_host("localhost:7070"));
+        assert!(public.allows_host("0.0.0.0:7070"));
+        assert_eq!(without_port("[::1]:80"), "[::1]");
+        assert_eq!(without_port("[::1]"), "[::1]");
+    }
+
+    #[test]
+    fn json_content_types() {
+        assert!(is_json("application/json"));
+        assert!(is_json("Application/JSON; charset=utf-8"));
+        assert!(is_json("application/merge-patch+json"));
+        assert!(!is_json("text/plain"));
+        assert!(!is_json("application/x-www-form-urlencoded"));
+        assert!(!is_json(""));
+    }
+}

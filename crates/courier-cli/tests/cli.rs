@@ -155,6 +155,50 @@ async fn quick_streams_bench_measures_native_and_redis_streams_beside_raw_comman
 }
 
 #[tokio::test]
+async fn quick_relays_bench_relays_every_message_to_each_target_beside_raw_writes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let nats = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let output = courier(
+        dir.path(),
+        &[
+            "bench",
+            "--quick",
+            "--scenario",
+            "relays",
+            "--json",
+            "--redis-url",
+            &redis,
+            "--nats-url",
+            &nats,
+        ],
+    );
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let report: serde_json::Value =
+        serde_json::from_str(&stdout(&output)).expect("stdout is one JSON document");
+    let measurements = report["measurements"].as_array().expect("measurements");
+    let find = |id: &str| {
+        measurements
+            .iter()
+            .find(|m| m["id"] == id)
+            .unwrap_or_else(|| panic!("{id} missing from {report:#}"))
+    };
+    // Each case checked its target holds exactly the messages relayed.
+    for target in ["native", "redis", "nats"] {
+        let m = find(&format!("relays.{target}"));
+        assert_eq!(m["count"], 2000, "{m:#}");
+        assert!(m["per_second"].as_f64().is_some_and(|r| r > 0.0), "{m:#}");
+    }
+    for target in ["redis", "nats"] {
+        assert!(find(&format!("relays.{target}"))["ratio"].is_number());
+    }
+    // Only the relay cases ran.
+    assert!(measurements.iter().all(|m| m["id"]
+        .as_str()
+        .is_some_and(|id| id.starts_with("relays."))));
+}
+
+#[tokio::test]
 async fn quick_bench_on_postgres_prints_json_and_drops_its_schema() {
     let dir = tempfile::tempdir().expect("tempdir");
     let schema = fresh_schema("bench");

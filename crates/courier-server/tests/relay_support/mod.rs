@@ -156,9 +156,23 @@ impl Db {
         match self {
             Db::Postgres(f) => {
                 let store = courier_testkit::Backend::courier(f).store().clone();
-                // Entries are handed out below the xmin horizon: give any
-                // transaction that just committed a moment to leave it.
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                // Entries are handed out below the xmin horizon, which other
+                // tests' open transactions hold back: wait until everything
+                // committed by now is readable.
+                let next_xid: i64 = sqlx::query_scalar(
+                    "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint",
+                )
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+                let newest = courier::StreamEntryId::new(next_xid as u64 - 1, 0);
+                assert!(
+                    store
+                        .wait_until_readable(newest, Duration::from_secs(30))
+                        .await
+                        .unwrap(),
+                    "the stream's entries did not become readable within 30 s"
+                );
                 read_all(&store, key).await
             }
             Db::Sqlite(f) => {

@@ -193,9 +193,9 @@ async fn quick_relays_bench_relays_every_message_to_each_target_beside_raw_write
         assert!(find(&format!("relays.{target}"))["ratio"].is_number());
     }
     // Only the relay cases ran.
-    assert!(measurements.iter().all(|m| m["id"]
-        .as_str()
-        .is_some_and(|id| id.starts_with("relays."))));
+    assert!(measurements
+        .iter()
+        .all(|m| m["id"].as_str().is_some_and(|id| id.starts_with("relays."))));
 }
 
 #[tokio::test]

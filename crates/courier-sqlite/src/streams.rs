@@ -352,10 +352,9 @@ impl StreamStore for SqliteStore {
         key: &'c StreamKey,
         entries: &'c [NewStreamEntry],
     ) -> Result<Vec<StreamEntryId>, StoreError> {
+        // One to MAX_STREAM_BATCH entries, as on every backend.
+        validate_count("entries", entries.len())?;
         let encoded = entries_json(entries)?;
-        if entries.is_empty() {
-            return Ok(Vec::new());
-        }
         let ids = {
             let _turn = self.write_turn().await?;
             let mut tx = self.begin().await?;
@@ -586,6 +585,23 @@ impl StreamStore for SqliteStore {
             group_cursor(&self.inner.pool, key, group).await?;
         }
         Ok(acked)
+    }
+
+    async fn lag<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+    ) -> Result<Option<u64>, StoreError> {
+        validate_name("group", group)?;
+        let lag: Option<i64> = sqlx::query_scalar(queries::STREAM_LAG)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(group)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        let lag = lag.ok_or_else(|| group_not_found(key, group))?;
+        Ok(Some(u64::try_from(lag).unwrap_or(0)))
     }
 
     async fn pending_summary<'c>(

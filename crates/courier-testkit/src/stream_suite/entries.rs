@@ -57,6 +57,7 @@ pub async fn invalid_input_is_refused_naming_the_field_and_stores_nothing<F: Str
             .await,
         "an append over the batch limit",
     )?;
+    assert_invalid(store.append(&key, &[]).await, "entries", "an empty append")?;
 
     assert_invalid(
         store.ensure_group(&key, "bad group", GroupStart::End).await,

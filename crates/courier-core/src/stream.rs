@@ -550,6 +550,16 @@ pub trait StreamStore: Clone + Send + Sync + 'static {
         group: &'c str,
     ) -> impl Future<Output = Result<PendingSummary, StoreError>> + Send + 'c;
 
+    /// The group's lag: entries of the stream it has not handed out yet
+    /// (appended after its last read); `None` where the backend cannot tell
+    /// (Redis, after entries were deleted or trimmed from the part not read
+    /// yet). Fails with [`StoreError::NotFound`] for an unknown group.
+    fn lag<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send + 'c;
+
     /// Lists the group's pending entries, in id order.
     fn pending_detail<'c>(
         &'c self,

@@ -38,7 +38,8 @@
 //! Metrics (labelled by subscription only, never tenant or stream):
 //! `courier_stream_{read,claimed,acked,dead_lettered,deferred}_total`,
 //! `courier_stream_pending` (the group's pending entries, every claim
-//! interval), `courier_stream_handler_duration_seconds`,
+//! interval), `courier_stream_lag` (the entries its group has not handed out
+//! yet, every claim interval; not set where the backend cannot tell), `courier_stream_handler_duration_seconds`,
 //! `courier_stream_groups_recreated_total` and
 //! `courier_backend_reconnects_total` (by backend).
 
@@ -751,6 +752,9 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                         let pending = self.streams.pending_summary(&c.key, &c.name).await?;
                         metrics::gauge!(PENDING, "subscription" => c.name.clone())
                             .set(pending.count as f64);
+                        if let Some(lag) = self.streams.lag(&c.key, &c.name).await? {
+                            metrics::gauge!(LAG, "subscription" => c.name.clone()).set(lag as f64);
+                        }
                     }
                     resume_at = deferred(&step);
                     if resume_at.is_some() {
@@ -1344,4 +1348,5 @@ const DEFERRED: &str = "courier_stream_deferred_total";
 const HANDLER_SECONDS: &str = "courier_stream_handler_duration_seconds";
 const RECONNECTS: &str = "courier_backend_reconnects_total";
 const PENDING: &str = "courier_stream_pending";
+const LAG: &str = "courier_stream_lag";
 const GROUPS_RECREATED: &str = "courier_stream_groups_recreated_total";

@@ -27,6 +27,7 @@ queries!(
     stream_dead_letter,
     stream_group_ensure,
     stream_horizon,
+    stream_lag,
     stream_pending_detail,
     stream_pending_summary,
     stream_range,

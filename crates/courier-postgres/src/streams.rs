@@ -554,6 +554,23 @@ impl StreamStore for PgStore {
         Ok(u64::try_from(acked).unwrap_or(0))
     }
 
+    async fn lag<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+    ) -> Result<Option<u64>, StoreError> {
+        validate_name("group", group)?;
+        let lag: Option<i64> = sqlx::query_scalar(&self.q().stream_lag)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(group)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(map)?;
+        let lag = lag.ok_or_else(|| group_not_found(key, group))?;
+        Ok(Some(u64::try_from(lag).unwrap_or(0)))
+    }
+
     async fn pending_summary<'c>(
         &'c self,
         key: &'c StreamKey,

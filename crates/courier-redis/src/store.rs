@@ -4,10 +4,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use courier_core::{
-    dead_letter_entry, validate_count, validate_name, ClaimIdle, ClaimedEntries, ConsumerInfo,
-    ConsumerRemoval, DeliveredEntry, GroupStart, NewStreamEntry, PendingDetail, PendingEntry,
-    PendingQuery, PendingSummary, ReadNew, StoreError, StreamEntry, StreamEntryId, StreamKey,
-    StreamStore, TrimBound, ValidationError, MAX_PAYLOAD_BYTES,
+    dead_letter_entry, group_not_found, validate_count, validate_name, ClaimIdle, ClaimedEntries,
+    ConsumerInfo, ConsumerRemoval, DeliveredEntry, GroupStart, NewStreamEntry, PendingDetail,
+    PendingEntry, PendingQuery, PendingSummary, ReadNew, StoreError, StreamEntry, StreamEntryId,
+    StreamKey, StreamStore, TrimBound, ValidationError, MAX_PAYLOAD_BYTES,
 };
 use redis::{Cmd, ScriptInvocation, Value};
 
@@ -312,6 +312,39 @@ impl StreamStore for RedisStreamStore {
             .await
             .map_err(|e| map_group(e, key, group))?;
         count(reply, "ack's count")
+    }
+
+    /// From `XINFO GROUPS` (Redis 7.0 or later): its `lag`, which Redis
+    /// leaves out (nil) when entries were deleted from the part not read yet.
+    async fn lag(&self, key: &StreamKey, group: &str) -> Result<Option<u64>, StoreError> {
+        validate_name("group", group)?;
+        let mut command = redis::cmd("XINFO");
+        command.arg("GROUPS").arg(self.redis_key(key));
+        let reply = match self.query(&command).await {
+            Ok(reply) => reply,
+            // No stream: no group either.
+            Err(error) if error.code() == Some("ERR") => return Err(group_not_found(key, group)),
+            Err(error) => return Err(map(error)),
+        };
+        for row in array(reply, "XINFO GROUPS")? {
+            let mut name = None;
+            let mut lag = None;
+            for (field, value) in pairs(row, "a group of XINFO GROUPS")? {
+                match field.as_str() {
+                    "name" => name = Some(text(value, "a group name")?),
+                    "lag" => lag = Some(value),
+                    _ => {}
+                }
+            }
+            if name.as_deref() != Some(group) {
+                continue;
+            }
+            return match lag {
+                None | Some(Value::Nil) => Ok(None),
+                Some(lag) => Ok(Some(count(lag, "a group's lag")?)),
+            };
+        }
+        Err(group_not_found(key, group))
     }
 
     async fn pending_summary(

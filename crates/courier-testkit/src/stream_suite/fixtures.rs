@@ -162,6 +162,14 @@ impl StreamStore for ReadablePgStore {
         self.0.ack(key, group, ids)
     }
 
+    fn lag<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+    ) -> impl std::future::Future<Output = Result<Option<u64>, StoreError>> + Send + 'c {
+        self.0.lag(key, group)
+    }
+
     fn pending_summary<'c>(
         &'c self,
         key: &'c StreamKey,

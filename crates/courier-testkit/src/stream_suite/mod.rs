@@ -106,6 +106,7 @@ macro_rules! stream_backend_tests {
             claims_reach_idle_entries_behind_busy_ones_by_following_next,
             trimmed_pending_entries_are_reported_deleted,
             the_pending_summary_counts_per_consumer,
+            a_group_s_lag_counts_the_entries_it_has_not_handed_out,
             pending_detail_filters_by_consumer_idle_time_and_position,
             dead_letter_appends_to_the_dead_stream_and_acks_once,
             each_group_dead_letters_its_own_delivery_of_an_entry,

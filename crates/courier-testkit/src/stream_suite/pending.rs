@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use courier_core::{
     dead_letter_entry, EntryOrigin, GroupStart, NewStreamEntry, PendingQuery, PendingSummary,
-    StreamEntryId, StreamStore,
+    StoreError, StreamEntryId, StreamStore,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -121,6 +121,45 @@ pub async fn the_pending_summary_counts_per_consumer<F: StreamFixture>(
             highest: Some(appended[4]),
             consumers: BTreeMap::from([("c1".to_owned(), 2), ("c2".to_owned(), 2)]),
         }
+    );
+    Ok(())
+}
+
+/// A group's lag counts the entries it has not handed out: reads lower it,
+/// acks and claims do not, an append raises it; an unknown group is not
+/// found.
+pub async fn a_group_s_lag_counts_the_entries_it_has_not_handed_out<F: StreamFixture>(
+    fixture: F,
+) -> anyhow::Result<()> {
+    let store = fixture.store();
+    let nothing = key("lag-nothing")?;
+    let key = key("lag")?;
+    assert!(store.ensure_group(&key, "g", GroupStart::Beginning).await?);
+    assert_eq!(store.lag(&key, "g").await?, Some(0), "an empty stream");
+    let appended = append_numbered(store, &key, 0, 5).await?;
+    assert_eq!(store.lag(&key, "g").await?, Some(5));
+    let read = read_new(store, &key, "g", "c1", 2).await?;
+    assert_eq!(read.len(), 2);
+    assert_eq!(store.lag(&key, "g").await?, Some(3), "two handed out");
+    assert_eq!(store.ack(&key, "g", &appended[..2]).await?, 2);
+    assert_eq!(store.lag(&key, "g").await?, Some(3), "acks leave the lag");
+    append_numbered(store, &key, 5, 6).await?;
+    assert_eq!(store.lag(&key, "g").await?, Some(4));
+    assert!(store.ensure_group(&key, "late", GroupStart::End).await?);
+    assert_eq!(
+        store.lag(&key, "late").await?,
+        Some(0),
+        "a group at the end"
+    );
+    let missing = store.lag(&key, "nope").await;
+    assert!(
+        matches!(missing, Err(StoreError::NotFound { .. })),
+        "{missing:?}"
+    );
+    let no_stream = store.lag(&nothing, "g").await;
+    assert!(
+        matches!(no_stream, Err(StoreError::NotFound { .. })),
+        "{no_stream:?}"
     );
     Ok(())
 }

@@ -22,7 +22,7 @@ pub use admin::{
 pub use error::{HandlerError, StoreError, ValidationError};
 pub use message::{
     enqueue_outcomes, truncate_chars, Availability, ClaimedDelivery, EnqueueOutcome, ErrorEntry,
-    Message, NewMessage, MAX_ERROR_CHARS, MAX_HEADERS, MAX_KEY_BYTES, MAX_PAYLOAD_BYTES,
+    Message, NewMessage, MAX_ERROR_CHARS, MAX_HEADERS, MAX_HOLD, MAX_KEY_BYTES, MAX_PAYLOAD_BYTES,
 };
 pub use names::{validate_name, NAME_MAX_LEN};
 pub use retry::RetryPolicy;

@@ -204,13 +204,35 @@ impl NewMessage {
                     ),
                 ));
             }
-        }
-        if let Availability::After(delay) = self.available {
-            if delay > Duration::from_secs(100 * 365 * 24 * 3600) {
+            if value.contains('\0') {
                 return Err(ValidationError::new(
-                    "available_at",
-                    "delay is over 100 years",
+                    "headers",
+                    format!("header {name:?} contains U+0000, which no backend stores alike"),
                 ));
+            }
+        }
+        refuse_nul_in_payload(&self.payload)?;
+        let too_far = || {
+            ValidationError::new(
+                "available_at",
+                format!(
+                    "is more than {} days ahead (the most a message may be held)",
+                    MAX_HOLD.as_secs() / 86_400
+                ),
+            )
+        };
+        match self.available {
+            Availability::Now => {}
+            Availability::After(delay) => {
+                if delay > MAX_HOLD {
+                    return Err(too_far());
+                }
+            }
+            Availability::At(at) => {
+                let limit = chrono::Duration::from_std(MAX_HOLD).unwrap_or(chrono::Duration::MAX);
+                if at > Utc::now() + limit {
+                    return Err(too_far());
+                }
             }
         }
         Ok(())
@@ -219,6 +241,41 @@ impl NewMessage {
     /// The headers as a JSON object's text.
     pub fn headers_json(&self) -> String {
         serde_json::to_string(&self.headers).unwrap_or_else(|_| "{}".to_owned())
+    }
+}
+
+/// The longest a new message may be held before its first delivery: with an
+/// ordering key, a message held longer would hold back its key as long.
+pub const MAX_HOLD: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// Refuses a payload holding U+0000 (as the escape `\u0000`) in a string or a
+/// key: PostgreSQL's `jsonb` cannot store it and SQLite would, so one message
+/// must not store on one backend and fail on the other.
+fn refuse_nul_in_payload(payload: &str) -> Result<(), ValidationError> {
+    // Valid JSON can carry U+0000 only escaped: payloads without the escape
+    // are not parsed again.
+    if !payload.contains("\\u0000") {
+        return Ok(());
+    }
+    let value: serde_json::Value = serde_json::from_str(payload)
+        .map_err(|e| ValidationError::new("payload", format!("is not valid JSON: {e}")))?;
+    if holds_nul(&value) {
+        return Err(ValidationError::new(
+            "payload",
+            "contains U+0000 (\\u0000) in a string or key, which PostgreSQL cannot store",
+        ));
+    }
+    Ok(())
+}
+
+fn holds_nul(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::String(text) => text.contains('\0'),
+        serde_json::Value::Array(items) => items.iter().any(holds_nul),
+        serde_json::Value::Object(fields) => fields
+            .iter()
+            .any(|(name, value)| name.contains('\0') || holds_nul(value)),
+        _ => false,
     }
 }
 
@@ -394,6 +451,39 @@ pub fn truncate_chars(text: &str, max_chars: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_escaped_nul_is_refused_but_an_escaped_backslash_before_u0000_is_not() {
+        let refused = |payload: &str| {
+            NewMessage::from_json_text("a", "t", payload)
+                .and_then(|m| m.validate())
+                .map_err(|e| e.field.to_string())
+        };
+        assert_eq!(refused(r#"{"s":"a\u0000b"}"#), Err("payload".to_owned()));
+        assert_eq!(refused(r#"{"k\u0000":1}"#), Err("payload".to_owned()));
+        assert_eq!(
+            refused(r#"[[{"deep":["\u0000"]}]]"#),
+            Err("payload".to_owned())
+        );
+        // A backslash, then the text u0000: no NUL.
+        assert_eq!(refused(r#"{"s":"\\u0000"}"#), Ok(()));
+        assert_eq!(refused(r#"{"s":"plain"}"#), Ok(()));
+    }
+
+    #[test]
+    fn a_message_may_be_held_for_a_year_at_most() {
+        let message = NewMessage::from_json_text("a", "t", "{}").map(|m| m.delay(MAX_HOLD));
+        assert!(message.is_ok_and(|m| m.validate().is_ok()));
+        let held = |m: NewMessage| m.validate().map_err(|e| e.field.to_string());
+        let too_long = NewMessage::from_json_text("a", "t", "{}").map(|m| m.delay(MAX_HOLD * 2));
+        assert_eq!(
+            too_long.map(held).ok(),
+            Some(Err("available_at".to_owned()))
+        );
+        let far = NewMessage::from_json_text("a", "t", "{}")
+            .map(|m| m.available_at(Utc::now() + chrono::Duration::days(400)));
+        assert_eq!(far.map(held).ok(), Some(Err("available_at".to_owned())));
+    }
 
     #[test]
     fn truncation_respects_character_boundaries() {

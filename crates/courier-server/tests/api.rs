@@ -297,6 +297,30 @@ where
             "idempotency_key",
         ),
         (
+            "payload with an escaped NUL in a string",
+            with("payload", json!({"s": "a\u{0}b"})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "payload",
+        ),
+        (
+            "payload with an escaped NUL in a key",
+            with("payload", json!({"a\u{0}": [1]})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "payload",
+        ),
+        (
+            "header value with a NUL",
+            with("headers", json!({"x": "a\u{0}"})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "headers",
+        ),
+        (
+            "available_at years ahead",
+            with("available_at", json!("9999-01-01T00:00:00Z")),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "available_at",
+        ),
+        (
             "payload over max_payload_bytes",
             with("payload", big_payload),
             StatusCode::PAYLOAD_TOO_LARGE,

@@ -932,6 +932,7 @@ fn single_tenant(
     responses(
         (status = 201, description = "Stored", body = PublishResponse),
         (status = 200, description = "A message with this idempotency key exists; nothing stored", body = PublishResponse),
+        (status = 409, description = "The idempotency key names an earlier message with another topic, schema version or payload (`idempotency_key_reused`); nothing stored", body = ErrorBody),
         (status = 400, description = "Malformed JSON", body = ErrorBody),
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "No `publish` role, or another tenant", body = ErrorBody),
@@ -950,12 +951,34 @@ async fn publish_message(
     principal.require_tenant(&request.tenant, "tenant")?;
     let key = idempotency_header(&headers)?;
     let message = build_message(request, "", state.max_payload_bytes, key)?;
+    let asked = (
+        message.topic.clone(),
+        message.schema_version,
+        message.payload.clone(),
+    );
     let outcome = state
         .store
         .publish(vec![message])
         .await?
         .pop()
         .ok_or_else(|| ApiError::internal("the store returned no outcome"))?;
+    if outcome.duplicate {
+        // Nothing was stored; a key reused for another message is refused
+        // rather than answered with the first message's id.
+        if let Some((stored, _)) = state.store.get_message(outcome.id).await? {
+            let (topic, schema_version, payload) = &asked;
+            if stored.topic != *topic
+                || stored.schema_version != *schema_version
+                || !same_json(&stored.payload, payload)
+            {
+                return Err(ApiError::idempotency_key_reused(format!(
+                    "message {} was published with this idempotency key and another topic, \
+                     schema version or payload; use a new key for a new message",
+                    outcome.id
+                )));
+            }
+        }
+    }
     count_published(std::slice::from_ref(&outcome));
     let status = if outcome.duplicate {
         StatusCode::OK
@@ -970,6 +993,36 @@ async fn publish_message(
         }),
     )
         .into_response())
+}
+
+/// Whether two JSON texts hold the same value: objects compared as maps,
+/// numbers by value (PostgreSQL's `jsonb` stores `1e2` as `100`).
+fn same_json(stored: &str, asked: &str) -> bool {
+    match (
+        serde_json::from_str::<serde_json::Value>(stored),
+        serde_json::from_str::<serde_json::Value>(asked),
+    ) {
+        (Ok(a), Ok(b)) => same_value(&a, &b),
+        _ => stored == asked,
+    }
+}
+
+fn same_value(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            x == y || matches!((x.as_f64(), y.as_f64()), (Some(p), Some(q)) if p == q)
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same_value(p, q))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(name, p)| y.get(name).is_some_and(|q| same_value(p, q)))
+        }
+        _ => a == b,
+    }
 }
 
 fn count_published(outcomes: &[courier::EnqueueOutcome]) {

@@ -122,6 +122,17 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, "conflict", message, field)
     }
 
+    /// 409 `idempotency_key_reused`: the key names an earlier message whose
+    /// topic, schema version or payload differ from this request's.
+    pub fn idempotency_key_reused(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "idempotency_key_reused",
+            message,
+            Some("idempotency_key".to_owned()),
+        )
+    }
+
     /// 413: the body or a payload is over its limit.
     pub fn too_large(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self::new(

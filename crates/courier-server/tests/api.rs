@@ -54,6 +54,38 @@ where
     .await;
     assert_eq!(by_header.status, StatusCode::OK, "{}", by_header.text);
     assert_eq!(by_header.body["id"], original.body["id"]);
+    // The key reused for another payload or topic: refused, nothing stored.
+    for (field, value) in [
+        ("payload", json!({"n": 2})),
+        ("topic", json!("invoice.void")),
+        ("schema_version", json!(2)),
+    ] {
+        let mut reused = keyed.clone();
+        reused[field] = value;
+        let refused = post(&app, "/v1/messages", Some("all"), &reused).await;
+        assert_eq!(
+            refused.status,
+            StatusCode::CONFLICT,
+            "{field}: {}",
+            refused.text
+        );
+        assert_eq!(
+            refused.body["error"]["code"],
+            json!("idempotency_key_reused")
+        );
+        assert_eq!(refused.field(), Some("idempotency_key"), "{field}");
+    }
+    // The same payload written otherwise (number form, key order) is the same.
+    let respelled = post_raw(
+        &app,
+        "/v1/messages",
+        Some("all"),
+        r#"{"payload": {"n": 1.0}, "topic": "invoice.paid", "tenant": "a", "idempotency_key": "order-7"}"#
+            .to_owned(),
+        &[],
+    )
+    .await;
+    assert_eq!(respelled.status, StatusCode::OK, "{}", respelled.text);
     // The same key for another tenant is another message.
     let mut other_tenant = keyed.clone();
     other_tenant["tenant"] = json!("b");
@@ -66,7 +98,11 @@ where
     full["schema_version"] = json!(2);
     full["headers"] = json!({"trace": "t-1"});
     full["ordering_key"] = json!("customer-1");
-    full["available_at"] = json!("2030-01-02T03:04:05Z");
+    // Within MAX_HOLD (366 days) from now.
+    let at = (chrono::Utc::now() + chrono::Duration::days(30))
+        .format("%Y-%m-%dT%H:%M:%S")
+        .to_string();
+    full["available_at"] = json!(format!("{at}Z"));
     let created = post(&app, "/v1/messages", Some("all"), &full).await;
     assert_eq!(created.status, StatusCode::CREATED, "{}", created.text);
     let id = created.body["id"].as_str().unwrap_or_default().to_owned();
@@ -79,7 +115,7 @@ where
     assert!(read.body["available_at"]
         .as_str()
         .unwrap_or_default()
-        .starts_with("2030-01-02T03:04:05"));
+        .starts_with(&at));
     assert!(read.body["deliveries"].is_array());
     Ok(())
 }

@@ -742,8 +742,8 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
             let path = format!("/v1/dead-letters?{}", query.join("&"));
             ops::print_json(&remote(&db)?.get(&path).await?)?;
         }
-        DlqCommand::Show { db, .. } if db.url.is_some() => {
-            anyhow::bail!("`dlq show` reads the database (the API lists dead letters: `courier dlq list --url …`)");
+        DlqCommand::Show { db, id } if db.url.is_some() => {
+            ops::print_json(&remote(&db)?.get(&format!("/v1/dead-letters/{id}")).await?)?;
         }
         DlqCommand::Retry { db, filter, ids } if db.url.is_some() => {
             let body = selection(&ids, &filter);

@@ -174,6 +174,14 @@ async fn serve_on_sqlite_delivers_what_curl_and_the_cli_publish_and_stops_on_sig
     let refused = remote(&["dlq", "list", "--topic", "not a topic"])?;
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("topic"));
+    // `dlq show` through the API: an unknown id is the API's 404.
+    let unknown = remote(&["dlq", "show", "999999"])?;
+    assert!(!unknown.status.success());
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("no dead letter 999999"),
+        "{}",
+        String::from_utf8_lossy(&unknown.stderr)
+    );
 
     terminate(&daemon)?;
     let exit = tokio::time::timeout(Duration::from_secs(30), daemon.wait()).await??;

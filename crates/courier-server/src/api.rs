@@ -233,6 +233,7 @@ fn api_routes(single_limit: usize, batch_limit: usize) -> OpenApiRouter<ApiState
                 .routes(routes!(get_message))
                 .routes(routes!(delivery_stats))
                 .routes(routes!(list_dead_letters))
+                .routes(routes!(get_dead_letter))
                 .routes(routes!(retry_dead_letters))
                 .routes(routes!(discard_dead_letters))
                 .routes(routes!(list_subscriptions))
@@ -1260,6 +1261,41 @@ async fn list_dead_letters(
         items: page.items.into_iter().map(DeadLetterView::from).collect(),
         next_cursor: page.next_cursor,
     }))
+}
+
+/// One dead letter: its message, subscription and error history.
+#[utoipa::path(
+    get,
+    path = "/v1/dead-letters/{id}",
+    tag = "dead-letters",
+    params(("id" = i64, Path, description = "The dead delivery's id (`id` in the listing)")),
+    responses(
+        (status = 200, body = DeadLetterView),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `read` role", body = ErrorBody),
+        (status = 404, description = "No such dead letter, or another tenant's", body = ErrorBody),
+        (status = 422, description = "The id is not an integer", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn get_dead_letter(
+    State(state): State<ApiState>,
+    Reader(principal): Reader,
+    Path(id): Path<String>,
+) -> Result<Json<DeadLetterView>, ApiError> {
+    let id: i64 = id
+        .parse()
+        .map_err(|e| ApiError::invalid("id", format!("{id:?} is not a delivery id: {e}")))?;
+    let not_found = || ApiError::not_found(format!("no dead letter {id}"), Some("id".into()));
+    let dead = state
+        .store
+        .get_dead_letter(id)
+        .await?
+        .ok_or_else(not_found)?;
+    if !principal.tenants.allows(&dead.tenant) {
+        return Err(not_found());
+    }
+    Ok(Json(DeadLetterView::from(dead)))
 }
 
 enum Selection {

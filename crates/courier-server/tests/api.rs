@@ -476,6 +476,12 @@ fn routes(message_id: &str) -> Vec<(Method, String, Option<Value>, &'static str)
         (Method::GET, "/v1/messages".into(), None, "read"),
         (Method::GET, "/v1/stats".into(), None, "read"),
         (Method::GET, "/v1/dead-letters".into(), None, "read"),
+        (
+            Method::GET,
+            "/v1/dead-letters/999999999".into(),
+            None,
+            "read",
+        ),
         (Method::GET, "/v1/subscriptions".into(), None, "read"),
         // Every tenant's counts: admin only.
         (Method::GET, "/metrics".into(), None, "admin"),
@@ -783,6 +789,21 @@ where
     assert_eq!(dead_state.body["items"].as_array().map(Vec::len), Some(3));
 
     let first = dead.body["items"][0]["id"].clone();
+    // One dead letter by its id, as the listing shows it.
+    let one = get(&app, &format!("/v1/dead-letters/{first}"), None).await;
+    assert_eq!(one.status, StatusCode::OK, "{}", one.text);
+    assert_eq!(one.body, dead.body["items"][0], "{}", one.text);
+    let missing = get(&app, "/v1/dead-letters/999999999", None).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND, "{}", missing.text);
+    assert_eq!(missing.field(), Some("id"));
+    let malformed = get(&app, "/v1/dead-letters/seven", None).await;
+    assert_eq!(
+        malformed.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        malformed.text
+    );
+    assert_eq!(malformed.field(), Some("id"));
     let retried = post(
         &app,
         "/v1/dead-letters/retry",
@@ -896,6 +917,7 @@ fn the_openapi_document_lists_every_route() {
         ("/v1/messages/{id}", "get"),
         ("/v1/stats", "get"),
         ("/v1/dead-letters", "get"),
+        ("/v1/dead-letters/{id}", "get"),
         ("/v1/dead-letters/retry", "post"),
         ("/v1/dead-letters/discard", "post"),
         ("/v1/subscriptions", "get"),

@@ -62,7 +62,7 @@ where
             let prefix = format!("courier-bench:{:08x}:", fastrand::u32(..));
             let store = RedisStreamStore::connect(url, &prefix).await?;
             let measured = redis_case(fixture, plan, &store).await;
-            let cleaned = cleanup_redis(&store, &prefix).await;
+            let cleaned = super::streams::delete_keys(store.connection(), &prefix).await;
             out.push(measured.context("relays.redis")?);
             cleaned?;
         }
@@ -323,27 +323,5 @@ async fn count_native<S: StreamStore>(store: &S, key: &StreamKey) -> anyhow::Res
         };
         after = last.id;
         count += page.len() as u64;
-    }
-}
-
-async fn cleanup_redis(store: &RedisStreamStore, prefix: &str) -> anyhow::Result<()> {
-    let mut conn = store.connection();
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}*"))
-            .arg("COUNT")
-            .arg(1_000)
-            .query_async(&mut conn)
-            .await?;
-        if !keys.is_empty() {
-            let _: u64 = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
-        }
-        if next == 0 {
-            return Ok(());
-        }
-        cursor = next;
     }
 }

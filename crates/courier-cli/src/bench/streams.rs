@@ -533,24 +533,31 @@ impl RawRedis {
 
     /// Deletes every key of the bench run.
     async fn cleanup(&self, prefix: &str) -> anyhow::Result<()> {
-        let mut conn = self.conn.clone();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(format!("{prefix}*"))
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await?;
-            if !keys.is_empty() {
-                let _: u64 = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
-            }
-            if next == 0 {
-                return Ok(());
-            }
-            cursor = next;
+        delete_keys(self.conn.clone(), prefix).await
+    }
+}
+
+/// Deletes every Redis key under `prefix` (a bench run's own).
+pub(crate) async fn delete_keys(
+    mut conn: redis::aio::ConnectionManager,
+    prefix: &str,
+) -> anyhow::Result<()> {
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await?;
+        if !keys.is_empty() {
+            let _: u64 = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
         }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
     }
 }

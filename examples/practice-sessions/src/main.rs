@@ -205,8 +205,13 @@ impl App {
         let offset = usize::try_from(offset)?;
         for index in offset..offset + sessions {
             let (tenant, event) = session(index);
-            let message =
-                NewMessage::new(&tenant, TOPIC, &event)?.with_idempotency_key(&event.report_id);
+            // One student's sessions are counted one at a time: two
+            // transactions upserting the same student's rows in different
+            // orders deadlock on PostgreSQL (and, with short leases, kept a
+            // worker from progressing).
+            let message = NewMessage::new(&tenant, TOPIC, &event)?
+                .with_idempotency_key(&event.report_id)
+                .with_ordering_key(&event.user_id);
             let wrong = serde_json::to_string(&event.wrong_question_ids)?;
             match self {
                 App::Postgres(courier, pool) => {

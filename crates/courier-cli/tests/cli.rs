@@ -97,6 +97,20 @@ fn quick_bench_on_sqlite_prints_the_table_and_removes_its_file() {
     assert!(left.is_empty(), "files left behind: {left:?}");
 }
 
+/// The JSON report of a successful `courier bench --json` run.
+fn json_report(output: &Output) -> serde_json::Value {
+    assert!(output.status.success(), "stderr: {}", stderr(output));
+    serde_json::from_str(&stdout(output)).expect("stdout is one JSON document")
+}
+
+/// The report's measurement `id`.
+fn measurement<'a>(report: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
+    report["measurements"]
+        .as_array()
+        .and_then(|all| all.iter().find(|m| m["id"] == id))
+        .unwrap_or_else(|| panic!("{id} missing from {report:#}"))
+}
+
 #[tokio::test]
 async fn quick_streams_bench_measures_native_and_redis_streams_beside_raw_commands() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -119,16 +133,8 @@ async fn quick_streams_bench_measures_native_and_redis_streams_beside_raw_comman
             &redis,
         ],
     );
-    assert!(output.status.success(), "stderr: {}", stderr(&output));
-    let report: serde_json::Value =
-        serde_json::from_str(&stdout(&output)).expect("stdout is one JSON document");
-    let measurements = report["measurements"].as_array().expect("measurements");
-    let find = |id: &str| {
-        measurements
-            .iter()
-            .find(|m| m["id"] == id)
-            .unwrap_or_else(|| panic!("{id} missing from {report:#}"))
-    };
+    let report = json_report(&output);
+    let find = |id: &str| measurement(&report, id);
     for backend in ["postgres", "redis"] {
         for case in [
             "append.1",
@@ -173,16 +179,9 @@ async fn quick_relays_bench_relays_every_message_to_each_target_beside_raw_write
             &nats,
         ],
     );
-    assert!(output.status.success(), "stderr: {}", stderr(&output));
-    let report: serde_json::Value =
-        serde_json::from_str(&stdout(&output)).expect("stdout is one JSON document");
+    let report = json_report(&output);
     let measurements = report["measurements"].as_array().expect("measurements");
-    let find = |id: &str| {
-        measurements
-            .iter()
-            .find(|m| m["id"] == id)
-            .unwrap_or_else(|| panic!("{id} missing from {report:#}"))
-    };
+    let find = |id: &str| measurement(&report, id);
     // Each case checked its target holds exactly the messages relayed.
     for target in ["native", "redis", "nats"] {
         let m = find(&format!("relays.{target}"));

@@ -34,7 +34,9 @@ impl PgNotifier {
     ) -> tokio::task::JoinHandle<()> {
         let pool = store.pool().clone();
         let channel = store.notify_channel();
+        let store = store.clone();
         tokio::spawn(async move {
+            warn_if_jit(&store).await;
             let mut backoff = RECONNECT_MIN;
             while !cancel.is_cancelled() {
                 match listen_until_lost(&pool, &channel, &wake, &cancel).await {
@@ -52,6 +54,21 @@ impl PgNotifier {
                 }
             }
         })
+    }
+}
+
+/// Warns when the store's pool JIT-compiles (a pool the application built
+/// without [`connect_options`](crate::connect_options)).
+async fn warn_if_jit(store: &PgStore) {
+    match store.jit_enabled().await {
+        Ok(true) => tracing::warn!(
+            schema = store.schema(),
+            "JIT is on for Courier's PostgreSQL pool: once its tables have statistics, \
+             every claim may spend longer compiling than running; build the pool from \
+             courier_postgres::connect_options(url) or set jit = off for its connections"
+        ),
+        Ok(false) => {}
+        Err(error) => tracing::debug!(%error, "could not read the pool's jit setting"),
     }
 }
 

@@ -69,6 +69,7 @@ queries!(
     find_idempotent,
     idle_announce,
     idle_withdraw,
+    jit_enabled,
     message_created_at,
     message_deliveries,
     message_get,

@@ -364,7 +364,8 @@ async fn run(cli: &Cli) -> anyhow::Result<Report> {
         // Courier's tables and `orders` in one schema: the relays'
         // transactions come from this pool, so its search_path is the schema.
         courier::postgres::validate_schema(&cli.schema)?;
-        let options: sqlx::postgres::PgConnectOptions = cli.database_url.parse()?;
+        // Courier's options (JIT off), and the example's own schema.
+        let options = courier::postgres::connect_options(&cli.database_url)?;
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(courier::POSTGRES_CONNECTIONS)
             .connect_with(options.options([("search_path", cli.schema.as_str())]))

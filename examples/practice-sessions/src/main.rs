@@ -178,10 +178,10 @@ enum App {
 impl App {
     async fn open(url: &str, schema: &str) -> anyhow::Result<Self> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let options: sqlx::postgres::PgConnectOptions = url.parse()?;
+            let options = courier::postgres::connect_options(url)?;
             let pool = sqlx::postgres::PgPoolOptions::new()
                 .max_connections(10)
-                .connect_with(options.options([("search_path", schema), ("jit", "off")]))
+                .connect_with(options.options([("search_path", schema)]))
                 .await
                 .with_context(|| format!("connecting to {url}"))?;
             let courier = Courier::postgres_with_schema(pool.clone(), schema)?;

@@ -1,7 +1,7 @@
 -- Appends entries $3.. to stream ($1, $2) in input order: id (this
 -- transaction's id, a sequence value), with sequence values sorted so that
 -- ids follow the input order. Returns the ids; sorted, they are in input order.
--- Notifies blocked readers (see stream_waiters) at commit.
+-- Notifies the stream's blocked readers (see stream_waiters) at commit.
 WITH input AS (
   SELECT i.payload, i.headers, i.message_id, i.origin_tenant, i.topic, i.schema_version, i.ord
   FROM unnest($3::text[], $4::text[], $5::uuid[], $6::text[], $7::text[], $8::int[])
@@ -12,7 +12,8 @@ minors AS (
   FROM (SELECT nextval('{schema}.stream_entry_minor') AS v FROM input) s
 ),
 woken AS (
-  SELECT pg_notify('{schema}.streams', '')
+  -- The payload names the stream, so only its readers wake (see streams.rs).
+  SELECT pg_notify('{schema}.streams', $1 || chr(10) || $2)
   FROM {schema}.stream_waiters w
   WHERE w.tenant = $1 AND w.stream = $2 AND w.until > statement_timestamp()
 )

@@ -7,14 +7,16 @@
 //! out of id order (see the migration's notes). Every operation is one
 //! statement, atomic on its own.
 //!
-//! A blocked read waits for a notification on `{schema}.streams`, which an
+//! A blocked read waits for a notification naming its stream on
+//! `{schema}.streams` (reads blocked on other streams are not woken), which an
 //! append sends only while a reader has registered as waiting on its stream
 //! (NOTIFY serialises committing transactions, so appends do not pay for it
 //! otherwise), and re-reads at least every [`POLL_INTERVAL`]: an entry that
 //! committed but is not yet below the xmin horizon, or an append that raced
 //! the registration, is found by the next poll.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use courier_core::{
@@ -43,28 +45,54 @@ const VISIBILITY_RETRY: Duration = Duration::from_millis(2);
 
 /// The store's listener for stream notifications, started by the first
 /// blocked read and stopped when the last clone of the store is dropped.
+/// An append names its stream in the notification, and only the reads
+/// blocked on that stream are woken; a reconnect (notifications may have
+/// been lost) and a notification naming no stream wake every one.
 pub(crate) struct StreamWakeups {
-    wake: watch::Receiver<u64>,
+    streams: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
     _stop: tokio_util::sync::DropGuard,
+}
+
+/// The notification payload that names `key`'s stream (names cannot hold a
+/// newline).
+fn wakeup_name(tenant: &str, stream: &str) -> String {
+    format!("{tenant}\n{stream}")
+}
+
+/// Wakes the reads waiting on the stream `payload` names, or on every
+/// stream for an empty payload.
+fn wake_named(streams: &Mutex<HashMap<String, watch::Sender<u64>>>, payload: &str) {
+    let streams = streams
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if payload.is_empty() {
+        for sender in streams.values() {
+            sender.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    } else if let Some(sender) = streams.get(payload) {
+        sender.send_modify(|n| *n = n.wrapping_add(1));
+    }
 }
 
 impl StreamWakeups {
     fn start(store: &PgStore) -> Self {
-        let (sender, wake) = watch::channel(0_u64);
+        let streams: Arc<Mutex<HashMap<String, watch::Sender<u64>>>> = Arc::default();
         let cancel = CancellationToken::new();
         let pool = store.pool().clone();
         let channel = format!("{}.streams", store.schema());
         let stop = cancel.clone();
+        let woken = Arc::clone(&streams);
         tokio::spawn(async move {
             let mut backoff = Duration::from_millis(50);
             while !stop.is_cancelled() {
-                if let Err(error) = listen(&pool, &channel, &sender, &stop).await {
+                if let Err(error) = listen(&pool, &channel, &woken, &stop).await {
                     tracing::warn!(%error, channel, "stream LISTEN connection failed; reconnecting");
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 } else {
                     backoff = Duration::from_millis(50);
                 }
-                sender.send_modify(|n| *n = n.wrapping_add(1));
+                // Anything sent while nobody listened is lost: everyone looks.
+                wake_named(&woken, "");
                 tokio::select! {
                     () = stop.cancelled() => break,
                     () = tokio::time::sleep(backoff) => {}
@@ -72,26 +100,42 @@ impl StreamWakeups {
             }
         });
         Self {
-            wake,
+            streams,
             _stop: cancel.drop_guard(),
         }
+    }
+
+    /// A receiver that changes when an append to `tenant`'s `stream` is
+    /// notified (or on a reconnect).
+    fn subscribe(&self, tenant: &str, stream: &str) -> watch::Receiver<u64> {
+        let mut streams = self
+            .streams
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Forget streams nobody waits on any more.
+        streams.retain(|_, sender| sender.receiver_count() > 0);
+        streams
+            .entry(wakeup_name(tenant, stream))
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe()
     }
 }
 
 async fn listen(
     pool: &sqlx::PgPool,
     channel: &str,
-    wake: &watch::Sender<u64>,
+    streams: &Mutex<HashMap<String, watch::Sender<u64>>>,
     stop: &CancellationToken,
 ) -> Result<(), sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener.listen(channel).await?;
+    // Appends committed before LISTEN took effect were not heard.
+    wake_named(streams, "");
     loop {
         tokio::select! {
             () = stop.cancelled() => return Ok(()),
             notification = listener.recv() => {
-                notification?;
-                wake.send_modify(|n| *n = n.wrapping_add(1));
+                wake_named(streams, notification?.payload());
             }
         }
     }
@@ -308,12 +352,12 @@ impl PgStore {
         }
     }
 
-    fn stream_wakeups(&self) -> watch::Receiver<u64> {
+    /// Wake-ups of reads blocked on `key`'s stream.
+    fn stream_wakeups(&self, key: &StreamKey) -> watch::Receiver<u64> {
         self.inner
             .stream_wakeups
             .get_or_init(|| Arc::new(StreamWakeups::start(self)))
-            .wake
-            .clone()
+            .subscribe(key.tenant(), key.stream())
     }
 
     async fn read_new_once(
@@ -396,7 +440,7 @@ impl StreamStore for PgStore {
             return Ok(entries);
         }
         let deadline = tokio::time::Instant::now() + block;
-        let mut wake = self.stream_wakeups();
+        let mut wake = self.stream_wakeups(key);
         sqlx::query(&self.q().stream_wait)
             .bind(key.tenant())
             .bind(key.stream())

@@ -264,3 +264,73 @@ async fn a_blocked_read_wakes_when_another_store_appends() -> anyhow::Result<()>
     );
     Ok(())
 }
+
+/// Appends wake only the reads blocked on their own stream: a read blocked on
+/// a quiet stream beside a busy one reads about as often as its poll
+/// interval says, not once (or more) per append to the busy stream. Its
+/// reads are counted by a trigger on the consumers table, which every read
+/// of a group's new entries updates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_to_one_stream_do_not_wake_reads_blocked_on_another() -> anyhow::Result<()> {
+    const APPENDS: u64 = 100;
+    let pg = PgFixture::new().await?;
+    let store = pg.courier().store().clone();
+    let quiet = StreamKey::new("acme", "quiet")?;
+    let busy = StreamKey::new("acme", "busy")?;
+    store.ensure_group(&quiet, "g", GroupStart::End).await?;
+    store.ensure_group(&busy, "g", GroupStart::End).await?;
+    pg.execute(&format!(
+        "CREATE TABLE {schema}.quiet_reads (at timestamptz NOT NULL DEFAULT clock_timestamp());
+         CREATE FUNCTION {schema}.count_quiet_read() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN INSERT INTO {schema}.quiet_reads DEFAULT VALUES; RETURN NULL; END $$;
+         CREATE TRIGGER quiet_reads AFTER INSERT OR UPDATE ON {schema}.stream_consumers
+           FOR EACH ROW WHEN (NEW.stream = 'quiet') EXECUTE FUNCTION {schema}.count_quiet_read();",
+        schema = pg.schema
+    ))
+    .await?;
+
+    // A read blocked on the busy stream registers it as waited on (for its
+    // block), so that appends to it notify.
+    let busy_reader = {
+        let store = store.clone();
+        let busy = busy.clone();
+        tokio::spawn(async move {
+            let mut blocked = read("g", "c1", 1);
+            blocked.block = Some(Duration::from_secs(10));
+            store.read_new(&busy, &blocked).await
+        })
+    };
+    let block = Duration::from_secs(2);
+    let quiet_reader = {
+        let store = store.clone();
+        let quiet = quiet.clone();
+        tokio::spawn(async move {
+            let mut blocked = read("g", "c1", 10);
+            blocked.block = Some(block);
+            store.read_new(&quiet, &blocked).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let appender = pg.named_store("appender").await?;
+    for n in 0..APPENDS {
+        appender.append(&busy, &[entry(n)]).await?;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        quiet_reader.await??.is_empty(),
+        "nothing was appended to it"
+    );
+    assert!(!busy_reader.await??.is_empty());
+
+    let reads = pg
+        .scalar(&format!("SELECT count(*) FROM {}.quiet_reads", pg.schema))
+        .await?;
+    // Polling alone: one read per POLL_INTERVAL of the block, and the first.
+    let polls =
+        i64::try_from(block.as_millis() / courier::postgres::STREAM_POLL_INTERVAL.as_millis())?;
+    assert!(
+        reads <= polls + 10,
+        "{reads} reads of the quiet stream in {block:?} beside {APPENDS} appends to another (polling alone: {polls})"
+    );
+    Ok(())
+}

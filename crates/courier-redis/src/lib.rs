@@ -14,6 +14,11 @@
 //! tenant and stream names cannot hold `:`, so no two keys collide. Groups
 //! and consumers are Redis's own, named as given.
 //!
+//! A stream another program writes, at a key of its own choosing, is read
+//! through a store that maps a [`StreamKey`] to that key
+//! ([`RedisStreamStore::with_raw_key`]); its dead letters go to
+//! `{raw key}.dead`.
+//!
 //! # Entry encoding
 //!
 //! An entry is stored as the fields `payload` (compact JSON text), `headers`
@@ -77,6 +82,7 @@ mod error;
 mod reply;
 mod store;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -214,6 +220,37 @@ pub struct RedisStreamStore {
     shared: Arc<Shared>,
     prefix: Arc<str>,
     blocking: Arc<BlockingConnections>,
+    /// Streams at keys of their own (see [`RedisStreamStore::with_raw_key`]).
+    raw_keys: Arc<BTreeMap<StreamKey, String>>,
+}
+
+/// The longest raw key [`RedisStreamStore::with_raw_key`] takes, in bytes.
+pub const MAX_RAW_KEY_BYTES: usize = 512;
+
+/// Checks a raw Redis key: 1 to [`MAX_RAW_KEY_BYTES`] bytes of printable
+/// ASCII (no spaces or control characters), and not ending in `.dead`, the
+/// suffix of its dead-letter stream.
+pub fn validate_raw_key(raw: &str) -> Result<(), ValidationError> {
+    let field = "redis_key";
+    if raw.is_empty() || raw.len() > MAX_RAW_KEY_BYTES {
+        return Err(ValidationError::new(
+            field,
+            format!("must be 1 to {MAX_RAW_KEY_BYTES} bytes, not {}", raw.len()),
+        ));
+    }
+    if let Some(bad) = raw.chars().find(|c| !c.is_ascii_graphic()) {
+        return Err(ValidationError::new(
+            field,
+            format!("may hold printable ASCII only, not {bad:?}"),
+        ));
+    }
+    if raw.ends_with(".dead") {
+        return Err(ValidationError::new(
+            field,
+            "must not end in \".dead\" (the suffix of a stream's dead letters)",
+        ));
+    }
+    Ok(())
 }
 
 /// What every store over the same connections shares.
@@ -292,6 +329,7 @@ impl RedisStreamStore {
         );
         Ok(Self {
             prefix: Arc::from(config.key_prefix.as_str()),
+            raw_keys: Arc::default(),
             blocking: Arc::new(blocking),
             shared: Arc::new(Shared {
                 client,
@@ -310,6 +348,7 @@ impl RedisStreamStore {
         Ok(Self {
             shared: Arc::clone(&self.shared),
             prefix: Arc::from(key_prefix),
+            raw_keys: Arc::clone(&self.raw_keys),
             blocking: Arc::new(BlockingConnections::new(
                 self.shared.client.clone(),
                 config.connection_timeout,
@@ -330,9 +369,33 @@ impl RedisStreamStore {
         &self.shared.config
     }
 
-    /// The Redis key of `key`'s stream: `{prefix}{tenant}:{stream}`.
+    /// The same server and connections, reading and writing `key` (and its
+    /// dead letters, [`StreamKey::dead_letters`]) at the Redis key `raw`
+    /// (and `{raw}.dead`) instead of under the prefix: a stream another
+    /// program writes. Entries there that Courier did not write read as
+    /// foreign entries (see the crate's notes). Every other key keeps its
+    /// place; `raw` is checked by [`validate_raw_key`].
+    pub fn with_raw_key(&self, key: &StreamKey, raw: &str) -> Result<Self, ValidationError> {
+        validate_raw_key(raw)?;
+        let dead = key.dead_letters()?;
+        let mut raw_keys = BTreeMap::clone(&self.raw_keys);
+        raw_keys.insert(key.clone(), raw.to_owned());
+        raw_keys.insert(dead, format!("{raw}.dead"));
+        Ok(Self {
+            shared: Arc::clone(&self.shared),
+            prefix: Arc::clone(&self.prefix),
+            blocking: Arc::clone(&self.blocking),
+            raw_keys: Arc::new(raw_keys),
+        })
+    }
+
+    /// The Redis key of `key`'s stream: `{prefix}{tenant}:{stream}`, or the
+    /// raw key [`with_raw_key`](Self::with_raw_key) gave it.
     pub fn redis_key(&self, key: &StreamKey) -> String {
-        format!("{}{}:{}", self.prefix, key.tenant(), key.stream())
+        match self.raw_keys.get(key) {
+            Some(raw) => raw.clone(),
+            None => format!("{}{}:{}", self.prefix, key.tenant(), key.stream()),
+        }
     }
 
     /// The shared multiplexed connection, for backend-specific work. Never

@@ -1356,3 +1356,54 @@ async fn stores_with_other_prefixes_share_the_server_but_not_the_keys() -> TestR
     other.ping().await?;
     f.cleanup().await
 }
+
+/// A stream another program writes at a key of its own is read, acked and
+/// dead-lettered through a store that maps a stream key to it; nothing is
+/// written under the prefix, and bad raw keys are refused naming the field.
+#[tokio::test]
+async fn a_raw_key_is_read_acked_and_dead_lettered_in_place() -> TestResult {
+    let f = fixture().await?;
+    // Under the fixture's prefix only so that cleanup finds it; the store
+    // addresses it verbatim, not as `{prefix}{tenant}:{stream}`.
+    let raw = format!("{}legacy-orders", f.store.key_prefix());
+    let store = f.store.with_raw_key(&f.key, &raw)?;
+    assert_eq!(store.redis_key(&f.key), raw);
+    let dead = f.key.dead_letters()?;
+    assert_eq!(store.redis_key(&dead), format!("{raw}.dead"));
+    let other = StreamKey::new("acme", "other")?;
+    assert_eq!(store.redis_key(&other), f.store.redis_key(&other));
+
+    store
+        .ensure_group(&f.key, GROUP, GroupStart::Beginning)
+        .await?;
+    for n in ["7", "8"] {
+        f.raw::<String>(redis::cmd("XADD").arg(&raw).arg("*").arg("order_id").arg(n))
+            .await?;
+    }
+    let read = store.read_new(&f.key, &read_new("c1", 10, None)).await?;
+    let payloads: Vec<_> = read.iter().map(|d| d.entry.payload.clone()).collect();
+    assert_eq!(
+        payloads,
+        vec![json!({"order_id": "7"}), json!({"order_id": "8"})]
+    );
+    assert_eq!(store.ack(&f.key, GROUP, &[read[0].entry.id]).await?, 1);
+    assert!(
+        store
+            .dead_letter(&f.key, GROUP, &read[1], &["boom".to_owned()])
+            .await?
+    );
+    let dead_entries: i64 = f.raw(redis::cmd("XLEN").arg(format!("{raw}.dead"))).await?;
+    assert_eq!(dead_entries, 1);
+    assert_eq!(store.pending_summary(&f.key, GROUP).await?.count, 0);
+    let under_prefix: i64 = f.raw(redis::cmd("EXISTS").arg(f.redis_key())).await?;
+    assert_eq!(
+        under_prefix, 0,
+        "nothing written at {{prefix}}{{tenant}}:{{stream}}"
+    );
+
+    for bad in ["", "has space", "x.dead", &"k".repeat(513)] {
+        let refused = f.store.with_raw_key(&f.key, bad).err();
+        assert_eq!(refused.map(|e| e.field), Some("redis_key"), "{bad:?}");
+    }
+    f.cleanup().await
+}

@@ -422,6 +422,12 @@ pub struct StreamSubscriptionSettings {
     pub tenant: String,
     /// The stream.
     pub stream: String,
+    /// With `[streams] backend = "redis"`: read the Redis stream at this key
+    /// (verbatim, no `key_prefix`) instead of `{key_prefix}{tenant}:{stream}`,
+    /// e.g. a stream another program writes; dead letters go to
+    /// `{redis_key}.dead`. `stream` still names it in correlation ids.
+    #[serde(default)]
+    pub redis_key: Option<String>,
     /// This daemon's consumer in the group (default
     /// `{hostname}-{name}`, stable across restarts).
     #[serde(default)]
@@ -1065,6 +1071,17 @@ impl Config {
                         sub.stream
                     ),
                 ));
+            }
+            if let Some(raw) = &sub.redis_key {
+                if self.streams.backend != StreamBackendKind::Redis {
+                    return Err(bad(
+                        &key("redis_key"),
+                        raw,
+                        "needs [streams] backend = \"redis\"",
+                    ));
+                }
+                courier::redis::validate_raw_key(raw)
+                    .map_err(|e| bad(&key("redis_key"), raw, &e.reason))?;
             }
             if let Some(consumer) = &sub.consumer {
                 validate_name("consumer", consumer)

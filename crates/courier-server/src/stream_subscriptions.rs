@@ -98,25 +98,53 @@ impl<S: StreamStore + StreamReceipts> StreamBackend<S> {
         config: &Config,
     ) -> Result<Vec<RunningStreamSubscription>, ServeError> {
         match self {
-            Self::Native(store) => start_all(store, receipts, config).await,
-            Self::Redis(streams) => start_all(streams, receipts, config).await,
+            Self::Native(store) => start_all(|_| Ok(store.clone()), receipts, config).await,
+            Self::Redis(streams) => {
+                start_all(|settings| redis_for(streams, settings), receipts, config).await
+            }
         }
     }
 }
 
+/// The Redis store a subscription reads through: `streams`, with the
+/// subscription's stream at its `redis_key` when it names one.
+fn redis_for(
+    streams: &RedisStreamStore,
+    settings: &crate::config::StreamSubscriptionSettings,
+) -> Result<RedisStreamStore, courier::ValidationError> {
+    match &settings.redis_key {
+        None => Ok(streams.clone()),
+        Some(raw) => streams.with_raw_key(&settings.key()?, raw),
+    }
+}
+
 async fn start_all<T: StreamStore, R: StreamReceipts>(
-    streams: &T,
+    store_for: impl Fn(
+        &crate::config::StreamSubscriptionSettings,
+    ) -> Result<T, courier::ValidationError>,
     receipts: &R,
     config: &Config,
 ) -> Result<Vec<RunningStreamSubscription>, ServeError> {
     let mut running = Vec::with_capacity(config.stream_subscriptions.len());
     for (i, settings) in config.stream_subscriptions.iter().enumerate() {
-        match start_one(streams, receipts, config, i).await {
+        let streams = match store_for(settings) {
+            Ok(streams) => streams,
+            Err(e) => {
+                stop_subscriptions(running).await;
+                return Err(ServeError::Config(ConfigError::Invalid {
+                    key: format!("stream_subscriptions[{i}].{}", e.field),
+                    value: None,
+                    reason: e.reason,
+                }));
+            }
+        };
+        match start_one(&streams, receipts, config, i).await {
             Ok(handle) => {
                 tracing::info!(
                     subscription = %settings.name,
                     tenant = %settings.tenant,
                     stream = %settings.stream,
+                    redis_key = settings.redis_key.as_deref(),
                     "stream subscription started"
                 );
                 running.push((settings.name.clone(), handle));

@@ -1480,6 +1480,117 @@ async fn a_stream_subscription_delivers_each_entry_once_retries_defers_and_dead_
     daemon.stopped().await;
 }
 
+/// A `redis_key` subscription reads a stream another program writes at a
+/// key of its own: each foreign entry reaches the webhook once, as the object
+/// of its fields, and is acked in the group at that key; one the endpoint
+/// refuses (400) is dead-lettered to `{redis_key}.dead`. A `redis_key` without the Redis
+/// backend is refused at start, naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_reads_a_raw_redis_key_another_program_writes() {
+    use courier::redis::{redis, RedisStreamStore};
+    let (receiver, hook) = start_receiver().await;
+    let store = store(Backend::Redis).await;
+    let prefix = store.config.redis.as_ref().unwrap().key_prefix.clone();
+    // Under the test's prefix only so that it is easy to clean up.
+    let raw = format!("{prefix}legacy-orders");
+    let text = format!(
+        r#"
+        [[stream_subscriptions]]
+        name = "hook"
+        tenant = "a"
+        stream = "orders"
+        redis_key = "{raw}"
+        start = "beginning"
+        block_ms = 100
+        min_idle_ms = 300
+        claim_interval_ms = 100
+        max_deliveries = 2
+        [stream_subscriptions.target]
+        type = "webhook"
+        url = "http://{hook}/streams"
+        secret = "{SECRET}"
+        "#
+    );
+    let refused = Config::from_toml_str(&text).err();
+    assert_eq!(
+        refused.as_ref().and_then(|e| e.key()),
+        Some("stream_subscriptions[0].redis_key"),
+        "{refused:?}"
+    );
+    let on_redis = Config::from_toml_str(&format!(
+        "[streams]\nbackend = \"redis\"\n[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\n{text}",
+        courier_testkit::redis_url()
+    ))
+    .unwrap();
+
+    let redis_store = RedisStreamStore::connect(&courier_testkit::redis_url(), &prefix)
+        .await
+        .unwrap();
+    let mut connection = redis_store.connection();
+    let mut ids = Vec::new();
+    for case in ["ok", "ok", "bad"] {
+        let id: String = redis::cmd("XADD")
+            .arg(&raw)
+            .arg("*")
+            .arg("case")
+            .arg(case)
+            .arg("source")
+            .arg("legacy")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    let mut config = store.config.clone();
+    config.stream_subscriptions = on_redis.stream_subscriptions;
+    let daemon = Daemon::start(config).await;
+
+    let dead = format!("{raw}.dead");
+    let settled = eventually(Duration::from_secs(30), || {
+        let receiver = receiver.clone();
+        let mut connection = connection.clone();
+        let (raw, dead) = (raw.clone(), dead.clone());
+        async move {
+            let pending: (u64, redis::Value, redis::Value, redis::Value) = redis::cmd("XPENDING")
+                .arg(&raw)
+                .arg("hook")
+                .query_async(&mut connection)
+                .await
+                .unwrap_or((1, redis::Value::Nil, redis::Value::Nil, redis::Value::Nil));
+            let dead_len: u64 = redis::cmd("XLEN")
+                .arg(&dead)
+                .query_async(&mut connection)
+                .await
+                .unwrap_or(0);
+            receiver.total() >= 3 && pending.0 == 0 && dead_len == 1
+        }
+    })
+    .await;
+    assert!(settled, "received {:?}", receiver.by_id().keys());
+    let by_id = receiver.by_id();
+    for (i, id) in ids.iter().enumerate() {
+        let requests = &by_id[&format!("hook:orders:{id}")];
+        assert_eq!(requests.len(), 1, "entry {i}");
+        let body: Value = serde_json::from_slice(&requests[0].body).unwrap();
+        let case = if i == 2 { "bad" } else { "ok" };
+        assert_eq!(body, json!({"case": case, "source": "legacy"}));
+    }
+    // Nothing was written at {prefix}{tenant}:{stream}.
+    let under_prefix: i64 = redis::cmd("EXISTS")
+        .arg(format!("{prefix}a:orders"))
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(under_prefix, 0);
+    daemon.stopped().await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(&raw)
+        .arg(&dead)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+}
+
 // ---------------------------------------------------------------- per backend
 
 macro_rules! per_backend {

@@ -295,6 +295,34 @@ pub struct WebhookConfig {
     /// How long one request may take.
     #[serde(default = "default_webhook_timeout_ms")]
     pub timeout_ms: u64,
+    /// What the request's body is: the payload (`raw`) or the Standard
+    /// Webhooks envelope (`envelope`). Outbox subscriptions only; a stream
+    /// subscription's webhook sends the entry's payload.
+    #[serde(default)]
+    pub format: WebhookFormat,
+}
+
+/// What a webhook request's body holds. Either way the message's metadata
+/// and its forwardable headers go as HTTP headers (see [`crate::webhook`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WebhookFormat {
+    /// The payload itself, as JSON.
+    #[default]
+    Raw,
+    /// `{"type": <topic>, "timestamp": <occurred_at, RFC 3339>, "data":
+    /// <payload>}`, the Standard Webhooks envelope.
+    Envelope,
+}
+
+impl WebhookFormat {
+    /// The format's name as written in the config.
+    pub fn name(self) -> &'static str {
+        match self {
+            WebhookFormat::Raw => "raw",
+            WebhookFormat::Envelope => "envelope",
+        }
+    }
 }
 
 fn default_webhook_timeout_ms() -> u64 {
@@ -302,6 +330,17 @@ fn default_webhook_timeout_ms() -> u64 {
 }
 
 impl WebhookConfig {
+    /// A webhook to `url` signed with `secret`, with the default timeout and
+    /// the `raw` format; change a field afterwards for anything else.
+    pub fn new(url: impl Into<String>, secret: Secret) -> Self {
+        Self {
+            url: url.into(),
+            secret,
+            timeout_ms: DEFAULT_WEBHOOK_TIMEOUT_MS,
+            format: WebhookFormat::Raw,
+        }
+    }
+
     /// The secret's key bytes: base64-decoded after `whsec_`, else the raw text.
     pub fn secret_bytes(&self) -> Result<Vec<u8>, String> {
         let secret = &self.secret.0;
@@ -1124,7 +1163,16 @@ impl Config {
                 ));
             }
             match &sub.target {
-                StreamTargetConfig::Webhook(webhook) => validate_webhook(&key("target"), webhook)?,
+                StreamTargetConfig::Webhook(webhook) => {
+                    validate_webhook(&key("target"), webhook)?;
+                    if webhook.format != WebhookFormat::Raw {
+                        return Err(bad(
+                            &key("target.format"),
+                            &webhook.format.name(),
+                            "must be \"raw\": a stream entry has no topic or event time to put in an envelope",
+                        ));
+                    }
+                }
             }
             // The engine's own checks, should they ever be stricter.
             sub.engine_config(self.shutdown_timeout())
@@ -2002,6 +2050,16 @@ mod tests {
         let err = Config::from_toml_str(&text).unwrap_err();
         assert!(
             err.to_string().contains("stream_subscriptions[0].target"),
+            "{err}"
+        );
+        let text = STREAM_SUBSCRIPTION.replace(
+            "type = \"webhook\"",
+            "type = \"webhook\", format = \"envelope\"",
+        );
+        let err = Config::from_toml_str(&text).unwrap_err();
+        assert_eq!(
+            err.key(),
+            Some("stream_subscriptions[0].target.format"),
             "{err}"
         );
     }

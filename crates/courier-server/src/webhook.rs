@@ -1,11 +1,26 @@
-//! The webhook target: a [`Handler`] that POSTs each payload as JSON, signed
+//! The webhook target: a [`Handler`] that POSTs each message as JSON, signed
 //! per the Standard Webhooks convention.
+//!
+//! The body is the payload (`format = "raw"`, the default) or the Standard
+//! Webhooks envelope `{"type": <topic>, "timestamp": <occurred_at, RFC 3339>,
+//! "data": <payload>}` (`format = "envelope"`).
 //!
 //! Each request carries `webhook-id` (the message id: the same on every
 //! retry, so receivers deduplicate on it), `webhook-timestamp` (unix seconds)
 //! and `webhook-signature` = `v1,<base64 HMAC-SHA256(secret, "{id}.{timestamp}.{body}")>`,
-//! plus `courier-tenant`, `courier-topic`, `courier-schema-version` and
-//! `courier-attempt` for routing.
+//! plus the message's metadata: `courier-tenant`, `courier-topic`,
+//! `courier-schema-version`, `courier-ordering-key` (when it has one),
+//! `courier-message-id` and `courier-attempt`.
+//!
+//! The message's own headers (a W3C `traceparent` and `tracestate`, say) are
+//! forwarded as HTTP headers, one value per name (names compare without
+//! case), except where forwarding could change what the request means: the
+//! hop-by-hop and framing headers and those Courier sets itself (see
+//! [`RESERVED_HEADERS`]), credentials (`authorization`, `cookie`), and any
+//! name starting with `webhook-` (the signature's), `courier-` (Courier's
+//! metadata, which a message must not be able to forge) or `proxy-`. A
+//! header whose name is not an HTTP token or whose value holds a control
+//! character is not forwarded either; the delivery goes ahead without it.
 //!
 //! Outcomes: 2xx completes the delivery. 5xx, 408, 429, a connection error or
 //! a timeout is retried — after `Retry-After` seconds when the endpoint sends
@@ -22,17 +37,41 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use courier::{truncate_chars, Handler, HandlerError, Message};
 use hmac::{Hmac, Mac};
-use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
 use sha2::Sha256;
 
-use crate::config::{SubscriptionConfig, TargetConfig};
+use crate::config::{SubscriptionConfig, TargetConfig, WebhookFormat, DEFAULT_WEBHOOK_TIMEOUT_MS};
 use crate::metrics::{WEBHOOK_REQUESTS, WEBHOOK_SECONDS};
 
 /// How much of a failed response's body is kept in the error history.
 pub const ERROR_BODY_BYTES: usize = 1024;
 /// The longest `Retry-After` honoured; longer requests are capped to it.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// Message header names never forwarded to the endpoint (besides the
+/// prefixes `webhook-`, `courier-` and `proxy-`): hop-by-hop and framing
+/// headers, those Courier sets itself, and credentials.
+pub const RESERVED_HEADERS: &[&str] = &[
+    "authorization",
+    "connection",
+    "content-encoding",
+    "content-length",
+    "content-type",
+    "cookie",
+    "expect",
+    "host",
+    "keep-alive",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "user-agent",
+];
+
+/// Header name prefixes never forwarded: the signature's, Courier's own
+/// metadata, and proxies'.
+const RESERVED_PREFIXES: &[&str] = &["webhook-", "courier-", "proxy-"];
 
 /// Why a webhook handler could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +96,30 @@ pub enum WebhookError {
     },
 }
 
+/// How a [`WebhookHandler`] sends, beside its URL and secret. The default:
+/// [`DEFAULT_WEBHOOK_TIMEOUT_MS`] per request, every tenant, the `raw` format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WebhookOptions {
+    /// How long one request may take.
+    pub timeout: Duration,
+    /// Only these tenants' messages are sent (the others complete without a
+    /// request); `None`: every tenant.
+    pub tenants: Option<BTreeSet<String>>,
+    /// What the body holds.
+    pub format: WebhookFormat,
+}
+
+impl Default for WebhookOptions {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_millis(DEFAULT_WEBHOOK_TIMEOUT_MS),
+            tenants: None,
+            format: WebhookFormat::Raw,
+        }
+    }
+}
+
 /// Delivers a subscription's messages to one HTTP endpoint.
 #[derive(Clone)]
 pub struct WebhookHandler {
@@ -66,6 +129,7 @@ pub struct WebhookHandler {
 struct Inner {
     endpoint: Endpoint,
     tenants: Option<BTreeSet<String>>,
+    format: WebhookFormat,
 }
 
 impl std::fmt::Debug for WebhookHandler {
@@ -231,31 +295,30 @@ impl WebhookHandler {
         };
         let url = reqwest::Url::parse(&webhook.url).map_err(|e| invalid(e.to_string()))?;
         let secret = webhook.secret_bytes().map_err(invalid)?;
-        Self::new(
-            &subscription.name,
-            url,
-            secret,
-            Duration::from_millis(webhook.timeout_ms),
-            subscription
+        let options = WebhookOptions {
+            timeout: Duration::from_millis(webhook.timeout_ms),
+            tenants: subscription
                 .tenants
                 .as_ref()
                 .map(|t| t.iter().cloned().collect()),
-        )
+            format: webhook.format,
+        };
+        Self::new(&subscription.name, url, secret, options)
     }
 
-    /// A handler POSTing to `url`, signing with `secret`, giving each request
-    /// `timeout`; with `tenants`, only those tenants' messages are sent.
+    /// A handler POSTing to `url`, signing with `secret`, sending as
+    /// `options` say.
     pub fn new(
         subscription: &str,
         url: reqwest::Url,
         secret: Vec<u8>,
-        timeout: Duration,
-        tenants: Option<BTreeSet<String>>,
+        options: WebhookOptions,
     ) -> Result<Self, WebhookError> {
         Ok(Self {
             inner: Arc::new(Inner {
-                endpoint: Endpoint::new(subscription, url, secret, timeout)?,
-                tenants,
+                endpoint: Endpoint::new(subscription, url, secret, options.timeout)?,
+                tenants: options.tenants,
+                format: options.format,
             }),
         })
     }
@@ -335,6 +398,70 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     Some(Duration::from_secs(seconds).min(MAX_RETRY_AFTER))
 }
 
+/// The request body for `message` in `format`.
+fn encode_body(
+    format: WebhookFormat,
+    message: &Message<serde_json::Value>,
+) -> Result<Vec<u8>, HandlerError> {
+    let encoded = match format {
+        WebhookFormat::Raw => serde_json::to_vec(&message.payload),
+        WebhookFormat::Envelope => serde_json::to_vec(&serde_json::json!({
+            "type": message.topic,
+            "timestamp": message
+                .occurred_at
+                .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+            "data": message.payload,
+        })),
+    };
+    encoded
+        .map_err(|e| HandlerError::permanent(format!("the payload cannot be encoded as JSON: {e}")))
+}
+
+/// The metadata headers of `message`, and those of its own headers that may
+/// be forwarded (see the module's documentation).
+fn message_headers(message: &Message<serde_json::Value>) -> Result<HeaderMap, HandlerError> {
+    let mut headers = HeaderMap::new();
+    for (name, value) in &message.headers {
+        let Some((name, value)) = forwardable(name, value) else {
+            tracing::debug!(
+                subscription = %message.subscription,
+                header = %name,
+                "message header not forwarded to the webhook"
+            );
+            continue;
+        };
+        headers.insert(name, value);
+    }
+    headers.insert("courier-tenant", header(&message.tenant)?);
+    headers.insert("courier-topic", header(&message.topic)?);
+    headers.insert(
+        "courier-schema-version",
+        header(&message.schema_version.to_string())?,
+    );
+    if let Some(key) = &message.ordering_key {
+        // Validation refused control characters; other UTF-8 goes as bytes.
+        let value = HeaderValue::from_bytes(key.as_bytes()).map_err(|e| {
+            HandlerError::permanent(format!("cannot send the ordering key as a header: {e}"))
+        })?;
+        headers.insert("courier-ordering-key", value);
+    }
+    headers.insert("courier-message-id", header(&message.id.to_string())?);
+    headers.insert("courier-attempt", header(&message.attempt.to_string())?);
+    Ok(headers)
+}
+
+/// A message header as an HTTP header, unless its name is reserved or it
+/// cannot be sent as it is.
+fn forwardable(name: &str, value: &str) -> Option<(HeaderName, HeaderValue)> {
+    let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
+    let lower = name.as_str();
+    if RESERVED_HEADERS.contains(&lower) || RESERVED_PREFIXES.iter().any(|p| lower.starts_with(p)) {
+        return None;
+    }
+    let value = HeaderValue::from_bytes(value.as_bytes()).ok()?;
+    Some((name, value))
+}
+
 /// The first [`ERROR_BODY_BYTES`] of a response's body, as text.
 async fn body_start(mut response: reqwest::Response) -> String {
     let mut bytes = Vec::with_capacity(ERROR_BODY_BYTES);
@@ -362,17 +489,8 @@ impl Handler for WebhookHandler {
                 return Ok(());
             }
         }
-        let body = serde_json::to_vec(&message.payload).map_err(|e| {
-            HandlerError::permanent(format!("the payload cannot be encoded as JSON: {e}"))
-        })?;
-        let mut headers = HeaderMap::new();
-        headers.insert("courier-tenant", header(&message.tenant)?);
-        headers.insert("courier-topic", header(&message.topic)?);
-        headers.insert(
-            "courier-schema-version",
-            header(&message.schema_version.to_string())?,
-        );
-        headers.insert("courier-attempt", header(&message.attempt.to_string())?);
+        let body = encode_body(inner.format, &message)?;
+        let headers = message_headers(&message)?;
         let refusal = match inner
             .endpoint
             .post(&message.id.to_string(), headers, body)
@@ -422,6 +540,35 @@ mod tests {
             &format!("v1,bogus {signature}"),
         ));
         assert!(!verify(&secret, "other", 1_614_265_330, b"{}", &signature));
+    }
+
+    #[test]
+    fn only_safe_message_headers_are_forwarded() {
+        for (name, value) in [
+            (
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+            ("TraceState", "congo=t61rcWkgMzE"),
+            ("x-request-id", "r-1"),
+            ("x-name", "Zoë"),
+        ] {
+            assert!(forwardable(name, value).is_some(), "{name}");
+        }
+        for (name, value) in [
+            ("Webhook-Signature", "v1,forged"),
+            ("courier-tenant", "other"),
+            ("Proxy-Authorization", "Basic x"),
+            ("Transfer-Encoding", "chunked"),
+            ("content-length", "0"),
+            ("Host", "evil.example"),
+            ("authorization", "Bearer x"),
+            ("cookie", "session=1"),
+            ("two words", "x"),
+            ("x-split", "a\r\nx-injected: 1"),
+        ] {
+            assert!(forwardable(name, value).is_none(), "{name}: {value:?}");
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use courier_server::config::{
-    Config, RetryConfig, Secret, SubscriptionConfig, TargetConfig, WebhookConfig,
+    Config, RetryConfig, Secret, SubscriptionConfig, TargetConfig, WebhookConfig, WebhookFormat,
 };
 use courier_server::webhook::verify;
 use serde_json::{json, Value};
@@ -120,11 +120,7 @@ fn webhook(name: &str, topics: &[&str], url: String) -> SubscriptionConfig {
         },
         concurrency: 4,
         replay: None,
-        target: TargetConfig::Webhook(WebhookConfig {
-            url,
-            secret: Secret(SECRET.into()),
-            timeout_ms: 10_000,
-        }),
+        target: TargetConfig::Webhook(WebhookConfig::new(url, Secret(SECRET.into()))),
     }
 }
 
@@ -192,11 +188,17 @@ impl Daemon {
     }
 
     async fn publish(&self, tenant: &str, topic: &str, payload: Value) -> String {
+        self.publish_request(json!({"tenant": tenant, "topic": topic, "payload": payload}))
+            .await
+    }
+
+    /// POSTs `request` as a `POST /v1/messages` body; the new message's id.
+    async fn publish_request(&self, request: Value) -> String {
         let response = self
             .client
             .post(format!("http://{}/v1/messages", self.address))
             .header("content-type", "application/json")
-            .body(json!({"tenant": tenant, "topic": topic, "payload": payload}).to_string())
+            .body(request.to_string())
             .send()
             .await
             .unwrap();
@@ -299,6 +301,83 @@ async fn signed_deliveries_reach_the_receiver(database: Database) {
     ));
     let body: Value = serde_json::from_slice(&request.body).unwrap();
     assert_eq!(body, json!({"n": 1, "why": "paid"}));
+    daemon.shutdown().await;
+}
+
+async fn deliveries_carry_the_message_s_metadata_and_headers_raw_or_enveloped(database: Database) {
+    let (receiver, address) = start_receiver().await;
+    let raw = webhook("raw", &["*"], format!("http://{address}/raw"));
+    let mut enveloped = webhook("enveloped", &["*"], format!("http://{address}/envelope"));
+    let TargetConfig::Webhook(target) = &mut enveloped.target else {
+        panic!("not a webhook");
+    };
+    target.format = WebhookFormat::Envelope;
+    let daemon = Daemon::start(&database, vec![raw, enveloped], 5_000).await;
+
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let id = daemon
+        .publish_request(json!({
+            "tenant": "acme",
+            "topic": "invoice.paid",
+            "schema_version": 2,
+            "ordering_key": "customer-7",
+            "payload": {"n": 1},
+            "headers": {
+                "traceparent": traceparent,
+                "tracestate": "congo=t61rcWkgMzE",
+                "X-Request-Id": "r-1",
+                // Never forwarded: signing, Courier's own, hop-by-hop,
+                // credentials, not a header name, not a header value.
+                "webhook-id": "forged",
+                "courier-tenant": "forged",
+                "connection": "close",
+                "authorization": "Bearer stolen",
+                "not a name": "x",
+                "x-two-lines": "a\r\nx-injected: 1",
+            },
+        }))
+        .await;
+    daemon.wait_for_state(&id, "raw", "completed").await;
+    daemon.wait_for_state(&id, "enveloped", "completed").await;
+    let message = daemon.get(&format!("/v1/messages/{id}")).await;
+
+    for path in ["/raw", "/envelope"] {
+        let requests = receiver.requests(path);
+        assert_eq!(requests.len(), 1, "{path}: {requests:?}");
+        let headers = &requests[0].headers;
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_owned())
+                .unwrap_or_else(|| panic!("{path} got no {name}: {headers:?}"))
+        };
+        assert_eq!(header("courier-tenant"), "acme", "{path}");
+        assert_eq!(header("courier-topic"), "invoice.paid", "{path}");
+        assert_eq!(header("courier-schema-version"), "2", "{path}");
+        assert_eq!(header("courier-ordering-key"), "customer-7", "{path}");
+        assert_eq!(header("courier-message-id"), id, "{path}");
+        assert_eq!(header("courier-attempt"), "1", "{path}");
+        assert_eq!(header("traceparent"), traceparent, "{path}");
+        assert_eq!(header("tracestate"), "congo=t61rcWkgMzE", "{path}");
+        assert_eq!(header("x-request-id"), "r-1", "{path}");
+        assert_eq!(header("content-type"), "application/json", "{path}");
+        assert_ne!(header("webhook-id"), "forged", "{path}");
+        for absent in ["connection", "authorization", "x-two-lines", "x-injected"] {
+            assert!(headers.get(absent).is_none(), "{path} got {absent}");
+        }
+        assert_eq!(headers.get_all("courier-tenant").iter().count(), 1);
+    }
+    let raw: Value = serde_json::from_slice(&receiver.requests("/raw")[0].body).unwrap();
+    assert_eq!(raw, json!({"n": 1}));
+    let envelope: Value = serde_json::from_slice(&receiver.requests("/envelope")[0].body).unwrap();
+    assert_eq!(envelope["type"], json!("invoice.paid"), "{envelope}");
+    assert_eq!(envelope["data"], json!({"n": 1}), "{envelope}");
+    let timestamp =
+        chrono::DateTime::parse_from_rfc3339(envelope["timestamp"].as_str().unwrap()).unwrap();
+    let occurred: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(message["occurred_at"].clone()).unwrap();
+    assert_eq!(timestamp, occurred, "{envelope} vs {message}");
+    assert_eq!(envelope.as_object().unwrap().len(), 3, "{envelope}");
     daemon.shutdown().await;
 }
 
@@ -499,6 +578,7 @@ macro_rules! webhook_tests {
 
 webhook_tests!(
     signed_deliveries_reach_the_receiver,
+    deliveries_carry_the_message_s_metadata_and_headers_raw_or_enveloped,
     server_errors_are_retried_until_delivered_once,
     client_errors_dead_letter_with_the_status,
     retry_after_is_honoured,

@@ -5,8 +5,10 @@
 //! Webhooks envelope `{"type": <topic>, "timestamp": <occurred_at, RFC 3339>,
 //! "data": <payload>}` (`format = "envelope"`).
 //!
-//! Each request carries `webhook-id` (the message id: the same on every
-//! retry, so receivers deduplicate on it), `webhook-timestamp` (unix seconds)
+//! Each request carries `webhook-id` = `{subscription}:{message id}` (the
+//! same on every retry of one message to one subscription, so receivers
+//! deduplicate on it; two subscriptions of one message send two ids, so a
+//! receiver serving both keeps both), `webhook-timestamp` (unix seconds)
 //! and `webhook-signature` = `v1,<base64 HMAC-SHA256(secret, "{id}.{timestamp}.{body}")>`,
 //! plus the message's metadata: `courier-tenant`, `courier-topic`,
 //! `courier-schema-version`, `courier-ordering-key` (when it has one),
@@ -398,6 +400,13 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     Some(Duration::from_secs(seconds).min(MAX_RETRY_AFTER))
 }
 
+/// The `webhook-id` of `message`: `{subscription}:{message id}`, as a stream
+/// entry's is `{subscription}:{stream}:{entry id}` (`:` never occurs in a
+/// name, so no two pairs share an id).
+fn webhook_id(message: &Message<serde_json::Value>) -> String {
+    format!("{}:{}", message.subscription, message.id)
+}
+
 /// The request body for `message` in `format`.
 fn encode_body(
     format: WebhookFormat,
@@ -493,7 +502,7 @@ impl Handler for WebhookHandler {
         let headers = message_headers(&message)?;
         let refusal = match inner
             .endpoint
-            .post(&message.id.to_string(), headers, body)
+            .post(&webhook_id(&message), headers, body)
             .await?
         {
             Ok(()) => {

@@ -274,7 +274,8 @@ async fn signed_deliveries_reach_the_receiver(database: Database) {
     assert_eq!(requests.len(), 1, "{requests:?}");
     let request = &requests[0];
     let header = |name: &str| request.headers[name].to_str().unwrap().to_owned();
-    assert_eq!(header("webhook-id"), paid);
+    assert_eq!(header("webhook-id"), format!("hooks:{paid}"));
+    assert_eq!(header("courier-message-id"), paid);
     assert_eq!(header("content-type"), "application/json");
     assert_eq!(header("courier-tenant"), "acme");
     assert_eq!(header("courier-topic"), "invoice.paid");
@@ -287,14 +288,14 @@ async fn signed_deliveries_reach_the_receiver(database: Database) {
     .unwrap();
     assert!(verify(
         &secret,
-        &paid,
+        &format!("hooks:{paid}"),
         timestamp,
         &request.body,
         &header("webhook-signature")
     ));
     assert!(!verify(
         b"another secret",
-        &paid,
+        &format!("hooks:{paid}"),
         timestamp,
         &request.body,
         &header("webhook-signature")
@@ -405,12 +406,57 @@ async fn server_errors_are_retried_until_delivered_once(database: Database) {
     assert_eq!(requests.len(), 3, "two 503s then one 200");
     assert!(requests
         .iter()
-        .all(|r| r.headers["webhook-id"] == id.as_str()));
+        .all(|r| r.headers["webhook-id"] == format!("flaky:{id}").as_str()));
     let attempts: Vec<_> = requests
         .iter()
         .map(|r| r.headers["courier-attempt"].to_str().unwrap().to_owned())
         .collect();
     assert_eq!(attempts, ["1", "2", "3"]);
+    daemon.shutdown().await;
+}
+
+async fn the_webhook_id_is_one_per_message_and_subscription_across_retries(database: Database) {
+    let (receiver, address) = start_receiver().await;
+    receiver.script(
+        "/flaky",
+        &[
+            Answer::Status(503, None, "down"),
+            Answer::Status(500, None, "still down"),
+        ],
+    );
+    let daemon = Daemon::start(
+        &database,
+        vec![
+            webhook("flaky", &["*"], format!("http://{address}/flaky")),
+            webhook("steady", &["*"], format!("http://{address}/steady")),
+        ],
+        5_000,
+    )
+    .await;
+    let id = daemon
+        .publish("acme", "invoice.paid", json!({"n": 1}))
+        .await;
+    daemon.wait_for_state(&id, "flaky", "completed").await;
+    daemon.wait_for_state(&id, "steady", "completed").await;
+    let webhook_ids = |path: &str| -> Vec<String> {
+        receiver
+            .requests(path)
+            .iter()
+            .map(|r| r.headers["webhook-id"].to_str().unwrap().to_owned())
+            .collect()
+    };
+    let flaky = webhook_ids("/flaky");
+    assert_eq!(flaky.len(), 3, "two failures then a success: {flaky:?}");
+    assert!(flaky.iter().all(|i| *i == flaky[0]), "{flaky:?}");
+    let steady = webhook_ids("/steady");
+    assert_eq!(steady.len(), 1, "{steady:?}");
+    // A receiver serving both subscriptions must not drop one as a duplicate.
+    assert_ne!(steady[0], flaky[0]);
+    assert_eq!(flaky[0], format!("flaky:{id}"));
+    assert_eq!(steady[0], format!("steady:{id}"));
+    for request in receiver.log.lock().unwrap().iter() {
+        assert_eq!(request.headers["courier-message-id"], id.as_str());
+    }
     daemon.shutdown().await;
 }
 
@@ -580,6 +626,7 @@ webhook_tests!(
     signed_deliveries_reach_the_receiver,
     deliveries_carry_the_message_s_metadata_and_headers_raw_or_enveloped,
     server_errors_are_retried_until_delivered_once,
+    the_webhook_id_is_one_per_message_and_subscription_across_retries,
     client_errors_dead_letter_with_the_status,
     retry_after_is_honoured,
     a_down_endpoint_does_not_delay_a_healthy_subscription,

@@ -9,7 +9,10 @@
 //! same on every retry of one message to one subscription, so receivers
 //! deduplicate on it; two subscriptions of one message send two ids, so a
 //! receiver serving both keeps both), `webhook-timestamp` (unix seconds)
-//! and `webhook-signature` = `v1,<base64 HMAC-SHA256(secret, "{id}.{timestamp}.{body}")>`,
+//! and `webhook-signature` = `v1,<base64 HMAC-SHA256(secret, "{id}.{timestamp}.{body}")>`
+//! — one such entry per configured secret, space-separated, so a receiver
+//! moving from one secret to the next accepts the request with either;
+//! [`verify`] checks a request as a receiver should,
 //! plus the message's metadata: `courier-tenant`, `courier-topic`,
 //! `courier-schema-version`, `courier-ordering-key` (when it has one),
 //! `courier-message-id` and `courier-attempt`.
@@ -43,7 +46,10 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AF
 use reqwest::StatusCode;
 use sha2::Sha256;
 
-use crate::config::{SubscriptionConfig, TargetConfig, WebhookFormat, DEFAULT_WEBHOOK_TIMEOUT_MS};
+use crate::config::{
+    SubscriptionConfig, TargetConfig, WebhookFormat, DEFAULT_WEBHOOK_TIMEOUT_MS,
+    MIN_WEBHOOK_SECRET_BYTES,
+};
 use crate::metrics::{WEBHOOK_REQUESTS, WEBHOOK_SECONDS};
 
 /// How much of a failed response's body is kept in the error history.
@@ -98,7 +104,7 @@ pub enum WebhookError {
     },
 }
 
-/// How a [`WebhookHandler`] sends, beside its URL and secret. The default:
+/// How a [`WebhookHandler`] sends, beside its URL and secrets. The default:
 /// [`DEFAULT_WEBHOOK_TIMEOUT_MS`] per request, every tenant, the `raw` format.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -145,12 +151,12 @@ impl std::fmt::Debug for WebhookHandler {
 }
 
 /// One signed HTTP endpoint, as outbox and stream subscriptions share it:
-/// its client, URL, secret and timeout.
+/// its client, URL, secrets and timeout.
 pub(crate) struct Endpoint {
     subscription: String,
     client: reqwest::Client,
     url: reqwest::Url,
-    secret: Vec<u8>,
+    secrets: Vec<Vec<u8>>,
     timeout: Duration,
 }
 
@@ -169,19 +175,31 @@ pub(crate) struct Refusal {
 }
 
 impl Endpoint {
-    /// An endpoint POSTing to `url`, signing with `secret`, giving each
+    /// An endpoint POSTing to `url`, signing with each of `secrets` (at
+    /// least one, each at least [`MIN_WEBHOOK_SECRET_BYTES`]), giving each
     /// request `timeout`; redirects are not followed.
     pub(crate) fn new(
         subscription: &str,
         url: reqwest::Url,
-        secret: Vec<u8>,
+        secrets: Vec<Vec<u8>>,
         timeout: Duration,
     ) -> Result<Self, WebhookError> {
-        if secret.is_empty() {
-            return Err(WebhookError::Invalid {
-                subscription: subscription.to_owned(),
-                reason: "the secret is empty".into(),
-            });
+        let invalid = |reason: String| WebhookError::Invalid {
+            subscription: subscription.to_owned(),
+            reason,
+        };
+        if secrets.is_empty() {
+            return Err(invalid("no signing secret".into()));
+        }
+        if let Some((i, short)) = secrets
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.len() < MIN_WEBHOOK_SECRET_BYTES)
+        {
+            return Err(invalid(format!(
+                "signing secret {i} is {} bytes; at least {MIN_WEBHOOK_SECRET_BYTES} are required",
+                short.len()
+            )));
         }
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
@@ -196,7 +214,7 @@ impl Endpoint {
             subscription: subscription.to_owned(),
             client,
             url,
-            secret,
+            secrets,
             timeout,
         })
     }
@@ -224,8 +242,13 @@ impl Endpoint {
         body: Vec<u8>,
     ) -> Result<Result<(), Refusal>, HandlerError> {
         let timestamp = chrono::Utc::now().timestamp();
-        let signature = sign(&self.secret, id, timestamp, &body)
-            .ok_or_else(|| HandlerError::permanent("the signing secret is unusable"))?;
+        let signature = self
+            .secrets
+            .iter()
+            .map(|secret| sign(secret, id, timestamp, &body))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| HandlerError::permanent("a signing secret is unusable"))?
+            .join(" ");
         let mut headers = extra;
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert("webhook-id", header(id)?);
@@ -296,7 +319,7 @@ impl WebhookHandler {
             )));
         };
         let url = reqwest::Url::parse(&webhook.url).map_err(|e| invalid(e.to_string()))?;
-        let secret = webhook.secret_bytes().map_err(invalid)?;
+        let secrets = webhook.signing_keys().map_err(|e| invalid(e.to_string()))?;
         let options = WebhookOptions {
             timeout: Duration::from_millis(webhook.timeout_ms),
             tenants: subscription
@@ -305,20 +328,21 @@ impl WebhookHandler {
                 .map(|t| t.iter().cloned().collect()),
             format: webhook.format,
         };
-        Self::new(&subscription.name, url, secret, options)
+        Self::new(&subscription.name, url, secrets, options)
     }
 
-    /// A handler POSTing to `url`, signing with `secret`, sending as
+    /// A handler POSTing to `url`, signing with each of `secrets` (at least
+    /// one, each at least [`MIN_WEBHOOK_SECRET_BYTES`] bytes), sending as
     /// `options` say.
     pub fn new(
         subscription: &str,
         url: reqwest::Url,
-        secret: Vec<u8>,
+        secrets: Vec<Vec<u8>>,
         options: WebhookOptions,
     ) -> Result<Self, WebhookError> {
         Ok(Self {
             inner: Arc::new(Inner {
-                endpoint: Endpoint::new(subscription, url, secret, options.timeout)?,
+                endpoint: Endpoint::new(subscription, url, secrets, options.timeout)?,
                 tenants: options.tenants,
                 format: options.format,
             }),
@@ -346,10 +370,40 @@ pub fn sign(secret: &[u8], id: &str, timestamp: i64, body: &[u8]) -> Option<Stri
     ))
 }
 
-/// Whether `signature_header` (space-separated `v1,<sig>` entries) holds a
-/// valid signature of this request, compared in constant time. For receivers
-/// written in Rust and for tests.
+/// How far a request's `webhook-timestamp` may be from the receiver's clock,
+/// by default, before [`verify`] refuses it (a replayed request): five
+/// minutes, as Standard Webhooks libraries use.
+pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(5 * 60);
+
+/// Whether a request is authentic and fresh, as a receiver should check it:
+/// its `webhook-timestamp` (`timestamp`) lies within `tolerance` of this
+/// machine's clock ([`DEFAULT_TOLERANCE`] unless you have reason), and one
+/// of the space-separated `v1,<sig>` entries of `signature_header` is the
+/// signature of `"{id}.{timestamp}.{body}"` by `secret`, compared in
+/// constant time (several entries: the sender signs with each secret it
+/// has while secrets rotate). For receivers written in Rust and for tests.
 pub fn verify(
+    secret: &[u8],
+    id: &str,
+    timestamp: i64,
+    body: &[u8],
+    signature_header: &str,
+    tolerance: Duration,
+) -> bool {
+    is_fresh(timestamp, chrono::Utc::now().timestamp(), tolerance)
+        && signature_matches(secret, id, timestamp, body, signature_header)
+}
+
+/// Whether `timestamp` lies within `tolerance` of `now` (unix seconds), on
+/// either side.
+fn is_fresh(timestamp: i64, now: i64, tolerance: Duration) -> bool {
+    let tolerance = i64::try_from(tolerance.as_secs()).unwrap_or(i64::MAX);
+    now.abs_diff(timestamp) <= tolerance.unsigned_abs()
+}
+
+/// Whether one entry of `signature_header` is the signature of this
+/// request by `secret`.
+fn signature_matches(
     secret: &[u8],
     id: &str,
     timestamp: i64,
@@ -541,14 +595,41 @@ mod tests {
         )
         .unwrap();
         assert_eq!(signature, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
-        assert!(verify(
+        assert!(signature_matches(
             &secret,
             "msg_p5jXN8AQM9LWM0D4loKWxJek",
             1_614_265_330,
             br#"{"test": 2432232314}"#,
             &format!("v1,bogus {signature}"),
         ));
-        assert!(!verify(&secret, "other", 1_614_265_330, b"{}", &signature));
+        assert!(!signature_matches(
+            &secret,
+            "other",
+            1_614_265_330,
+            b"{}",
+            &signature
+        ));
+        // The specification's example is from 2021: long past any tolerance.
+        assert!(!verify(
+            &secret,
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1_614_265_330,
+            br#"{"test": 2432232314}"#,
+            &signature,
+            DEFAULT_TOLERANCE,
+        ));
+    }
+
+    #[test]
+    fn timestamps_are_fresh_within_the_tolerance_either_way() {
+        let tolerance = DEFAULT_TOLERANCE;
+        assert!(is_fresh(1_000, 1_000, tolerance));
+        assert!(is_fresh(1_000 - 300, 1_000, tolerance));
+        assert!(is_fresh(1_000 + 300, 1_000, tolerance));
+        assert!(!is_fresh(1_000 - 301, 1_000, tolerance));
+        assert!(!is_fresh(1_000 + 301, 1_000, tolerance));
+        assert!(!is_fresh(i64::MIN, i64::MAX, Duration::MAX));
+        assert!(is_fresh(5, 5, Duration::ZERO));
     }
 
     #[test]

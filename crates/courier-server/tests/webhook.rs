@@ -16,11 +16,13 @@ use axum::response::{IntoResponse, Response};
 use courier_server::config::{
     Config, RetryConfig, Secret, SubscriptionConfig, TargetConfig, WebhookConfig, WebhookFormat,
 };
-use courier_server::webhook::verify;
+use courier_server::webhook::{verify, DEFAULT_TOLERANCE};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+/// A second secret, raw text (its bytes are the key).
+const NEXT_SECRET: &str = "the next secret, 24 bytes or more";
 
 /// What the receiver answers, per path, in order; 200 once a script runs out.
 #[derive(Clone)]
@@ -291,14 +293,16 @@ async fn signed_deliveries_reach_the_receiver(database: Database) {
         &format!("hooks:{paid}"),
         timestamp,
         &request.body,
-        &header("webhook-signature")
+        &header("webhook-signature"),
+        DEFAULT_TOLERANCE,
     ));
     assert!(!verify(
-        b"another secret",
+        b"another secret of 24 bytes or more",
         &format!("hooks:{paid}"),
         timestamp,
         &request.body,
-        &header("webhook-signature")
+        &header("webhook-signature"),
+        DEFAULT_TOLERANCE,
     ));
     let body: Value = serde_json::from_slice(&request.body).unwrap();
     assert_eq!(body, json!({"n": 1, "why": "paid"}));
@@ -380,6 +384,90 @@ async fn deliveries_carry_the_message_s_metadata_and_headers_raw_or_enveloped(da
     assert_eq!(timestamp, occurred, "{envelope} vs {message}");
     assert_eq!(envelope.as_object().unwrap().len(), 3, "{envelope}");
     daemon.shutdown().await;
+}
+
+async fn every_secret_signs_and_verify_checks_signature_and_timestamp(database: Database) {
+    let (receiver, address) = start_receiver().await;
+    let mut rotating = webhook("rotating", &["*"], format!("http://{address}/rotating"));
+    let TargetConfig::Webhook(target) = &mut rotating.target else {
+        panic!("not a webhook");
+    };
+    target.secrets = vec![Secret(NEXT_SECRET.into())];
+    let daemon = Daemon::start(&database, vec![rotating], 5_000).await;
+    let id = daemon
+        .publish("acme", "invoice.paid", json!({"n": 1}))
+        .await;
+    daemon.wait_for_state(&id, "rotating", "completed").await;
+    let requests = receiver.requests("/rotating");
+    assert_eq!(requests.len(), 1);
+    let request = &requests[0];
+    let header = |name: &str| request.headers[name].to_str().unwrap().to_owned();
+    let webhook_id = header("webhook-id");
+    let timestamp: i64 = header("webhook-timestamp").parse().unwrap();
+    let signatures = header("webhook-signature");
+    let entries: Vec<&str> = signatures.split(' ').collect();
+    assert_eq!(entries.len(), 2, "one per secret: {signatures}");
+    assert!(entries.iter().all(|e| e.starts_with("v1,")), "{signatures}");
+    let first = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        SECRET.trim_start_matches("whsec_"),
+    )
+    .unwrap();
+    let check = |secret: &[u8], body: &[u8], tolerance: Duration| {
+        verify(secret, &webhook_id, timestamp, body, &signatures, tolerance)
+    };
+    // A receiver holding either secret accepts the request.
+    assert!(check(&first, &request.body, DEFAULT_TOLERANCE));
+    assert!(check(
+        NEXT_SECRET.as_bytes(),
+        &request.body,
+        DEFAULT_TOLERANCE
+    ));
+    assert!(!check(
+        b"a third secret, 24 bytes or more",
+        &request.body,
+        DEFAULT_TOLERANCE
+    ));
+    assert!(!check(&first, br#"{"n": 2}"#, DEFAULT_TOLERANCE));
+    // Past the tolerance the same request is a replay.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert!(!check(&first, &request.body, Duration::ZERO));
+    assert!(check(&first, &request.body, Duration::from_secs(60)));
+    daemon.shutdown().await;
+}
+
+async fn a_short_secret_stops_the_daemon_naming_the_subscription_and_the_field(database: Database) {
+    for (secret, secrets, field) in [
+        (Some("too short"), vec![], "subscriptions[0].target.secret"),
+        (
+            Some(SECRET),
+            vec![NEXT_SECRET, "whsec_c2hvcnQ="],
+            "subscriptions[0].target.secrets[1]",
+        ),
+        (None, vec![], "subscriptions[0].target.secret"),
+    ] {
+        let mut hook = webhook("billing-hook", &["*"], "http://127.0.0.1:1/".into());
+        let TargetConfig::Webhook(target) = &mut hook.target else {
+            panic!("not a webhook");
+        };
+        target.secret = secret.map(|s| Secret(s.into()));
+        target.secrets = secrets.into_iter().map(|s| Secret(s.into())).collect();
+        let config = Config {
+            database_url: database.url.clone(),
+            schema: database.schema.clone(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            subscriptions: vec![hook],
+            ..Config::default()
+        };
+        let error = courier_server::bind(config, async {}).await.unwrap_err();
+        let courier_server::ServeError::Config(config_error) = &error else {
+            panic!("not a config error: {error}");
+        };
+        assert_eq!(config_error.key(), Some(field), "{error}");
+        let shown = error.to_string();
+        assert!(shown.contains("subscription billing-hook"), "{shown}");
+        assert!(!shown.contains("too short"), "the secret is shown: {shown}");
+    }
 }
 
 async fn server_errors_are_retried_until_delivered_once(database: Database) {
@@ -627,6 +715,8 @@ webhook_tests!(
     deliveries_carry_the_message_s_metadata_and_headers_raw_or_enveloped,
     server_errors_are_retried_until_delivered_once,
     the_webhook_id_is_one_per_message_and_subscription_across_retries,
+    every_secret_signs_and_verify_checks_signature_and_timestamp,
+    a_short_secret_stops_the_daemon_naming_the_subscription_and_the_field,
     client_errors_dead_letter_with_the_status,
     retry_after_is_honoured,
     a_down_endpoint_does_not_delay_a_healthy_subscription,

@@ -27,20 +27,29 @@
 //! header whose name is not an HTTP token or whose value holds a control
 //! character is not forwarded either; the delivery goes ahead without it.
 //!
-//! Outcomes: 2xx completes the delivery. 5xx, 408, 429, a connection error or
-//! a timeout is retried — after `Retry-After` seconds when the endpoint sends
-//! it, else by the subscription's backoff. Any other status (redirects are
+//! Outcomes: 2xx completes the delivery. A 429 or 503 with `Retry-After`
+//! (seconds) is the endpoint asking to wait: the subscription is throttled
+//! for that long, capped at its retry policy's backoff cap (at least its
+//! base): the message snoozes ([`HandlerError::snooze`]: no attempt spent;
+//! the engine bounds snoozes by [`courier::MAX_SNOOZES`]), and until the
+//! throttle ends no other delivery of the subscription calls the endpoint —
+//! each snoozes until then instead, without a request and without spending
+//! an attempt. The throttle lives in this process: other daemons serving the
+//! subscription learn of it from their own 429. Other 5xx, 408, a 429
+//! without `Retry-After`, a connection error or a timeout is a failed attempt
+//! retried by the subscription's backoff (after `Retry-After`, capped the
+//! same way, when the endpoint sends one). Any other status (redirects are
 //! not followed) is permanent: the message is dead-lettered at once. The
 //! status and the first 1 KiB of the response body go into the error history.
 //! Messages of tenants outside the subscription's `tenants` are completed
-//! without a request.
+//! without a request, throttled or not.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use courier::{truncate_chars, Handler, HandlerError, Message};
+use courier::{truncate_chars, Handler, HandlerError, Message, RetryPolicy};
 use hmac::{Hmac, Mac};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
@@ -54,7 +63,8 @@ use crate::metrics::{WEBHOOK_REQUESTS, WEBHOOK_SECONDS};
 
 /// How much of a failed response's body is kept in the error history.
 pub const ERROR_BODY_BYTES: usize = 1024;
-/// The longest `Retry-After` honoured; longer requests are capped to it.
+/// The longest `Retry-After` read from a response; an outbox subscription
+/// honours at most its backoff cap (see the module's documentation).
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 /// Message header names never forwarded to the endpoint (besides the
@@ -105,7 +115,8 @@ pub enum WebhookError {
 }
 
 /// How a [`WebhookHandler`] sends, beside its URL and secrets. The default:
-/// [`DEFAULT_WEBHOOK_TIMEOUT_MS`] per request, every tenant, the `raw` format.
+/// [`DEFAULT_WEBHOOK_TIMEOUT_MS`] per request, every tenant, the `raw`
+/// format, the default retry policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WebhookOptions {
@@ -116,6 +127,9 @@ pub struct WebhookOptions {
     pub tenants: Option<BTreeSet<String>>,
     /// What the body holds.
     pub format: WebhookFormat,
+    /// The subscription's retry policy (give the worker the same one): a
+    /// `Retry-After` is honoured up to its cap, and at least its base.
+    pub retry: RetryPolicy,
 }
 
 impl Default for WebhookOptions {
@@ -124,6 +138,7 @@ impl Default for WebhookOptions {
             timeout: Duration::from_millis(DEFAULT_WEBHOOK_TIMEOUT_MS),
             tenants: None,
             format: WebhookFormat::Raw,
+            retry: RetryPolicy::default(),
         }
     }
 }
@@ -138,6 +153,42 @@ struct Inner {
     endpoint: Endpoint,
     tenants: Option<BTreeSet<String>>,
     format: WebhookFormat,
+    retry: RetryPolicy,
+    /// Until when the endpoint asked not to be called (429 or 503 with
+    /// `Retry-After`); `None` or a past instant: not throttled.
+    not_before: Mutex<Option<Instant>>,
+}
+
+impl Inner {
+    /// How long the endpoint still asks not to be called, if it does.
+    fn throttled_for(&self, now: Instant) -> Option<Duration> {
+        let not_before = *self
+            .not_before
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        not_before
+            .and_then(|until| until.checked_duration_since(now))
+            .filter(|left| !left.is_zero())
+    }
+
+    /// Throttles the endpoint until `until`, unless it already is for longer.
+    fn throttle_until(&self, until: Instant) {
+        let mut not_before = self
+            .not_before
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if not_before.is_none_or(|current| current < until) {
+            *not_before = Some(until);
+        }
+    }
+
+    /// The `Retry-After` delay honoured: at most the backoff cap, at least
+    /// the backoff base (a `Retry-After: 0` must not make a busy loop).
+    fn honoured(&self, retry_after: Duration) -> Duration {
+        retry_after
+            .min(self.retry.cap)
+            .max(self.retry.base.min(self.retry.cap))
+    }
 }
 
 impl std::fmt::Debug for WebhookHandler {
@@ -327,6 +378,7 @@ impl WebhookHandler {
                 .as_ref()
                 .map(|t| t.iter().cloned().collect()),
             format: webhook.format,
+            retry: subscription.retry.policy(),
         };
         Self::new(&subscription.name, url, secrets, options)
     }
@@ -345,6 +397,8 @@ impl WebhookHandler {
                 endpoint: Endpoint::new(subscription, url, secrets, options.timeout)?,
                 tenants: options.tenants,
                 format: options.format,
+                retry: options.retry,
+                not_before: Mutex::new(None),
             }),
         })
     }
@@ -552,6 +606,18 @@ impl Handler for WebhookHandler {
                 return Ok(());
             }
         }
+        if let Some(left) = inner.throttled_for(started) {
+            self.count("throttled", started);
+            return Err(HandlerError::snooze(
+                left,
+                format!(
+                    "webhook of subscription {} not called: the endpoint asked to wait \
+                     (Retry-After) {} ms more",
+                    inner.endpoint.subscription,
+                    left.as_millis()
+                ),
+            ));
+        }
         let body = encode_body(inner.format, &message)?;
         let headers = message_headers(&message)?;
         let refusal = match inner
@@ -569,11 +635,25 @@ impl Handler for WebhookHandler {
             self.count("permanent", started);
             return Err(HandlerError::permanent(refusal.reason));
         }
-        self.count("retry", started);
-        Err(match refusal.retry_after {
-            Some(delay) => HandlerError::retry_after(delay, refusal.reason),
-            None => HandlerError::retry(refusal.reason),
-        })
+        let asks_to_wait = matches!(
+            refusal.status,
+            Some(StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
+        );
+        match refusal.retry_after.map(|delay| inner.honoured(delay)) {
+            Some(delay) if asks_to_wait => {
+                inner.throttle_until(Instant::now() + delay);
+                self.count("deferred", started);
+                Err(HandlerError::snooze(delay, refusal.reason))
+            }
+            Some(delay) => {
+                self.count("retry", started);
+                Err(HandlerError::retry_after(delay, refusal.reason))
+            }
+            None => {
+                self.count("retry", started);
+                Err(HandlerError::retry(refusal.reason))
+            }
+        }
     }
 }
 

@@ -219,6 +219,16 @@ impl Daemon {
         serde_json::from_slice(&response.bytes().await.unwrap()).unwrap()
     }
 
+    async fn text(&self, path: &str) -> String {
+        let response = self
+            .client
+            .get(format!("http://{}{path}", self.address))
+            .send()
+            .await
+            .unwrap();
+        response.text().await.unwrap()
+    }
+
     /// The state of `id` in `subscription`, if it is owed to it.
     async fn state(&self, id: &str, subscription: &str) -> Option<String> {
         let message = self.get(&format!("/v1/messages/{id}")).await;
@@ -586,12 +596,9 @@ async fn client_errors_dead_letter_with_the_status(database: Database) {
 async fn retry_after_is_honoured(database: Database) {
     let (receiver, address) = start_receiver().await;
     receiver.script("/busy", &[Answer::Status(429, Some("2"), "slow down")]);
-    let daemon = Daemon::start(
-        &database,
-        vec![webhook("busy", &["*"], format!("http://{address}/busy"))],
-        5_000,
-    )
-    .await;
+    let mut busy = webhook("busy", &["*"], format!("http://{address}/busy"));
+    busy.retry.cap_ms = 5_000;
+    let daemon = Daemon::start(&database, vec![busy], 5_000).await;
     let id = daemon
         .publish("acme", "invoice.paid", json!({"n": 1}))
         .await;
@@ -599,8 +606,83 @@ async fn retry_after_is_honoured(database: Database) {
     let requests = receiver.requests("/busy");
     assert_eq!(requests.len(), 2);
     let gap = requests[1].at - requests[0].at;
-    // The policy's backoff is 10-50 ms; the endpoint asked for 2 s.
+    // The policy's backoff is 20 ms to 5 s; the endpoint asked for 2 s.
     assert!(gap >= Duration::from_millis(1900), "retried after {gap:?}");
+    // Asked to wait, the message snoozed: its attempt was given back.
+    assert_eq!(requests[1].headers["courier-attempt"], "1");
+    daemon.shutdown().await;
+}
+
+async fn retry_after_is_capped_at_the_backoff_cap(database: Database) {
+    let (receiver, address) = start_receiver().await;
+    receiver.script(
+        "/capped",
+        &[Answer::Status(503, Some("3600"), "back in an hour")],
+    );
+    let mut capped = webhook("capped", &["*"], format!("http://{address}/capped"));
+    capped.retry.cap_ms = 300;
+    let daemon = Daemon::start(&database, vec![capped], 5_000).await;
+    let id = daemon
+        .publish("acme", "invoice.paid", json!({"n": 1}))
+        .await;
+    daemon.wait_for_state(&id, "capped", "completed").await;
+    let requests = receiver.requests("/capped");
+    assert_eq!(requests.len(), 2);
+    let gap = requests[1].at - requests[0].at;
+    // The endpoint asked for an hour; the subscription waits at most 300 ms.
+    assert!(gap >= Duration::from_millis(290), "retried after {gap:?}");
+    assert!(gap < Duration::from_secs(5), "retried after {gap:?}");
+    assert_eq!(requests[1].headers["courier-attempt"], "1");
+    daemon.shutdown().await;
+}
+
+async fn a_429_throttles_the_whole_subscription_without_spending_attempts(database: Database) {
+    let (receiver, address) = start_receiver().await;
+    receiver.script("/limited", &[Answer::Status(429, Some("1"), "slow down")]);
+    let mut limited = webhook("limited", &["*"], format!("http://{address}/limited"));
+    limited.retry.cap_ms = 5_000;
+    limited.concurrency = 4;
+    let daemon = Daemon::start(&database, vec![limited], 5_000).await;
+    let mut ids = vec![daemon.publish("acme", "t", json!({"n": 0})).await];
+    let throttled = courier_testkit::eventually(Duration::from_secs(10), || async {
+        !receiver.requests("/limited").is_empty()
+    })
+    .await;
+    assert!(throttled, "the first message never reached the endpoint");
+    // Published while the endpoint's 1 s lasts: all claimed, none sent.
+    for n in 1..6 {
+        ids.push(daemon.publish("acme", "t", json!({"n": n})).await);
+    }
+    for id in &ids {
+        daemon.wait_for_state(id, "limited", "completed").await;
+    }
+    let requests = receiver.requests("/limited");
+    let first = requests[0].at;
+    let window: Vec<_> = requests
+        .iter()
+        .filter(|r| r.at - first < Duration::from_secs(1))
+        .collect();
+    assert_eq!(window.len(), 1, "calls in the throttle window: {window:?}");
+    assert_eq!(
+        requests.len(),
+        7,
+        "the 429, then each of the six messages once"
+    );
+    for request in &requests {
+        assert_eq!(request.headers["courier-attempt"], "1", "{request:?}");
+    }
+    // The five were claimed in the window and held back without a request.
+    let metrics = daemon.text("/metrics").await;
+    let throttled = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("courier_webhook_requests_total")
+                && l.contains("outcome=\"throttled\"")
+                && l.contains("subscription=\"limited\"")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or_default();
+    assert!(throttled >= 5.0, "{metrics}");
     daemon.shutdown().await;
 }
 
@@ -719,6 +801,8 @@ webhook_tests!(
     a_short_secret_stops_the_daemon_naming_the_subscription_and_the_field,
     client_errors_dead_letter_with_the_status,
     retry_after_is_honoured,
+    retry_after_is_capped_at_the_backoff_cap,
+    a_429_throttles_the_whole_subscription_without_spending_attempts,
     a_down_endpoint_does_not_delay_a_healthy_subscription,
     timeouts_are_retried_then_dead_lettered,
 );

@@ -11,11 +11,11 @@
 //! receiver serving both keeps both), `webhook-timestamp` (unix seconds)
 //! and `webhook-signature` = `v1,<base64 HMAC-SHA256(secret, "{id}.{timestamp}.{body}")>`
 //! — one such entry per configured secret, space-separated, so a receiver
-//! moving from one secret to the next accepts the request with either;
-//! [`verify`] checks a request as a receiver should,
-//! plus the message's metadata: `courier-tenant`, `courier-topic`,
-//! `courier-schema-version`, `courier-ordering-key` (when it has one),
-//! `courier-message-id` and `courier-attempt`.
+//! moving from one secret to the next accepts the request with either
+//! ([`verify`] checks a request as a receiver should) — plus the message's
+//! metadata: `courier-tenant`, `courier-topic`, `courier-schema-version`,
+//! `courier-ordering-key` (when it has one), `courier-message-id` and
+//! `courier-attempt`.
 //!
 //! The message's own headers (a W3C `traceparent` and `tracestate`, say) are
 //! forwarded as HTTP headers, one value per name (names compare without

@@ -42,6 +42,9 @@ pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = MAX_PAYLOAD_BYTES;
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
 /// How long one webhook request may take, by default.
 pub const DEFAULT_WEBHOOK_TIMEOUT_MS: u64 = 10_000;
+/// The shortest accepted webhook signing key, in bytes (after base64
+/// decoding of a `whsec_` secret): the Standard Webhooks minimum.
+pub const MIN_WEBHOOK_SECRET_BYTES: usize = 24;
 /// The longest accepted webhook timeout.
 pub const MAX_WEBHOOK_TIMEOUT_MS: u64 = 300_000;
 /// The longest accepted shutdown timeout.
@@ -290,11 +293,47 @@ fn default_relay_timeout_ms() -> u64 {
 pub struct WebhookConfig {
     /// The endpoint (`http` or `https`).
     pub url: String,
-    /// The signing secret: `whsec_<base64>` or raw text.
-    pub secret: Secret,
+    /// A signing secret: `whsec_<base64>` or raw text, at least
+    /// [`MIN_WEBHOOK_SECRET_BYTES`] bytes of key. `secret`, `secrets` or both;
+    /// every request is signed with each of them.
+    #[serde(default)]
+    pub secret: Option<Secret>,
+    /// More signing secrets, as `secret` is written: while a receiver moves
+    /// to a new secret, list the old and the new one and every request
+    /// carries a signature by each (`webhook-signature: v1,<a> v1,<b>`).
+    #[serde(default)]
+    pub secrets: Vec<Secret>,
     /// How long one request may take.
     #[serde(default = "default_webhook_timeout_ms")]
     pub timeout_ms: u64,
+    /// What the request's body is: the payload (`raw`) or the Standard
+    /// Webhooks envelope (`envelope`). Outbox subscriptions only; a stream
+    /// subscription's webhook sends the entry's payload.
+    #[serde(default)]
+    pub format: WebhookFormat,
+}
+
+/// What a webhook request's body holds. Either way the message's metadata
+/// and its forwardable headers go as HTTP headers (see [`crate::webhook`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WebhookFormat {
+    /// The payload itself, as JSON.
+    #[default]
+    Raw,
+    /// `{"type": <topic>, "timestamp": <occurred_at, RFC 3339>, "data":
+    /// <payload>}`, the Standard Webhooks envelope.
+    Envelope,
+}
+
+impl WebhookFormat {
+    /// The format's name as written in the config.
+    pub fn name(self) -> &'static str {
+        match self {
+            WebhookFormat::Raw => "raw",
+            WebhookFormat::Envelope => "envelope",
+        }
+    }
 }
 
 fn default_webhook_timeout_ms() -> u64 {
@@ -302,16 +341,78 @@ fn default_webhook_timeout_ms() -> u64 {
 }
 
 impl WebhookConfig {
-    /// The secret's key bytes: base64-decoded after `whsec_`, else the raw text.
-    pub fn secret_bytes(&self) -> Result<Vec<u8>, String> {
-        let secret = &self.secret.0;
-        match secret.strip_prefix("whsec_") {
-            Some(encoded) => base64::engine::general_purpose::STANDARD
-                .decode(encoded)
-                .map_err(|e| format!("the part after `whsec_` is not base64: {e}")),
-            None => Ok(secret.as_bytes().to_vec()),
+    /// A webhook to `url` signed with `secret`, with the default timeout and
+    /// the `raw` format; change a field afterwards for anything else.
+    pub fn new(url: impl Into<String>, secret: Secret) -> Self {
+        Self {
+            url: url.into(),
+            secret: Some(secret),
+            secrets: Vec::new(),
+            timeout_ms: DEFAULT_WEBHOOK_TIMEOUT_MS,
+            format: WebhookFormat::Raw,
         }
     }
+
+    /// The signing keys, `secret` first, then `secrets` in order: each
+    /// base64-decoded after `whsec_`, else the raw text's bytes. Refused,
+    /// naming the field (`secret`, `secrets[1]`), when there is none or one
+    /// is shorter than [`MIN_WEBHOOK_SECRET_BYTES`] or not base64 after
+    /// `whsec_`.
+    pub fn signing_keys(&self) -> Result<Vec<Vec<u8>>, InvalidSecret> {
+        let named = self
+            .secret
+            .iter()
+            .map(|secret| ("secret".to_owned(), secret))
+            .chain(
+                self.secrets
+                    .iter()
+                    .enumerate()
+                    .map(|(i, secret)| (format!("secrets[{i}]"), secret)),
+            );
+        let mut keys = Vec::new();
+        for (field, secret) in named {
+            let key = match secret.0.strip_prefix("whsec_") {
+                Some(encoded) => base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .map_err(|e| InvalidSecret {
+                        field: field.clone(),
+                        reason: format!("the part after `whsec_` is not base64: {e}"),
+                    })?,
+                None => secret.0.as_bytes().to_vec(),
+            };
+            if key.len() < MIN_WEBHOOK_SECRET_BYTES {
+                return Err(InvalidSecret {
+                    field,
+                    reason: format!(
+                        "is {} bytes of key; at least {MIN_WEBHOOK_SECRET_BYTES} are required \
+                         (Standard Webhooks: 24 to 64, e.g. `whsec_` followed by the output of \
+                         `openssl rand -base64 32`)",
+                        key.len()
+                    ),
+                });
+            }
+            keys.push(key);
+        }
+        if keys.is_empty() {
+            return Err(InvalidSecret {
+                field: "secret".into(),
+                reason: "is missing: a webhook needs `secret` or `secrets` (at least one \
+                         signing secret)"
+                    .into(),
+            });
+        }
+        Ok(keys)
+    }
+}
+
+/// Why a webhook's signing secrets were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} {reason}")]
+pub struct InvalidSecret {
+    /// The field, under the target: `secret` or `secrets[i]`.
+    pub field: String,
+    /// Why, without the secret.
+    pub reason: String,
 }
 
 /// A subscription the daemon delivers.
@@ -941,7 +1042,7 @@ impl Config {
             }
             match &subscription.target {
                 TargetConfig::Webhook(webhook) => {
-                    validate_webhook(&key("target"), webhook)?;
+                    validate_webhook(&key("target"), &subscription.name, webhook)?;
                 }
                 target => self.validate_relay(i, subscription, target)?,
             }
@@ -1141,7 +1242,16 @@ impl Config {
                 ));
             }
             match &sub.target {
-                StreamTargetConfig::Webhook(webhook) => validate_webhook(&key("target"), webhook)?,
+                StreamTargetConfig::Webhook(webhook) => {
+                    validate_webhook(&key("target"), &sub.name, webhook)?;
+                    if webhook.format != WebhookFormat::Raw {
+                        return Err(bad(
+                            &key("target.format"),
+                            &webhook.format.name(),
+                            "must be \"raw\": a stream entry has no topic or event time to put in an envelope",
+                        ));
+                    }
+                }
             }
             // The engine's own checks, should they ever be stricter.
             sub.engine_config(self.shutdown_timeout())
@@ -1178,8 +1288,13 @@ impl Config {
     }
 }
 
-/// Checks a webhook target at `key` (`subscriptions[0].target`).
-fn validate_webhook(key: &str, webhook: &WebhookConfig) -> Result<(), ConfigError> {
+/// Checks the webhook target of `subscription` at `key`
+/// (`subscriptions[0].target`).
+fn validate_webhook(
+    key: &str,
+    subscription: &str,
+    webhook: &WebhookConfig,
+) -> Result<(), ConfigError> {
     let bad = |field: &str, value: &dyn fmt::Display, reason: &str| {
         ConfigError::invalid(
             format!("{key}.{field}"),
@@ -1198,16 +1313,16 @@ fn validate_webhook(key: &str, webhook: &WebhookConfig) -> Result<(), ConfigErro
         }
         Err(e) => return Err(bad("url", &webhook.url, &format!("is not a URL: {e}"))),
     }
-    let secret = webhook
-        .secret_bytes()
-        .map_err(|reason| ConfigError::invalid(format!("{key}.secret"), None, reason))?;
-    if secret.is_empty() {
-        return Err(ConfigError::invalid(
-            format!("{key}.secret"),
+    webhook.signing_keys().map_err(|e| {
+        ConfigError::invalid(
+            format!("{key}.{}", e.field),
             None,
-            "must not be empty",
-        ));
-    }
+            format!(
+                "the webhook secret of subscription {subscription} {}",
+                e.reason
+            ),
+        )
+    })?;
     if webhook.timeout_ms == 0 || webhook.timeout_ms > MAX_WEBHOOK_TIMEOUT_MS {
         return Err(bad(
             "timeout_ms",
@@ -1449,7 +1564,7 @@ fn deserialize_error(
 }
 
 fn is_secret(segments: &[String]) -> bool {
-    segments.last().is_some_and(|s| s == "secret")
+    segments.iter().any(|s| s == "secret" || s == "secrets")
 }
 
 fn toml_display(value: &toml::Value) -> String {
@@ -1553,7 +1668,7 @@ mod tests {
             [[subscriptions]]
             name = "hooks"
             topics = ["invoice.*"]
-            target = { type = "webhook", url = "http://127.0.0.1:1/a", secret = "s" }
+            target = { type = "webhook", url = "http://127.0.0.1:1/a", secret = "a-test-secret-of-24-bytes" }
         "#;
         let config = Config::from_sources(
             Some(text),
@@ -1588,7 +1703,7 @@ mod tests {
                 name = "hooks"
                 topics = ["invoice.*"]
                 replay = "{replay}"
-                target = {{ type = "webhook", url = "http://127.0.0.1:1/a", secret = "s" }}
+                target = {{ type = "webhook", url = "http://127.0.0.1:1/a", secret = "a-test-secret-of-24-bytes" }}
             "#
             )
         };
@@ -1615,7 +1730,7 @@ mod tests {
             [[subscriptions]]
             name = "hooks"
             topics = ["a"]
-            target = { type = "webhook", url = "http://127.0.0.1:1/", secret = "s", tiemout_ms = 1 }
+            target = { type = "webhook", url = "http://127.0.0.1:1/", secret = "a-test-secret-of-24-bytes", tiemout_ms = 1 }
         "#;
         let err = Config::from_toml_str(text).unwrap_err();
         assert!(err.to_string().contains("tiemout_ms"), "{err}");
@@ -1683,7 +1798,8 @@ mod tests {
         let subscription = |topics: &str, extra: &str, target: &str| {
             format!("[[subscriptions]]\nname = \"s\"\ntopics = {topics}\n{extra}\n[subscriptions.target]\ntype = \"webhook\"\n{target}\n")
         };
-        let ok_target = "url = \"http://127.0.0.1:1/\"\nsecret = \"whsec_c2VjcmV0\"";
+        let ok_target =
+            "url = \"http://127.0.0.1:1/\"\nsecret = \"whsec_YSAyNCBieXRlIHNpZ25pbmcgc2VjcmV0\"";
         let cases = [
             (
                 subscription("[\"a b\"]", "", ok_target),
@@ -1706,6 +1822,34 @@ mod tests {
                 subscription("[\"a\"]", "", "url = \"http://x/\"\nsecret = \"whsec_!!\""),
                 "subscriptions[0].target.secret",
             ),
+            (
+                subscription(
+                    "[\"a\"]",
+                    "",
+                    "url = \"http://x/\"\nsecret = \"23 bytes is too short!!\"",
+                ),
+                "subscriptions[0].target.secret",
+            ),
+            (
+                subscription(
+                    "[\"a\"]",
+                    "",
+                    "url = \"http://x/\"\nsecret = \"whsec_c2VjcmV0\"",
+                ),
+                "subscriptions[0].target.secret",
+            ),
+            (
+                subscription(
+                    "[\"a\"]",
+                    "",
+                    "url = \"http://x/\"\nsecrets = [\"a-test-secret-of-24-bytes\", \"short\"]",
+                ),
+                "subscriptions[0].target.secrets[1]",
+            ),
+            (
+                subscription("[\"a\"]", "", "url = \"http://x/\""),
+                "subscriptions[0].target.secret",
+            ),
         ];
         for (text, key) in cases {
             let err = Config::from_toml_str(&text).unwrap_err();
@@ -1720,7 +1864,26 @@ mod tests {
         let TargetConfig::Webhook(webhook) = &config.subscriptions[0].target else {
             panic!("not a webhook: {:?}", config.subscriptions[0].target);
         };
-        assert_eq!(webhook.secret_bytes().unwrap(), b"secret");
+        assert_eq!(
+            webhook.signing_keys().unwrap(),
+            [b"a 24 byte signing secret".to_vec()]
+        );
+        let both = subscription(
+            "[\"a\"]",
+            "",
+            "url = \"http://x/\"\nsecret = \"whsec_YSAyNCBieXRlIHNpZ25pbmcgc2VjcmV0\"\nsecrets = [\"a-test-secret-of-24-bytes\"]",
+        );
+        let config = Config::from_toml_str(&both).unwrap();
+        let TargetConfig::Webhook(webhook) = &config.subscriptions[0].target else {
+            panic!("not a webhook: {:?}", config.subscriptions[0].target);
+        };
+        assert_eq!(
+            webhook.signing_keys().unwrap(),
+            [
+                b"a 24 byte signing secret".to_vec(),
+                b"a-test-secret-of-24-bytes".to_vec()
+            ]
+        );
         assert_eq!(webhook.timeout_ms, DEFAULT_WEBHOOK_TIMEOUT_MS);
     }
 
@@ -1861,10 +2024,26 @@ mod tests {
     }
 
     #[test]
+    fn a_short_secret_is_refused_naming_the_subscription_and_the_field() {
+        let text = "[[subscriptions]]\nname = \"billing-hook\"\ntopics = [\"a\"]\ntarget = { type = \"webhook\", url = \"http://x/\", secrets = [\"a-test-secret-of-24-bytes\", \"hunter2\"] }\n";
+        let err = Config::from_toml_str(text).unwrap_err();
+        assert_eq!(
+            err.key(),
+            Some("subscriptions[0].target.secrets[1]"),
+            "{err}"
+        );
+        let shown = err.to_string();
+        assert!(shown.contains("subscription billing-hook"), "{shown}");
+        assert!(shown.contains("7 bytes"), "{shown}");
+        assert!(shown.contains("at least 24"), "{shown}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+
+    #[test]
     fn secrets_are_not_printed() {
-        let text = "[[subscriptions]]\nname = \"s\"\ntopics = [\"a\"]\ntarget = { type = \"webhook\", url = \"http://x/\", secret = \"hunter2\" }\n";
+        let text = "[[subscriptions]]\nname = \"s\"\ntopics = [\"a\"]\ntarget = { type = \"webhook\", url = \"http://x/\", secret = \"hunter2-hunter2-hunter2-hunter2\" }\n";
         let config = Config::from_toml_str(text).unwrap();
-        assert!(!format!("{config:?}").contains("hunter2"));
+        assert!(!format!("{config:?}").contains("hunter2-hunter2-hunter2-hunter2"));
     }
 
     const STREAM_SUBSCRIPTION: &str = r#"
@@ -1872,7 +2051,7 @@ mod tests {
         name = "billing"
         tenant = "acme"
         stream = "orders"
-        target = { type = "webhook", url = "http://127.0.0.1:1/a", secret = "s" }
+        target = { type = "webhook", url = "http://127.0.0.1:1/a", secret = "a-test-secret-of-24-bytes" }
     "#;
 
     #[test]
@@ -1923,7 +2102,10 @@ mod tests {
                     "COURIER_STREAM_SUBSCRIPTIONS__0__TARGET__URL",
                     "http://127.0.0.1:2/b",
                 ),
-                ("COURIER_STREAM_SUBSCRIPTIONS__0__TARGET__SECRET", "s"),
+                (
+                    "COURIER_STREAM_SUBSCRIPTIONS__0__TARGET__SECRET",
+                    "a-test-secret-of-24-bytes",
+                ),
                 ("COURIER_STREAM_SUBSCRIPTIONS__0__TARGET__TIMEOUT_MS", "800"),
             ]),
         )
@@ -1962,7 +2144,7 @@ mod tests {
     fn stream_subscription(key: &str, value: &str) -> String {
         let mut lines = vec![
             "[[stream_subscriptions]]".to_owned(),
-            "target = { type = \"webhook\", url = \"http://127.0.0.1:1/a\", secret = \"s\" }"
+            "target = { type = \"webhook\", url = \"http://127.0.0.1:1/a\", secret = \"a-test-secret-of-24-bytes\" }"
                 .to_owned(),
         ];
         for (name, default) in [
@@ -2019,6 +2201,16 @@ mod tests {
         let err = Config::from_toml_str(&text).unwrap_err();
         assert!(
             err.to_string().contains("stream_subscriptions[0].target"),
+            "{err}"
+        );
+        let text = STREAM_SUBSCRIPTION.replace(
+            "type = \"webhook\"",
+            "type = \"webhook\", format = \"envelope\"",
+        );
+        let err = Config::from_toml_str(&text).unwrap_err();
+        assert_eq!(
+            err.key(),
+            Some("stream_subscriptions[0].target.format"),
             "{err}"
         );
     }

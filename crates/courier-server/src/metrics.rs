@@ -13,7 +13,9 @@ pub const QUEUE_DEPTH: &str = "courier_queue_depth";
 /// Age of the oldest open delivery by `subscription`, set at scrape.
 pub const OLDEST_PENDING_AGE: &str = "courier_oldest_pending_age_seconds";
 /// Webhook requests by `subscription` and `outcome` (`delivered`, `retry`,
-/// `permanent`, `skipped`; for stream subscriptions also `deferred`).
+/// `permanent`, `skipped`, `deferred`: a 429 or 503 asking to wait; for
+/// outbox subscriptions also `throttled`: a send held back, without a
+/// request, while the endpoint's wait lasts).
 pub const WEBHOOK_REQUESTS: &str = "courier_webhook_requests_total";
 /// Webhook request duration by `subscription`.
 pub const WEBHOOK_SECONDS: &str = "courier_webhook_duration_seconds";

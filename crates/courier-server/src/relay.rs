@@ -359,11 +359,10 @@ mod tests {
             },
             concurrency: 1,
             replay: None,
-            target: TargetConfig::Webhook(WebhookConfig {
-                url: "http://127.0.0.1:1/".into(),
-                secret: crate::config::Secret("s".into()),
-                timeout_ms: 1,
-            }),
+            target: TargetConfig::Webhook(WebhookConfig::new(
+                "http://127.0.0.1:1/",
+                crate::config::Secret("s".into()),
+            )),
         }
     }
 

@@ -51,11 +51,11 @@ impl StreamWebhookHandler {
             reason,
         };
         let url = reqwest::Url::parse(&webhook.url).map_err(|e| invalid(e.to_string()))?;
-        let secret = webhook.secret_bytes().map_err(invalid)?;
+        let secrets = webhook.signing_keys().map_err(|e| invalid(e.to_string()))?;
         let endpoint = Endpoint::new(
             &settings.name,
             url,
-            secret,
+            secrets,
             Duration::from_millis(webhook.timeout_ms),
         )?;
         Ok(Self {

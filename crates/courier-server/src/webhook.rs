@@ -1,38 +1,95 @@
-//! The webhook target: a [`Handler`] that POSTs each payload as JSON, signed
+//! The webhook target: a [`Handler`] that POSTs each message as JSON, signed
 //! per the Standard Webhooks convention.
 //!
-//! Each request carries `webhook-id` (the message id: the same on every
-//! retry, so receivers deduplicate on it), `webhook-timestamp` (unix seconds)
-//! and `webhook-signature` = `v1,<base64 HMAC-SHA256(secret, "{id}.{timestamp}.{body}")>`,
-//! plus `courier-tenant`, `courier-topic`, `courier-schema-version` and
-//! `courier-attempt` for routing.
+//! The body is the payload (`format = "raw"`, the default) or the Standard
+//! Webhooks envelope `{"type": <topic>, "timestamp": <occurred_at, RFC 3339>,
+//! "data": <payload>}` (`format = "envelope"`).
 //!
-//! Outcomes: 2xx completes the delivery. 5xx, 408, 429, a connection error or
-//! a timeout is retried — after `Retry-After` seconds when the endpoint sends
-//! it, else by the subscription's backoff. Any other status (redirects are
+//! Each request carries `webhook-id` = `{subscription}:{message id}` (the
+//! same on every retry of one message to one subscription, so receivers
+//! deduplicate on it; two subscriptions of one message send two ids, so a
+//! receiver serving both keeps both), `webhook-timestamp` (unix seconds)
+//! and `webhook-signature` = `v1,<base64 HMAC-SHA256(secret, "{id}.{timestamp}.{body}")>`
+//! — one such entry per configured secret, space-separated, so a receiver
+//! moving from one secret to the next accepts the request with either
+//! ([`verify`] checks a request as a receiver should) — plus the message's
+//! metadata: `courier-tenant`, `courier-topic`, `courier-schema-version`,
+//! `courier-ordering-key` (when it has one), `courier-message-id` and
+//! `courier-attempt`.
+//!
+//! The message's own headers (a W3C `traceparent` and `tracestate`, say) are
+//! forwarded as HTTP headers, one value per name (names compare without
+//! case), except where forwarding could change what the request means: the
+//! hop-by-hop and framing headers and those Courier sets itself (see
+//! [`RESERVED_HEADERS`]), credentials (`authorization`, `cookie`), and any
+//! name starting with `webhook-` (the signature's), `courier-` (Courier's
+//! metadata, which a message must not be able to forge) or `proxy-`. A
+//! header whose name is not an HTTP token or whose value holds a control
+//! character is not forwarded either; the delivery goes ahead without it.
+//!
+//! Outcomes: 2xx completes the delivery. A 429 or 503 with `Retry-After`
+//! (seconds) is the endpoint asking to wait: the subscription is throttled
+//! for that long, capped at its retry policy's backoff cap (at least its
+//! base): the message snoozes ([`HandlerError::snooze`]: no attempt spent;
+//! the engine bounds snoozes by [`courier::MAX_SNOOZES`]), and until the
+//! throttle ends no other delivery of the subscription calls the endpoint —
+//! each snoozes until then instead, without a request and without spending
+//! an attempt. The throttle lives in this process: other daemons serving the
+//! subscription learn of it from their own 429. Other 5xx, 408, a 429
+//! without `Retry-After`, a connection error or a timeout is a failed attempt
+//! retried by the subscription's backoff (after `Retry-After`, capped the
+//! same way, when the endpoint sends one). Any other status (redirects are
 //! not followed) is permanent: the message is dead-lettered at once. The
 //! status and the first 1 KiB of the response body go into the error history.
 //! Messages of tenants outside the subscription's `tenants` are completed
-//! without a request.
+//! without a request, throttled or not.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use courier::{truncate_chars, Handler, HandlerError, Message};
+use courier::{truncate_chars, Handler, HandlerError, Message, RetryPolicy};
 use hmac::{Hmac, Mac};
-use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
 use sha2::Sha256;
 
-use crate::config::{SubscriptionConfig, TargetConfig};
+use crate::config::{
+    SubscriptionConfig, TargetConfig, WebhookFormat, DEFAULT_WEBHOOK_TIMEOUT_MS,
+    MIN_WEBHOOK_SECRET_BYTES,
+};
 use crate::metrics::{WEBHOOK_REQUESTS, WEBHOOK_SECONDS};
 
 /// How much of a failed response's body is kept in the error history.
 pub const ERROR_BODY_BYTES: usize = 1024;
-/// The longest `Retry-After` honoured; longer requests are capped to it.
+/// The longest `Retry-After` read from a response; an outbox subscription
+/// honours at most its backoff cap (see the module's documentation).
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// Message header names never forwarded to the endpoint (besides the
+/// prefixes `webhook-`, `courier-` and `proxy-`): hop-by-hop and framing
+/// headers, those Courier sets itself, and credentials.
+pub const RESERVED_HEADERS: &[&str] = &[
+    "authorization",
+    "connection",
+    "content-encoding",
+    "content-length",
+    "content-type",
+    "cookie",
+    "expect",
+    "host",
+    "keep-alive",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "user-agent",
+];
+
+/// Header name prefixes never forwarded: the signature's, Courier's own
+/// metadata, and proxies'.
+const RESERVED_PREFIXES: &[&str] = &["webhook-", "courier-", "proxy-"];
 
 /// Why a webhook handler could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +114,35 @@ pub enum WebhookError {
     },
 }
 
+/// How a [`WebhookHandler`] sends, beside its URL and secrets. The default:
+/// [`DEFAULT_WEBHOOK_TIMEOUT_MS`] per request, every tenant, the `raw`
+/// format, the default retry policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WebhookOptions {
+    /// How long one request may take.
+    pub timeout: Duration,
+    /// Only these tenants' messages are sent (the others complete without a
+    /// request); `None`: every tenant.
+    pub tenants: Option<BTreeSet<String>>,
+    /// What the body holds.
+    pub format: WebhookFormat,
+    /// The subscription's retry policy (give the worker the same one): a
+    /// `Retry-After` is honoured up to its cap, and at least its base.
+    pub retry: RetryPolicy,
+}
+
+impl Default for WebhookOptions {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_millis(DEFAULT_WEBHOOK_TIMEOUT_MS),
+            tenants: None,
+            format: WebhookFormat::Raw,
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
 /// Delivers a subscription's messages to one HTTP endpoint.
 #[derive(Clone)]
 pub struct WebhookHandler {
@@ -66,6 +152,43 @@ pub struct WebhookHandler {
 struct Inner {
     endpoint: Endpoint,
     tenants: Option<BTreeSet<String>>,
+    format: WebhookFormat,
+    retry: RetryPolicy,
+    /// Until when the endpoint asked not to be called (429 or 503 with
+    /// `Retry-After`); `None` or a past instant: not throttled.
+    not_before: Mutex<Option<Instant>>,
+}
+
+impl Inner {
+    /// How long the endpoint still asks not to be called, if it does.
+    fn throttled_for(&self, now: Instant) -> Option<Duration> {
+        let not_before = *self
+            .not_before
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        not_before
+            .and_then(|until| until.checked_duration_since(now))
+            .filter(|left| !left.is_zero())
+    }
+
+    /// Throttles the endpoint until `until`, unless it already is for longer.
+    fn throttle_until(&self, until: Instant) {
+        let mut not_before = self
+            .not_before
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if not_before.is_none_or(|current| current < until) {
+            *not_before = Some(until);
+        }
+    }
+
+    /// The `Retry-After` delay honoured: at most the backoff cap, at least
+    /// the backoff base (a `Retry-After: 0` must not make a busy loop).
+    fn honoured(&self, retry_after: Duration) -> Duration {
+        retry_after
+            .min(self.retry.cap)
+            .max(self.retry.base.min(self.retry.cap))
+    }
 }
 
 impl std::fmt::Debug for WebhookHandler {
@@ -79,12 +202,12 @@ impl std::fmt::Debug for WebhookHandler {
 }
 
 /// One signed HTTP endpoint, as outbox and stream subscriptions share it:
-/// its client, URL, secret and timeout.
+/// its client, URL, secrets and timeout.
 pub(crate) struct Endpoint {
     subscription: String,
     client: reqwest::Client,
     url: reqwest::Url,
-    secret: Vec<u8>,
+    secrets: Vec<Vec<u8>>,
     timeout: Duration,
 }
 
@@ -103,19 +226,31 @@ pub(crate) struct Refusal {
 }
 
 impl Endpoint {
-    /// An endpoint POSTing to `url`, signing with `secret`, giving each
+    /// An endpoint POSTing to `url`, signing with each of `secrets` (at
+    /// least one, each at least [`MIN_WEBHOOK_SECRET_BYTES`]), giving each
     /// request `timeout`; redirects are not followed.
     pub(crate) fn new(
         subscription: &str,
         url: reqwest::Url,
-        secret: Vec<u8>,
+        secrets: Vec<Vec<u8>>,
         timeout: Duration,
     ) -> Result<Self, WebhookError> {
-        if secret.is_empty() {
-            return Err(WebhookError::Invalid {
-                subscription: subscription.to_owned(),
-                reason: "the secret is empty".into(),
-            });
+        let invalid = |reason: String| WebhookError::Invalid {
+            subscription: subscription.to_owned(),
+            reason,
+        };
+        if secrets.is_empty() {
+            return Err(invalid("no signing secret".into()));
+        }
+        if let Some((i, short)) = secrets
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.len() < MIN_WEBHOOK_SECRET_BYTES)
+        {
+            return Err(invalid(format!(
+                "signing secret {i} is {} bytes; at least {MIN_WEBHOOK_SECRET_BYTES} are required",
+                short.len()
+            )));
         }
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
@@ -130,7 +265,7 @@ impl Endpoint {
             subscription: subscription.to_owned(),
             client,
             url,
-            secret,
+            secrets,
             timeout,
         })
     }
@@ -158,8 +293,13 @@ impl Endpoint {
         body: Vec<u8>,
     ) -> Result<Result<(), Refusal>, HandlerError> {
         let timestamp = chrono::Utc::now().timestamp();
-        let signature = sign(&self.secret, id, timestamp, &body)
-            .ok_or_else(|| HandlerError::permanent("the signing secret is unusable"))?;
+        let signature = self
+            .secrets
+            .iter()
+            .map(|secret| sign(secret, id, timestamp, &body))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| HandlerError::permanent("a signing secret is unusable"))?
+            .join(" ");
         let mut headers = extra;
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert("webhook-id", header(id)?);
@@ -230,32 +370,35 @@ impl WebhookHandler {
             )));
         };
         let url = reqwest::Url::parse(&webhook.url).map_err(|e| invalid(e.to_string()))?;
-        let secret = webhook.secret_bytes().map_err(invalid)?;
-        Self::new(
-            &subscription.name,
-            url,
-            secret,
-            Duration::from_millis(webhook.timeout_ms),
-            subscription
+        let secrets = webhook.signing_keys().map_err(|e| invalid(e.to_string()))?;
+        let options = WebhookOptions {
+            timeout: Duration::from_millis(webhook.timeout_ms),
+            tenants: subscription
                 .tenants
                 .as_ref()
                 .map(|t| t.iter().cloned().collect()),
-        )
+            format: webhook.format,
+            retry: subscription.retry.policy(),
+        };
+        Self::new(&subscription.name, url, secrets, options)
     }
 
-    /// A handler POSTing to `url`, signing with `secret`, giving each request
-    /// `timeout`; with `tenants`, only those tenants' messages are sent.
+    /// A handler POSTing to `url`, signing with each of `secrets` (at least
+    /// one, each at least [`MIN_WEBHOOK_SECRET_BYTES`] bytes), sending as
+    /// `options` say.
     pub fn new(
         subscription: &str,
         url: reqwest::Url,
-        secret: Vec<u8>,
-        timeout: Duration,
-        tenants: Option<BTreeSet<String>>,
+        secrets: Vec<Vec<u8>>,
+        options: WebhookOptions,
     ) -> Result<Self, WebhookError> {
         Ok(Self {
             inner: Arc::new(Inner {
-                endpoint: Endpoint::new(subscription, url, secret, timeout)?,
-                tenants,
+                endpoint: Endpoint::new(subscription, url, secrets, options.timeout)?,
+                tenants: options.tenants,
+                format: options.format,
+                retry: options.retry,
+                not_before: Mutex::new(None),
             }),
         })
     }
@@ -281,10 +424,40 @@ pub fn sign(secret: &[u8], id: &str, timestamp: i64, body: &[u8]) -> Option<Stri
     ))
 }
 
-/// Whether `signature_header` (space-separated `v1,<sig>` entries) holds a
-/// valid signature of this request, compared in constant time. For receivers
-/// written in Rust and for tests.
+/// How far a request's `webhook-timestamp` may be from the receiver's clock,
+/// by default, before [`verify`] refuses it (a replayed request): five
+/// minutes, as Standard Webhooks libraries use.
+pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(5 * 60);
+
+/// Whether a request is authentic and fresh, as a receiver should check it:
+/// its `webhook-timestamp` (`timestamp`) lies within `tolerance` of this
+/// machine's clock ([`DEFAULT_TOLERANCE`] unless you have reason), and one
+/// of the space-separated `v1,<sig>` entries of `signature_header` is the
+/// signature of `"{id}.{timestamp}.{body}"` by `secret`, compared in
+/// constant time (several entries: the sender signs with each secret it
+/// has while secrets rotate). For receivers written in Rust and for tests.
 pub fn verify(
+    secret: &[u8],
+    id: &str,
+    timestamp: i64,
+    body: &[u8],
+    signature_header: &str,
+    tolerance: Duration,
+) -> bool {
+    is_fresh(timestamp, chrono::Utc::now().timestamp(), tolerance)
+        && signature_matches(secret, id, timestamp, body, signature_header)
+}
+
+/// Whether `timestamp` lies within `tolerance` of `now` (unix seconds), on
+/// either side.
+fn is_fresh(timestamp: i64, now: i64, tolerance: Duration) -> bool {
+    let tolerance = i64::try_from(tolerance.as_secs()).unwrap_or(i64::MAX);
+    now.abs_diff(timestamp) <= tolerance.unsigned_abs()
+}
+
+/// Whether one entry of `signature_header` is the signature of this
+/// request by `secret`.
+fn signature_matches(
     secret: &[u8],
     id: &str,
     timestamp: i64,
@@ -335,6 +508,77 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     Some(Duration::from_secs(seconds).min(MAX_RETRY_AFTER))
 }
 
+/// The `webhook-id` of `message`: `{subscription}:{message id}`, as a stream
+/// entry's is `{subscription}:{stream}:{entry id}` (`:` never occurs in a
+/// name, so no two pairs share an id).
+fn webhook_id(message: &Message<serde_json::Value>) -> String {
+    format!("{}:{}", message.subscription, message.id)
+}
+
+/// The request body for `message` in `format`.
+fn encode_body(
+    format: WebhookFormat,
+    message: &Message<serde_json::Value>,
+) -> Result<Vec<u8>, HandlerError> {
+    let encoded = match format {
+        WebhookFormat::Raw => serde_json::to_vec(&message.payload),
+        WebhookFormat::Envelope => serde_json::to_vec(&serde_json::json!({
+            "type": message.topic,
+            "timestamp": message
+                .occurred_at
+                .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+            "data": message.payload,
+        })),
+    };
+    encoded
+        .map_err(|e| HandlerError::permanent(format!("the payload cannot be encoded as JSON: {e}")))
+}
+
+/// The metadata headers of `message`, and those of its own headers that may
+/// be forwarded (see the module's documentation).
+fn message_headers(message: &Message<serde_json::Value>) -> Result<HeaderMap, HandlerError> {
+    let mut headers = HeaderMap::new();
+    for (name, value) in &message.headers {
+        let Some((name, value)) = forwardable(name, value) else {
+            tracing::debug!(
+                subscription = %message.subscription,
+                header = %name,
+                "message header not forwarded to the webhook"
+            );
+            continue;
+        };
+        headers.insert(name, value);
+    }
+    headers.insert("courier-tenant", header(&message.tenant)?);
+    headers.insert("courier-topic", header(&message.topic)?);
+    headers.insert(
+        "courier-schema-version",
+        header(&message.schema_version.to_string())?,
+    );
+    if let Some(key) = &message.ordering_key {
+        // Validation refused control characters; other UTF-8 goes as bytes.
+        let value = HeaderValue::from_bytes(key.as_bytes()).map_err(|e| {
+            HandlerError::permanent(format!("cannot send the ordering key as a header: {e}"))
+        })?;
+        headers.insert("courier-ordering-key", value);
+    }
+    headers.insert("courier-message-id", header(&message.id.to_string())?);
+    headers.insert("courier-attempt", header(&message.attempt.to_string())?);
+    Ok(headers)
+}
+
+/// A message header as an HTTP header, unless its name is reserved or it
+/// cannot be sent as it is.
+fn forwardable(name: &str, value: &str) -> Option<(HeaderName, HeaderValue)> {
+    let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
+    let lower = name.as_str();
+    if RESERVED_HEADERS.contains(&lower) || RESERVED_PREFIXES.iter().any(|p| lower.starts_with(p)) {
+        return None;
+    }
+    let value = HeaderValue::from_bytes(value.as_bytes()).ok()?;
+    Some((name, value))
+}
+
 /// The first [`ERROR_BODY_BYTES`] of a response's body, as text.
 async fn body_start(mut response: reqwest::Response) -> String {
     let mut bytes = Vec::with_capacity(ERROR_BODY_BYTES);
@@ -362,20 +606,23 @@ impl Handler for WebhookHandler {
                 return Ok(());
             }
         }
-        let body = serde_json::to_vec(&message.payload).map_err(|e| {
-            HandlerError::permanent(format!("the payload cannot be encoded as JSON: {e}"))
-        })?;
-        let mut headers = HeaderMap::new();
-        headers.insert("courier-tenant", header(&message.tenant)?);
-        headers.insert("courier-topic", header(&message.topic)?);
-        headers.insert(
-            "courier-schema-version",
-            header(&message.schema_version.to_string())?,
-        );
-        headers.insert("courier-attempt", header(&message.attempt.to_string())?);
+        if let Some(left) = inner.throttled_for(started) {
+            self.count("throttled", started);
+            return Err(HandlerError::snooze(
+                left,
+                format!(
+                    "webhook of subscription {} not called: the endpoint asked to wait \
+                     (Retry-After) {} ms more",
+                    inner.endpoint.subscription,
+                    left.as_millis()
+                ),
+            ));
+        }
+        let body = encode_body(inner.format, &message)?;
+        let headers = message_headers(&message)?;
         let refusal = match inner
             .endpoint
-            .post(&message.id.to_string(), headers, body)
+            .post(&webhook_id(&message), headers, body)
             .await?
         {
             Ok(()) => {
@@ -388,11 +635,25 @@ impl Handler for WebhookHandler {
             self.count("permanent", started);
             return Err(HandlerError::permanent(refusal.reason));
         }
-        self.count("retry", started);
-        Err(match refusal.retry_after {
-            Some(delay) => HandlerError::retry_after(delay, refusal.reason),
-            None => HandlerError::retry(refusal.reason),
-        })
+        let asks_to_wait = matches!(
+            refusal.status,
+            Some(StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
+        );
+        match refusal.retry_after.map(|delay| inner.honoured(delay)) {
+            Some(delay) if asks_to_wait => {
+                inner.throttle_until(Instant::now() + delay);
+                self.count("deferred", started);
+                Err(HandlerError::snooze(delay, refusal.reason))
+            }
+            Some(delay) => {
+                self.count("retry", started);
+                Err(HandlerError::retry_after(delay, refusal.reason))
+            }
+            None => {
+                self.count("retry", started);
+                Err(HandlerError::retry(refusal.reason))
+            }
+        }
     }
 }
 
@@ -414,14 +675,70 @@ mod tests {
         )
         .unwrap();
         assert_eq!(signature, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
-        assert!(verify(
+        assert!(signature_matches(
             &secret,
             "msg_p5jXN8AQM9LWM0D4loKWxJek",
             1_614_265_330,
             br#"{"test": 2432232314}"#,
             &format!("v1,bogus {signature}"),
         ));
-        assert!(!verify(&secret, "other", 1_614_265_330, b"{}", &signature));
+        assert!(!signature_matches(
+            &secret,
+            "other",
+            1_614_265_330,
+            b"{}",
+            &signature
+        ));
+        // The specification's example is from 2021: long past any tolerance.
+        assert!(!verify(
+            &secret,
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1_614_265_330,
+            br#"{"test": 2432232314}"#,
+            &signature,
+            DEFAULT_TOLERANCE,
+        ));
+    }
+
+    #[test]
+    fn timestamps_are_fresh_within_the_tolerance_either_way() {
+        let tolerance = DEFAULT_TOLERANCE;
+        assert!(is_fresh(1_000, 1_000, tolerance));
+        assert!(is_fresh(1_000 - 300, 1_000, tolerance));
+        assert!(is_fresh(1_000 + 300, 1_000, tolerance));
+        assert!(!is_fresh(1_000 - 301, 1_000, tolerance));
+        assert!(!is_fresh(1_000 + 301, 1_000, tolerance));
+        assert!(!is_fresh(i64::MIN, i64::MAX, Duration::MAX));
+        assert!(is_fresh(5, 5, Duration::ZERO));
+    }
+
+    #[test]
+    fn only_safe_message_headers_are_forwarded() {
+        for (name, value) in [
+            (
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+            ("TraceState", "congo=t61rcWkgMzE"),
+            ("x-request-id", "r-1"),
+            ("x-name", "Zoë"),
+        ] {
+            assert!(forwardable(name, value).is_some(), "{name}");
+        }
+        for (name, value) in [
+            ("Webhook-Signature", "v1,forged"),
+            ("courier-tenant", "other"),
+            ("Proxy-Authorization", "Basic x"),
+            ("Transfer-Encoding", "chunked"),
+            ("content-length", "0"),
+            ("Host", "evil.example"),
+            ("authorization", "Bearer x"),
+            ("cookie", "session=1"),
+            ("two words", "x"),
+            ("x-split", "a\r\nx-injected: 1"),
+        ] {
+            assert!(forwardable(name, value).is_none(), "{name}: {value:?}");
+        }
     }
 
     #[test]

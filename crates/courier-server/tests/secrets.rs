@@ -78,9 +78,11 @@ async fn an_unreachable_webhook_s_credentials_reach_neither_the_error_history_no
             concurrency: 1,
             replay: None,
             target: TargetConfig::Webhook(WebhookConfig {
-                url: format!("http://{USER}:{PASSWORD}@{closed}/hooks?token={QUERY_TOKEN}"),
-                secret: Secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()),
                 timeout_ms: 2_000,
+                ..WebhookConfig::new(
+                    format!("http://{USER}:{PASSWORD}@{closed}/hooks?token={QUERY_TOKEN}"),
+                    Secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()),
+                )
             }),
         }],
         ..Config::default()

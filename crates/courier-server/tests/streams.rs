@@ -1454,6 +1454,7 @@ async fn a_stream_subscription_delivers_each_entry_once_retries_defers_and_dead_
             timestamp,
             &first.body,
             &header("webhook-signature"),
+            courier_server::webhook::DEFAULT_TOLERANCE,
         ));
     }
     // The 500 was retried once the entry had been idle for min_idle.

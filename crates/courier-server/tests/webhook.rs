@@ -14,13 +14,15 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use courier_server::config::{
-    Config, RetryConfig, Secret, SubscriptionConfig, TargetConfig, WebhookConfig,
+    Config, RetryConfig, Secret, SubscriptionConfig, TargetConfig, WebhookConfig, WebhookFormat,
 };
-use courier_server::webhook::verify;
+use courier_server::webhook::{verify, DEFAULT_TOLERANCE};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+/// A second secret, raw text (its bytes are the key).
+const NEXT_SECRET: &str = "the next secret, 24 bytes or more";
 
 /// What the receiver answers, per path, in order; 200 once a script runs out.
 #[derive(Clone)]
@@ -120,11 +122,7 @@ fn webhook(name: &str, topics: &[&str], url: String) -> SubscriptionConfig {
         },
         concurrency: 4,
         replay: None,
-        target: TargetConfig::Webhook(WebhookConfig {
-            url,
-            secret: Secret(SECRET.into()),
-            timeout_ms: 10_000,
-        }),
+        target: TargetConfig::Webhook(WebhookConfig::new(url, Secret(SECRET.into()))),
     }
 }
 
@@ -192,11 +190,17 @@ impl Daemon {
     }
 
     async fn publish(&self, tenant: &str, topic: &str, payload: Value) -> String {
+        self.publish_request(json!({"tenant": tenant, "topic": topic, "payload": payload}))
+            .await
+    }
+
+    /// POSTs `request` as a `POST /v1/messages` body; the new message's id.
+    async fn publish_request(&self, request: Value) -> String {
         let response = self
             .client
             .post(format!("http://{}/v1/messages", self.address))
             .header("content-type", "application/json")
-            .body(json!({"tenant": tenant, "topic": topic, "payload": payload}).to_string())
+            .body(request.to_string())
             .send()
             .await
             .unwrap();
@@ -213,6 +217,16 @@ impl Daemon {
             .await
             .unwrap();
         serde_json::from_slice(&response.bytes().await.unwrap()).unwrap()
+    }
+
+    async fn text(&self, path: &str) -> String {
+        let response = self
+            .client
+            .get(format!("http://{}{path}", self.address))
+            .send()
+            .await
+            .unwrap();
+        response.text().await.unwrap()
     }
 
     /// The state of `id` in `subscription`, if it is owed to it.
@@ -272,7 +286,8 @@ async fn signed_deliveries_reach_the_receiver(database: Database) {
     assert_eq!(requests.len(), 1, "{requests:?}");
     let request = &requests[0];
     let header = |name: &str| request.headers[name].to_str().unwrap().to_owned();
-    assert_eq!(header("webhook-id"), paid);
+    assert_eq!(header("webhook-id"), format!("hooks:{paid}"));
+    assert_eq!(header("courier-message-id"), paid);
     assert_eq!(header("content-type"), "application/json");
     assert_eq!(header("courier-tenant"), "acme");
     assert_eq!(header("courier-topic"), "invoice.paid");
@@ -285,21 +300,184 @@ async fn signed_deliveries_reach_the_receiver(database: Database) {
     .unwrap();
     assert!(verify(
         &secret,
-        &paid,
+        &format!("hooks:{paid}"),
         timestamp,
         &request.body,
-        &header("webhook-signature")
+        &header("webhook-signature"),
+        DEFAULT_TOLERANCE,
     ));
     assert!(!verify(
-        b"another secret",
-        &paid,
+        b"another secret of 24 bytes or more",
+        &format!("hooks:{paid}"),
         timestamp,
         &request.body,
-        &header("webhook-signature")
+        &header("webhook-signature"),
+        DEFAULT_TOLERANCE,
     ));
     let body: Value = serde_json::from_slice(&request.body).unwrap();
     assert_eq!(body, json!({"n": 1, "why": "paid"}));
     daemon.shutdown().await;
+}
+
+async fn deliveries_carry_the_message_s_metadata_and_headers_raw_or_enveloped(database: Database) {
+    let (receiver, address) = start_receiver().await;
+    let raw = webhook("raw", &["*"], format!("http://{address}/raw"));
+    let mut enveloped = webhook("enveloped", &["*"], format!("http://{address}/envelope"));
+    let TargetConfig::Webhook(target) = &mut enveloped.target else {
+        panic!("not a webhook");
+    };
+    target.format = WebhookFormat::Envelope;
+    let daemon = Daemon::start(&database, vec![raw, enveloped], 5_000).await;
+
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let id = daemon
+        .publish_request(json!({
+            "tenant": "acme",
+            "topic": "invoice.paid",
+            "schema_version": 2,
+            "ordering_key": "customer-7",
+            "payload": {"n": 1},
+            "headers": {
+                "traceparent": traceparent,
+                "tracestate": "congo=t61rcWkgMzE",
+                "X-Request-Id": "r-1",
+                // Never forwarded: signing, Courier's own, hop-by-hop,
+                // credentials, not a header name, not a header value.
+                "webhook-id": "forged",
+                "courier-tenant": "forged",
+                "connection": "close",
+                "authorization": "Bearer stolen",
+                "not a name": "x",
+                "x-two-lines": "a\r\nx-injected: 1",
+            },
+        }))
+        .await;
+    daemon.wait_for_state(&id, "raw", "completed").await;
+    daemon.wait_for_state(&id, "enveloped", "completed").await;
+    let message = daemon.get(&format!("/v1/messages/{id}")).await;
+
+    for path in ["/raw", "/envelope"] {
+        let requests = receiver.requests(path);
+        assert_eq!(requests.len(), 1, "{path}: {requests:?}");
+        let headers = &requests[0].headers;
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_owned())
+                .unwrap_or_else(|| panic!("{path} got no {name}: {headers:?}"))
+        };
+        assert_eq!(header("courier-tenant"), "acme", "{path}");
+        assert_eq!(header("courier-topic"), "invoice.paid", "{path}");
+        assert_eq!(header("courier-schema-version"), "2", "{path}");
+        assert_eq!(header("courier-ordering-key"), "customer-7", "{path}");
+        assert_eq!(header("courier-message-id"), id, "{path}");
+        assert_eq!(header("courier-attempt"), "1", "{path}");
+        assert_eq!(header("traceparent"), traceparent, "{path}");
+        assert_eq!(header("tracestate"), "congo=t61rcWkgMzE", "{path}");
+        assert_eq!(header("x-request-id"), "r-1", "{path}");
+        assert_eq!(header("content-type"), "application/json", "{path}");
+        assert_ne!(header("webhook-id"), "forged", "{path}");
+        for absent in ["connection", "authorization", "x-two-lines", "x-injected"] {
+            assert!(headers.get(absent).is_none(), "{path} got {absent}");
+        }
+        assert_eq!(headers.get_all("courier-tenant").iter().count(), 1);
+    }
+    let raw: Value = serde_json::from_slice(&receiver.requests("/raw")[0].body).unwrap();
+    assert_eq!(raw, json!({"n": 1}));
+    let envelope: Value = serde_json::from_slice(&receiver.requests("/envelope")[0].body).unwrap();
+    assert_eq!(envelope["type"], json!("invoice.paid"), "{envelope}");
+    assert_eq!(envelope["data"], json!({"n": 1}), "{envelope}");
+    let timestamp =
+        chrono::DateTime::parse_from_rfc3339(envelope["timestamp"].as_str().unwrap()).unwrap();
+    let occurred: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(message["occurred_at"].clone()).unwrap();
+    assert_eq!(timestamp, occurred, "{envelope} vs {message}");
+    assert_eq!(envelope.as_object().unwrap().len(), 3, "{envelope}");
+    daemon.shutdown().await;
+}
+
+async fn every_secret_signs_and_verify_checks_signature_and_timestamp(database: Database) {
+    let (receiver, address) = start_receiver().await;
+    let mut rotating = webhook("rotating", &["*"], format!("http://{address}/rotating"));
+    let TargetConfig::Webhook(target) = &mut rotating.target else {
+        panic!("not a webhook");
+    };
+    target.secrets = vec![Secret(NEXT_SECRET.into())];
+    let daemon = Daemon::start(&database, vec![rotating], 5_000).await;
+    let id = daemon
+        .publish("acme", "invoice.paid", json!({"n": 1}))
+        .await;
+    daemon.wait_for_state(&id, "rotating", "completed").await;
+    let requests = receiver.requests("/rotating");
+    assert_eq!(requests.len(), 1);
+    let request = &requests[0];
+    let header = |name: &str| request.headers[name].to_str().unwrap().to_owned();
+    let webhook_id = header("webhook-id");
+    let timestamp: i64 = header("webhook-timestamp").parse().unwrap();
+    let signatures = header("webhook-signature");
+    let entries: Vec<&str> = signatures.split(' ').collect();
+    assert_eq!(entries.len(), 2, "one per secret: {signatures}");
+    assert!(entries.iter().all(|e| e.starts_with("v1,")), "{signatures}");
+    let first = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        SECRET.trim_start_matches("whsec_"),
+    )
+    .unwrap();
+    let check = |secret: &[u8], body: &[u8], tolerance: Duration| {
+        verify(secret, &webhook_id, timestamp, body, &signatures, tolerance)
+    };
+    // A receiver holding either secret accepts the request.
+    assert!(check(&first, &request.body, DEFAULT_TOLERANCE));
+    assert!(check(
+        NEXT_SECRET.as_bytes(),
+        &request.body,
+        DEFAULT_TOLERANCE
+    ));
+    assert!(!check(
+        b"a third secret, 24 bytes or more",
+        &request.body,
+        DEFAULT_TOLERANCE
+    ));
+    assert!(!check(&first, br#"{"n": 2}"#, DEFAULT_TOLERANCE));
+    // Past the tolerance the same request is a replay.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert!(!check(&first, &request.body, Duration::ZERO));
+    assert!(check(&first, &request.body, Duration::from_secs(60)));
+    daemon.shutdown().await;
+}
+
+async fn a_short_secret_stops_the_daemon_naming_the_subscription_and_the_field(database: Database) {
+    for (secret, secrets, field) in [
+        (Some("too short"), vec![], "subscriptions[0].target.secret"),
+        (
+            Some(SECRET),
+            vec![NEXT_SECRET, "whsec_c2hvcnQ="],
+            "subscriptions[0].target.secrets[1]",
+        ),
+        (None, vec![], "subscriptions[0].target.secret"),
+    ] {
+        let mut hook = webhook("billing-hook", &["*"], "http://127.0.0.1:1/".into());
+        let TargetConfig::Webhook(target) = &mut hook.target else {
+            panic!("not a webhook");
+        };
+        target.secret = secret.map(|s| Secret(s.into()));
+        target.secrets = secrets.into_iter().map(|s| Secret(s.into())).collect();
+        let config = Config {
+            database_url: database.url.clone(),
+            schema: database.schema.clone(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            subscriptions: vec![hook],
+            ..Config::default()
+        };
+        let error = courier_server::bind(config, async {}).await.unwrap_err();
+        let courier_server::ServeError::Config(config_error) = &error else {
+            panic!("not a config error: {error}");
+        };
+        assert_eq!(config_error.key(), Some(field), "{error}");
+        let shown = error.to_string();
+        assert!(shown.contains("subscription billing-hook"), "{shown}");
+        assert!(!shown.contains("too short"), "the secret is shown: {shown}");
+    }
 }
 
 async fn server_errors_are_retried_until_delivered_once(database: Database) {
@@ -326,12 +504,57 @@ async fn server_errors_are_retried_until_delivered_once(database: Database) {
     assert_eq!(requests.len(), 3, "two 503s then one 200");
     assert!(requests
         .iter()
-        .all(|r| r.headers["webhook-id"] == id.as_str()));
+        .all(|r| r.headers["webhook-id"] == format!("flaky:{id}").as_str()));
     let attempts: Vec<_> = requests
         .iter()
         .map(|r| r.headers["courier-attempt"].to_str().unwrap().to_owned())
         .collect();
     assert_eq!(attempts, ["1", "2", "3"]);
+    daemon.shutdown().await;
+}
+
+async fn the_webhook_id_is_one_per_message_and_subscription_across_retries(database: Database) {
+    let (receiver, address) = start_receiver().await;
+    receiver.script(
+        "/flaky",
+        &[
+            Answer::Status(503, None, "down"),
+            Answer::Status(500, None, "still down"),
+        ],
+    );
+    let daemon = Daemon::start(
+        &database,
+        vec![
+            webhook("flaky", &["*"], format!("http://{address}/flaky")),
+            webhook("steady", &["*"], format!("http://{address}/steady")),
+        ],
+        5_000,
+    )
+    .await;
+    let id = daemon
+        .publish("acme", "invoice.paid", json!({"n": 1}))
+        .await;
+    daemon.wait_for_state(&id, "flaky", "completed").await;
+    daemon.wait_for_state(&id, "steady", "completed").await;
+    let webhook_ids = |path: &str| -> Vec<String> {
+        receiver
+            .requests(path)
+            .iter()
+            .map(|r| r.headers["webhook-id"].to_str().unwrap().to_owned())
+            .collect()
+    };
+    let flaky = webhook_ids("/flaky");
+    assert_eq!(flaky.len(), 3, "two failures then a success: {flaky:?}");
+    assert!(flaky.iter().all(|i| *i == flaky[0]), "{flaky:?}");
+    let steady = webhook_ids("/steady");
+    assert_eq!(steady.len(), 1, "{steady:?}");
+    // A receiver serving both subscriptions must not drop one as a duplicate.
+    assert_ne!(steady[0], flaky[0]);
+    assert_eq!(flaky[0], format!("flaky:{id}"));
+    assert_eq!(steady[0], format!("steady:{id}"));
+    for request in receiver.log.lock().unwrap().iter() {
+        assert_eq!(request.headers["courier-message-id"], id.as_str());
+    }
     daemon.shutdown().await;
 }
 
@@ -373,12 +596,9 @@ async fn client_errors_dead_letter_with_the_status(database: Database) {
 async fn retry_after_is_honoured(database: Database) {
     let (receiver, address) = start_receiver().await;
     receiver.script("/busy", &[Answer::Status(429, Some("2"), "slow down")]);
-    let daemon = Daemon::start(
-        &database,
-        vec![webhook("busy", &["*"], format!("http://{address}/busy"))],
-        5_000,
-    )
-    .await;
+    let mut busy = webhook("busy", &["*"], format!("http://{address}/busy"));
+    busy.retry.cap_ms = 5_000;
+    let daemon = Daemon::start(&database, vec![busy], 5_000).await;
     let id = daemon
         .publish("acme", "invoice.paid", json!({"n": 1}))
         .await;
@@ -386,8 +606,83 @@ async fn retry_after_is_honoured(database: Database) {
     let requests = receiver.requests("/busy");
     assert_eq!(requests.len(), 2);
     let gap = requests[1].at - requests[0].at;
-    // The policy's backoff is 10-50 ms; the endpoint asked for 2 s.
+    // The policy's backoff is 20 ms to 5 s; the endpoint asked for 2 s.
     assert!(gap >= Duration::from_millis(1900), "retried after {gap:?}");
+    // Asked to wait, the message snoozed: its attempt was given back.
+    assert_eq!(requests[1].headers["courier-attempt"], "1");
+    daemon.shutdown().await;
+}
+
+async fn retry_after_is_capped_at_the_backoff_cap(database: Database) {
+    let (receiver, address) = start_receiver().await;
+    receiver.script(
+        "/capped",
+        &[Answer::Status(503, Some("3600"), "back in an hour")],
+    );
+    let mut capped = webhook("capped", &["*"], format!("http://{address}/capped"));
+    capped.retry.cap_ms = 300;
+    let daemon = Daemon::start(&database, vec![capped], 5_000).await;
+    let id = daemon
+        .publish("acme", "invoice.paid", json!({"n": 1}))
+        .await;
+    daemon.wait_for_state(&id, "capped", "completed").await;
+    let requests = receiver.requests("/capped");
+    assert_eq!(requests.len(), 2);
+    let gap = requests[1].at - requests[0].at;
+    // The endpoint asked for an hour; the subscription waits at most 300 ms.
+    assert!(gap >= Duration::from_millis(290), "retried after {gap:?}");
+    assert!(gap < Duration::from_secs(5), "retried after {gap:?}");
+    assert_eq!(requests[1].headers["courier-attempt"], "1");
+    daemon.shutdown().await;
+}
+
+async fn a_429_throttles_the_whole_subscription_without_spending_attempts(database: Database) {
+    let (receiver, address) = start_receiver().await;
+    receiver.script("/limited", &[Answer::Status(429, Some("1"), "slow down")]);
+    let mut limited = webhook("limited", &["*"], format!("http://{address}/limited"));
+    limited.retry.cap_ms = 5_000;
+    limited.concurrency = 4;
+    let daemon = Daemon::start(&database, vec![limited], 5_000).await;
+    let mut ids = vec![daemon.publish("acme", "t", json!({"n": 0})).await];
+    let throttled = courier_testkit::eventually(Duration::from_secs(10), || async {
+        !receiver.requests("/limited").is_empty()
+    })
+    .await;
+    assert!(throttled, "the first message never reached the endpoint");
+    // Published while the endpoint's 1 s lasts: all claimed, none sent.
+    for n in 1..6 {
+        ids.push(daemon.publish("acme", "t", json!({"n": n})).await);
+    }
+    for id in &ids {
+        daemon.wait_for_state(id, "limited", "completed").await;
+    }
+    let requests = receiver.requests("/limited");
+    let first = requests[0].at;
+    let window: Vec<_> = requests
+        .iter()
+        .filter(|r| r.at - first < Duration::from_secs(1))
+        .collect();
+    assert_eq!(window.len(), 1, "calls in the throttle window: {window:?}");
+    assert_eq!(
+        requests.len(),
+        7,
+        "the 429, then each of the six messages once"
+    );
+    for request in &requests {
+        assert_eq!(request.headers["courier-attempt"], "1", "{request:?}");
+    }
+    // The five were claimed in the window and held back without a request.
+    let metrics = daemon.text("/metrics").await;
+    let throttled = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("courier_webhook_requests_total")
+                && l.contains("outcome=\"throttled\"")
+                && l.contains("subscription=\"limited\"")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or_default();
+    assert!(throttled >= 5.0, "{metrics}");
     daemon.shutdown().await;
 }
 
@@ -499,9 +794,15 @@ macro_rules! webhook_tests {
 
 webhook_tests!(
     signed_deliveries_reach_the_receiver,
+    deliveries_carry_the_message_s_metadata_and_headers_raw_or_enveloped,
     server_errors_are_retried_until_delivered_once,
+    the_webhook_id_is_one_per_message_and_subscription_across_retries,
+    every_secret_signs_and_verify_checks_signature_and_timestamp,
+    a_short_secret_stops_the_daemon_naming_the_subscription_and_the_field,
     client_errors_dead_letter_with_the_status,
     retry_after_is_honoured,
+    retry_after_is_capped_at_the_backoff_cap,
+    a_429_throttles_the_whole_subscription_without_spending_attempts,
     a_down_endpoint_does_not_delay_a_healthy_subscription,
     timeouts_are_retried_then_dead_lettered,
 );

@@ -543,6 +543,18 @@ pub trait StreamStore: Clone + Send + Sync + 'static {
         ids: &'c [StreamEntryId],
     ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
 
+    /// How long the oldest entry of the stream that has committed but is not
+    /// readable yet has waited, measured from its append. On PostgreSQL an
+    /// entry is handed out only once every transaction that began before its
+    /// own has ended, so an appending (or any writing) transaction held open
+    /// elsewhere delays the entries committed after it. `Some(ZERO)` when no
+    /// entry waits; `None` where a committed entry is readable at once
+    /// (SQLite, Redis).
+    fn visibility_wait<'c>(
+        &'c self,
+        key: &'c StreamKey,
+    ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send + 'c;
+
     /// Sums up the group's pending entries.
     fn pending_summary<'c>(
         &'c self,

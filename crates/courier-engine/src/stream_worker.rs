@@ -39,7 +39,10 @@
 //! `courier_stream_{read,claimed,acked,dead_lettered,deferred}_total`,
 //! `courier_stream_pending` (the group's pending entries, every claim
 //! interval), `courier_stream_lag` (the entries its group has not handed out
-//! yet, every claim interval; not set where the backend cannot tell), `courier_stream_handler_duration_seconds`,
+//! yet, every claim interval; not set where the backend cannot tell),
+//! `courier_stream_visibility_wait_seconds` (PostgreSQL: how long the oldest
+//! committed entry an open transaction elsewhere holds back has waited, every
+//! claim interval), `courier_stream_handler_duration_seconds`,
 //! `courier_stream_groups_recreated_total` and
 //! `courier_backend_reconnects_total` (by backend).
 
@@ -755,6 +758,10 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                         if let Some(lag) = self.streams.lag(&c.key, &c.name).await? {
                             metrics::gauge!(LAG, "subscription" => c.name.clone()).set(lag as f64);
                         }
+                        if let Some(wait) = self.streams.visibility_wait(&c.key).await? {
+                            metrics::gauge!(VISIBILITY_WAIT, "subscription" => c.name.clone())
+                                .set(wait.as_secs_f64());
+                        }
                     }
                     resume_at = deferred(&step);
                     if resume_at.is_some() {
@@ -1349,4 +1356,5 @@ const HANDLER_SECONDS: &str = "courier_stream_handler_duration_seconds";
 const RECONNECTS: &str = "courier_backend_reconnects_total";
 const PENDING: &str = "courier_stream_pending";
 const LAG: &str = "courier_stream_lag";
+const VISIBILITY_WAIT: &str = "courier_stream_visibility_wait_seconds";
 const GROUPS_RECREATED: &str = "courier_stream_groups_recreated_total";

@@ -39,6 +39,7 @@ queries!(
     stream_relayed_entry,
     stream_trim_maxlen,
     stream_trim_minid,
+    stream_visibility_wait,
     stream_wait,
     batch_savepoint,
     begin_read_committed,

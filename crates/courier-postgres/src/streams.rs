@@ -598,6 +598,20 @@ impl StreamStore for PgStore {
         Ok(u64::try_from(acked).unwrap_or(0))
     }
 
+    async fn visibility_wait<'c>(
+        &'c self,
+        key: &'c StreamKey,
+    ) -> Result<Option<Duration>, StoreError> {
+        let waited: Option<i64> = sqlx::query_scalar(&self.q().stream_visibility_wait)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .fetch_one(self.pool())
+            .await
+            .map_err(map)?;
+        let millis = waited.map_or(0, |ms| u64::try_from(ms).unwrap_or(0));
+        Ok(Some(Duration::from_millis(millis)))
+    }
+
     async fn lag<'c>(
         &'c self,
         key: &'c StreamKey,

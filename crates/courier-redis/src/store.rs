@@ -316,6 +316,11 @@ impl StreamStore for RedisStreamStore {
 
     /// From `XINFO GROUPS` (Redis 7.0 or later): its `lag`, which Redis
     /// leaves out (nil) when entries were deleted from the part not read yet.
+    async fn visibility_wait(&self, _key: &StreamKey) -> Result<Option<Duration>, StoreError> {
+        // An XADD is readable as soon as it is answered.
+        Ok(None)
+    }
+
     async fn lag(&self, key: &StreamKey, group: &str) -> Result<Option<u64>, StoreError> {
         validate_name("group", group)?;
         let mut command = redis::cmd("XINFO");

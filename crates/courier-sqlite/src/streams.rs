@@ -587,6 +587,15 @@ impl StreamStore for SqliteStore {
         Ok(acked)
     }
 
+    async fn visibility_wait<'c>(
+        &'c self,
+        _key: &'c StreamKey,
+    ) -> Result<Option<Duration>, StoreError> {
+        // One writer: rowid order is commit order, and a committed entry is
+        // readable at once.
+        Ok(None)
+    }
+
     async fn lag<'c>(
         &'c self,
         key: &'c StreamKey,

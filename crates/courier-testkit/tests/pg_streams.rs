@@ -334,3 +334,28 @@ async fn appends_to_one_stream_do_not_wake_reads_blocked_on_another() -> anyhow:
     );
     Ok(())
 }
+
+/// An appending transaction held open holds back the entries committed after
+/// it, and the stream says for how long (the subscription's
+/// `courier_stream_visibility_wait_seconds`); once it commits nothing waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_back_entry_s_wait_is_reported_until_it_is_readable() -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    let store = pg.courier().store().clone();
+    let key = StreamKey::new("acme", "orders")?;
+    store.ensure_group(&key, "g", GroupStart::End).await?;
+
+    let mut open = pg.pool.begin().await?;
+    store.append_on(&mut open, &key, &[entry(1)]).await?;
+    let later = store.append(&key, &[entry(2)]).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waited = store.visibility_wait(&key).await?;
+    assert!(
+        waited.is_some_and(|w| w >= Duration::from_millis(300)),
+        "{waited:?}"
+    );
+    open.commit().await?;
+    assert!(store.wait_until_readable(later[0], READABLE).await?);
+    assert_eq!(store.visibility_wait(&key).await?, Some(Duration::ZERO));
+    Ok(())
+}

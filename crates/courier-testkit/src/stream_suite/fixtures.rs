@@ -170,6 +170,13 @@ impl StreamStore for ReadablePgStore {
         self.0.lag(key, group)
     }
 
+    fn visibility_wait<'c>(
+        &'c self,
+        key: &'c StreamKey,
+    ) -> impl std::future::Future<Output = Result<Option<Duration>, StoreError>> + Send + 'c {
+        self.0.visibility_wait(key)
+    }
+
     fn pending_summary<'c>(
         &'c self,
         key: &'c StreamKey,

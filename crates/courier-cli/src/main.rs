@@ -69,6 +69,14 @@ enum Command {
         /// that logs each delivery: messages flow in the first minute.
         #[arg(long)]
         demo: bool,
+        /// The database (`postgres://…`, or a SQLite file path), over the
+        /// config file's and COURIER_DATABASE_URL's `database_url`.
+        #[arg(long)]
+        database_url: Option<String>,
+        /// The API's address (`host:port`), over the config file's and
+        /// COURIER_LISTEN's `listen`.
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
     },
     /// Publish one message, or NDJSON from standard input (one `POST
     /// /v1/messages` body per line), to the database or a running daemon.
@@ -379,13 +387,32 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            // `{:#}` puts the whole context chain on one line; a database,
-            // Redis or webhook URL in it loses its password and query values.
-            let text = courier_server::redact::redact_urls(&format!("{error:#}"));
+            // The whole chain on one line; a database, Redis or webhook URL
+            // in it loses its password and query values.
+            let text = courier_server::redact::redact_urls(&one_line(&error));
             eprintln!("courier: error: {text}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// `error` and its causes on one line, `: ` between them, leaving out a cause
+/// whose text the one before already holds (most errors print their source
+/// in their own text too, so the chain would repeat it).
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    let mut previous = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if previous.is_empty() || !previous.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+        previous = text;
+    }
+    line
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -399,9 +426,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             .try_init();
     }
     match cli.command {
-        Command::Serve { config, demo } => {
+        Command::Serve {
+            config,
+            demo,
+            database_url,
+            listen,
+        } => {
             let mut config = courier_server::Config::load(config.as_deref())?;
             config.demo |= demo;
+            if let Some(url) = database_url {
+                config.database_url = url;
+            }
+            if let Some(listen) = listen {
+                config.listen = listen;
+            }
+            // The flags are checked as the file's keys are.
+            config.validate()?;
             courier_server::init_logging(config.log_format);
             courier_server::run(config, shutdown_signal()).await?;
         }

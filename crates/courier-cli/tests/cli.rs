@@ -545,3 +545,27 @@ fn subscriptions_can_be_created_with_a_replay_and_lose_topics() {
         stderr(&unknown)
     );
 }
+
+/// A failing command says what failed once: the database's own words are not
+/// repeated by every error that wraps them (they were, four times, for a
+/// missing database), and a log line on stderr carries no colour codes.
+#[test]
+fn an_error_is_printed_once_without_colour_codes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = database_url();
+    let missing = format!(
+        "{}/courier_no_such_db",
+        base.rsplit_once('/')
+            .map_or(base.as_str(), |(head, _)| head)
+    );
+    for args in [
+        vec!["status", "--database-url", missing.as_str()],
+        vec!["serve", "--database-url", missing.as_str()],
+    ] {
+        let output = courier(dir.path(), &args);
+        assert!(!output.status.success(), "{args:?}");
+        let err = stderr(&output);
+        assert_eq!(err.matches("does not exist").count(), 1, "{args:?}: {err}");
+        assert!(!err.contains('\u{1b}'), "{args:?}: {err}");
+    }
+}

@@ -290,3 +290,38 @@ async fn serve_demo_delivers_sample_events_within_seconds() -> anyhow::Result<()
     assert!(delivered, "the demo subscription received nothing");
     Ok(())
 }
+
+/// `courier serve --database-url … --listen …` serves without a config file
+/// or environment, the flags winning over COURIER_DATABASE_URL and
+/// COURIER_LISTEN; a bad flag is refused naming the key, before anything
+/// starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_takes_the_database_and_the_listen_address_as_flags() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let port = free_port()?;
+    let db = dir.path().join("flags.db");
+    let mut daemon = tokio::process::Command::new(BINARY)
+        .args(["serve", "--database-url"])
+        .arg(&db)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("COURIER_DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+        .env("COURIER_LISTEN", "127.0.0.1:1")
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    assert!(ready(port).await, "the daemon answers on --listen");
+    assert!(db.exists(), "the database is the one --database-url names");
+    terminate(&daemon)?;
+    assert!(daemon.wait().await?.success());
+
+    let refused = std::process::Command::new(BINARY)
+        .args(["serve", "--database-url", "mysql://x"])
+        .current_dir(dir.path())
+        .output()?;
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("database_url"), "{stderr}");
+    Ok(())
+}

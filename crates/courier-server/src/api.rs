@@ -189,8 +189,17 @@ pub fn router(state: ApiState) -> Router {
             }),
         )
         .fallback(|| async { ApiError::not_found("no such route", None) })
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .layer(axum::middleware::from_fn_with_state(guard, guard_requests))
+}
+
+/// 405 for a known path asked with a method it does not serve.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::method_not_allowed(format!(
+        "{method} is not served on {}; /v1/openapi.json lists each path's methods",
+        uri.path()
+    ))
 }
 
 /// The OpenAPI 3 document of the API (what `/v1/openapi.json` serves).
@@ -214,7 +223,68 @@ fn with_document_route(mut document: utoipa::openapi::OpenApi) -> utoipa::openap
                 ),
         ),
     );
+    with_guard_responses(&mut document);
     document
+}
+
+/// Adds to every operation the refusals [`crate::guard`] and
+/// [`crate::http_server::request_timeout`] give before any handler runs: 408
+/// and 431 everywhere, 421 except on the probes, 415 on state changes.
+fn with_guard_responses(document: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+    let error = |description: &str| -> RefOr<utoipa::openapi::Response> {
+        RefOr::T(
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("ErrorBody")))
+                        .build(),
+                )
+                .build(),
+        )
+    };
+    for (path, item) in &mut document.paths.paths {
+        let probe = matches!(path.as_str(), "/healthz" | "/readyz");
+        for (changes_state, operation) in [
+            (false, &mut item.get),
+            (true, &mut item.put),
+            (true, &mut item.post),
+            (true, &mut item.delete),
+            (true, &mut item.patch),
+        ] {
+            let Some(operation) = operation.as_mut() else {
+                continue;
+            };
+            let responses = &mut operation.responses.responses;
+            let mut add = |status: &str, description: &str| {
+                responses
+                    .entry(status.to_owned())
+                    .or_insert_with(|| error(description));
+            };
+            add(
+                "408",
+                "The request did not complete within `server.request_timeout_ms` (`request_timeout`)",
+            );
+            add(
+                "431",
+                "More than 100 header lines or 64 KiB of request head (`headers_too_large`)",
+            );
+            if !probe {
+                add(
+                    "421",
+                    "The `Host` is not one this daemon answers to (`misdirected_request`)",
+                );
+            }
+            if changes_state {
+                add(
+                    "415",
+                    "Not declared as `application/json` (`unsupported_media_type`)",
+                );
+            }
+        }
+    }
 }
 
 fn api_routes(single_limit: usize, batch_limit: usize) -> OpenApiRouter<ApiState> {
@@ -368,6 +438,41 @@ fn strip_position(message: &str) -> String {
     match message.rfind(" at line ") {
         Some(index) => message[..index].to_owned(),
         None => message.to_owned(),
+    }
+}
+
+/// A path parameter, percent-decoded; a parameter that is not UTF-8 once
+/// decoded (`/v1/messages/%FF`) is refused 422 naming the parameter.
+pub struct ApiPath<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for ApiPath<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned + Send,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        use axum::extract::path::ErrorKind;
+        use axum::extract::rejection::PathRejection;
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(ApiPath(value)),
+            Err(PathRejection::FailedToDeserializePathParams(error)) => {
+                let message = error.body_text();
+                Err(match error.into_kind() {
+                    ErrorKind::InvalidUtf8InPathParam { key } => {
+                        ApiError::invalid(key, "is not valid UTF-8 once percent-decoded")
+                    }
+                    ErrorKind::ParseErrorAtKey { key, .. }
+                    | ErrorKind::DeserializeError { key, .. } => ApiError::invalid(key, message),
+                    _ => ApiError::invalid("path", message),
+                })
+            }
+            Err(rejection) => Err(ApiError::internal(format!(
+                "the path parameters are not available: {}",
+                rejection.body_text()
+            ))),
+        }
     }
 }
 
@@ -1115,7 +1220,7 @@ async fn publish_batch(
 async fn get_message(
     State(state): State<ApiState>,
     Reader(principal): Reader,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<MessageView>, ApiError> {
     let id: Uuid = id
         .parse()
@@ -1281,7 +1386,7 @@ async fn list_dead_letters(
 async fn get_dead_letter(
     State(state): State<ApiState>,
     Reader(principal): Reader,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<DeadLetterView>, ApiError> {
     let id: i64 = id
         .parse()
@@ -1482,7 +1587,7 @@ async fn set_paused(
 async fn pause_subscription(
     State(state): State<ApiState>,
     Admin(principal): Admin,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Json<PauseState>, ApiError> {
     set_paused(&state, &principal, name, true).await
 }
@@ -1504,7 +1609,7 @@ async fn pause_subscription(
 async fn resume_subscription(
     State(state): State<ApiState>,
     Admin(principal): Admin,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Json<PauseState>, ApiError> {
     set_paused(&state, &principal, name, false).await
 }
@@ -1598,6 +1703,7 @@ pub fn metrics_router(state: ApiState) -> Router {
             }),
         )
         .fallback(|| async { ApiError::not_found("only /metrics is served here", None) })
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .layer(axum::middleware::from_fn_with_state(guard, guard_requests))
 }

@@ -983,6 +983,33 @@ async fn the_served_document_is_the_generated_one_and_routers_share_one_recorder
     assert_eq!(get(&second, "/metrics", None).await.status, StatusCode::OK);
 }
 
+#[test]
+fn the_openapi_document_lists_the_refusals_given_before_any_handler() {
+    let document = serde_json::to_value(courier_server::openapi()).unwrap();
+    let mut operations = 0;
+    for (path, item) in document["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let responses = &operation["responses"];
+            let mut expected = vec!["408", "431"];
+            if !matches!(path.as_str(), "/healthz" | "/readyz") {
+                expected.push("421");
+            }
+            if method != "get" {
+                expected.push("415");
+            }
+            for status in expected {
+                assert_eq!(
+                    responses[status]["content"]["application/json"]["schema"]["$ref"],
+                    json!("#/components/schemas/ErrorBody"),
+                    "{method} {path} does not list {status}"
+                );
+            }
+            operations += 1;
+        }
+    }
+    assert!(operations > 20);
+}
+
 #[tokio::test]
 async fn readiness_tells_only_admins_why_the_database_is_not_ready() {
     // A store whose database is down: nothing listens on port 1.

@@ -1404,12 +1404,15 @@ async fn get_dead_letter(
 }
 
 enum Selection {
-    Ids(Vec<i64>),
+    /// Delivery ids; with `tenants`, only those tenants' dead letters.
+    Ids {
+        ids: Vec<i64>,
+        tenants: Option<Vec<String>>,
+    },
     Filter(DeadLetterFilter),
 }
 
-async fn resolve_selection(
-    state: &ApiState,
+fn resolve_selection(
     principal: &Principal,
     selection: DeadLetterSelection,
 ) -> Result<Selection, ApiError> {
@@ -1421,20 +1424,12 @@ async fn resolve_selection(
                     format!("must hold 1 to {MAX_IDS} ids, got {}", ids.len()),
                 ));
             }
-            if principal.tenants == TenantScope::All {
-                return Ok(Selection::Ids(ids));
-            }
-            // A scoped token acts only on its tenants' dead letters; others
-            // are skipped as if they did not exist.
-            let mut visible = Vec::with_capacity(ids.len());
-            for id in ids {
-                if let Some(dead) = state.store.get_dead_letter(id).await? {
-                    if principal.tenants.allows(&dead.tenant) {
-                        visible.push(id);
-                    }
-                }
-            }
-            Ok(Selection::Ids(visible))
+            // A scoped token acts only on its tenants' dead letters: the one
+            // statement skips others' as if they did not exist.
+            Ok(Selection::Ids {
+                ids,
+                tenants: principal.tenants.filter(),
+            })
         }
         (None, Some(filter)) => {
             check_name("topic", filter.topic.as_ref()).map_err(|e| ApiError {
@@ -1478,9 +1473,12 @@ async fn retry_dead_letters(
     Admin(principal): Admin,
     ApiJson(selection): ApiJson<DeadLetterSelection>,
 ) -> Result<Json<Affected>, ApiError> {
-    let affected = match resolve_selection(&state, &principal, selection).await? {
-        Selection::Ids(ids) if ids.is_empty() => 0,
-        Selection::Ids(ids) => state.store.retry_dead_letters(ids).await?,
+    let affected = match resolve_selection(&principal, selection)? {
+        Selection::Ids { ids, tenants: None } => state.store.retry_dead_letters(ids).await?,
+        Selection::Ids {
+            ids,
+            tenants: Some(tenants),
+        } => state.store.retry_tenants_dead_letters(ids, tenants).await?,
         Selection::Filter(filter) => state.store.retry_dead_letters_matching(filter).await?,
     };
     Ok(Json(Affected { affected }))
@@ -1506,9 +1504,17 @@ async fn discard_dead_letters(
     Admin(principal): Admin,
     ApiJson(selection): ApiJson<DeadLetterSelection>,
 ) -> Result<Json<Affected>, ApiError> {
-    let affected = match resolve_selection(&state, &principal, selection).await? {
-        Selection::Ids(ids) if ids.is_empty() => 0,
-        Selection::Ids(ids) => state.store.discard_dead_letters(ids).await?,
+    let affected = match resolve_selection(&principal, selection)? {
+        Selection::Ids { ids, tenants: None } => state.store.discard_dead_letters(ids).await?,
+        Selection::Ids {
+            ids,
+            tenants: Some(tenants),
+        } => {
+            state
+                .store
+                .discard_tenants_dead_letters(ids, tenants)
+                .await?
+        }
         Selection::Filter(filter) => state.store.discard_dead_letters_matching(filter).await?,
     };
     Ok(Json(Affected { affected }))

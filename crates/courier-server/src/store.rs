@@ -47,10 +47,22 @@ pub trait ApiStore: Send + Sync + 'static {
     fn get_dead_letter(&self, delivery_id: i64) -> StoreFuture<'_, Option<DeadLetter>>;
     /// Retries dead letters by id.
     fn retry_dead_letters(&self, ids: Vec<i64>) -> StoreFuture<'_, u64>;
+    /// Retries dead letters by id, only those of `tenants`, in one statement.
+    fn retry_tenants_dead_letters(
+        &self,
+        ids: Vec<i64>,
+        tenants: Vec<String>,
+    ) -> StoreFuture<'_, u64>;
     /// Retries dead letters matching a filter.
     fn retry_dead_letters_matching(&self, filter: DeadLetterFilter) -> StoreFuture<'_, u64>;
     /// Discards dead letters by id.
     fn discard_dead_letters(&self, ids: Vec<i64>) -> StoreFuture<'_, u64>;
+    /// Discards dead letters by id, only those of `tenants`, in one statement.
+    fn discard_tenants_dead_letters(
+        &self,
+        ids: Vec<i64>,
+        tenants: Vec<String>,
+    ) -> StoreFuture<'_, u64>;
     /// Discards dead letters matching a filter.
     fn discard_dead_letters_matching(&self, filter: DeadLetterFilter) -> StoreFuture<'_, u64>;
 }
@@ -114,12 +126,32 @@ where
         Box::pin(async move { DeadLetterStore::retry_dead_letters(self, &ids).await })
     }
 
+    fn retry_tenants_dead_letters(
+        &self,
+        ids: Vec<i64>,
+        tenants: Vec<String>,
+    ) -> StoreFuture<'_, u64> {
+        Box::pin(
+            async move { DeadLetterStore::retry_tenants_dead_letters(self, &ids, &tenants).await },
+        )
+    }
+
     fn retry_dead_letters_matching(&self, filter: DeadLetterFilter) -> StoreFuture<'_, u64> {
         Box::pin(async move { DeadLetterStore::retry_dead_letters_matching(self, &filter).await })
     }
 
     fn discard_dead_letters(&self, ids: Vec<i64>) -> StoreFuture<'_, u64> {
         Box::pin(async move { DeadLetterStore::discard_dead_letters(self, &ids).await })
+    }
+
+    fn discard_tenants_dead_letters(
+        &self,
+        ids: Vec<i64>,
+        tenants: Vec<String>,
+    ) -> StoreFuture<'_, u64> {
+        Box::pin(async move {
+            DeadLetterStore::discard_tenants_dead_letters(self, &ids, &tenants).await
+        })
     }
 
     fn discard_dead_letters_matching(&self, filter: DeadLetterFilter) -> StoreFuture<'_, u64> {

@@ -892,7 +892,99 @@ where
     Ok(())
 }
 
+async fn a_scoped_retry_by_ids_is_one_store_call_and_leaves_other_tenants_alone<S>(
+    courier: Courier<S>,
+) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let worker = courier
+        .worker("billing")
+        .handle(
+            "invoice.paid",
+            1,
+            handler_fn(|_message: courier::Message<Value>| async {
+                Err::<(), _>(HandlerError::permanent("refused"))
+            }),
+        )
+        .build()
+        .await?;
+    let open = app(courier.store().clone(), &[], LIMIT);
+    for tenant in ["a", "a", "a", "b", "b"] {
+        let reply = post(
+            &open,
+            "/v1/messages",
+            None,
+            &message(tenant, "invoice.paid"),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    }
+    assert_eq!(worker.run_once().await?, 5);
+    let dead = courier
+        .store()
+        .list_dead_letters(&courier::DeadLetterFilter::default(), None, 10)
+        .await?;
+    let of = |tenant: &str| -> Vec<i64> {
+        dead.items
+            .iter()
+            .filter(|d| d.tenant == tenant)
+            .map(|d| d.delivery_id)
+            .collect()
+    };
+    let (a_ids, b_ids) = (of("a"), of("b"));
+    assert_eq!((a_ids.len(), b_ids.len()), (3, 2));
+    // 1000 ids: every dead letter and ids that name none.
+    let mut ids: Vec<i64> = dead.items.iter().map(|d| d.delivery_id).collect();
+    ids.extend((1..=995).map(|n| 1_000_000_000 + n));
+
+    let (store, calls) = common::counting::CountingStore::new(courier.store().clone());
+    let auth = courier_server::Authenticator::new(&standard_tokens())?;
+    let scoped = courier_server::router(courier_server::ApiState::with_authenticator(
+        store, auth, LIMIT,
+    ));
+    let discarded = post(
+        &scoped,
+        "/v1/dead-letters/discard",
+        Some("admin-a"),
+        &json!({"ids": b_ids}),
+    )
+    .await;
+    assert_eq!(discarded.status, StatusCode::OK, "{}", discarded.text);
+    assert_eq!(discarded.body["affected"], json!(0), "another tenant's ids");
+    let retried = post(
+        &scoped,
+        "/v1/dead-letters/retry",
+        Some("admin-a"),
+        &json!({"ids": ids}),
+    )
+    .await;
+    assert_eq!(retried.status, StatusCode::OK, "{}", retried.text);
+    assert_eq!(retried.body["affected"], json!(3), "{}", retried.text);
+    let counted = calls
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .clone();
+    assert_eq!(
+        counted.values().sum::<usize>(),
+        2,
+        "one store call per request: {counted:?}"
+    );
+    assert_eq!(counted.get("get_dead_letter"), None, "{counted:?}");
+    // b's dead letters are still dead; a's are deliverable again.
+    let left = courier
+        .store()
+        .list_dead_letters(&courier::DeadLetterFilter::default(), None, 10)
+        .await?;
+    let mut left: Vec<i64> = left.items.iter().map(|d| d.delivery_id).collect();
+    left.sort_unstable();
+    assert_eq!(left, b_ids);
+    assert_eq!(worker.run_once().await?, 3);
+    Ok(())
+}
+
 api_tests!(
+    a_scoped_retry_by_ids_is_one_store_call_and_leaves_other_tenants_alone,
     publish_stores_once_per_idempotency_key,
     batch_is_all_or_nothing,
     bad_input_names_the_field_and_stores_nothing,
@@ -968,21 +1060,6 @@ fn the_openapi_document_lists_every_route() {
     assert!(document["components"]["securitySchemes"]["bearer"].is_object());
 }
 
-#[tokio::test]
-async fn the_served_document_is_the_generated_one_and_routers_share_one_recorder() {
-    let fixture = courier_testkit::SqliteFixture::new().await.unwrap();
-    let store = courier_testkit::Backend::courier(&fixture).store().clone();
-    // Two routers in one process: the recorder is installed once and both work.
-    let first = app(store.clone(), &[], LIMIT);
-    let second = app(store, &[], LIMIT);
-    let served = get(&first, "/v1/openapi.json", None).await;
-    assert_eq!(
-        served.body,
-        serde_json::to_value(courier_server::openapi()).unwrap()
-    );
-    assert_eq!(get(&second, "/metrics", None).await.status, StatusCode::OK);
-}
-
 #[test]
 fn the_openapi_document_lists_the_refusals_given_before_any_handler() {
     let document = serde_json::to_value(courier_server::openapi()).unwrap();
@@ -1008,6 +1085,21 @@ fn the_openapi_document_lists_the_refusals_given_before_any_handler() {
         }
     }
     assert!(operations > 20);
+}
+
+#[tokio::test]
+async fn the_served_document_is_the_generated_one_and_routers_share_one_recorder() {
+    let fixture = courier_testkit::SqliteFixture::new().await.unwrap();
+    let store = courier_testkit::Backend::courier(&fixture).store().clone();
+    // Two routers in one process: the recorder is installed once and both work.
+    let first = app(store.clone(), &[], LIMIT);
+    let second = app(store, &[], LIMIT);
+    let served = get(&first, "/v1/openapi.json", None).await;
+    assert_eq!(
+        served.body,
+        serde_json::to_value(courier_server::openapi()).unwrap()
+    );
+    assert_eq!(get(&second, "/metrics", None).await.status, StatusCode::OK);
 }
 
 #[tokio::test]

@@ -212,6 +212,7 @@ macro_rules! store_conformance_tests {
             rescued_deliveries_wait_a_backoff,
             the_error_history_keeps_the_newest_twenty_on_every_path,
             dead_letters_can_be_listed_inspected_retried_and_discarded,
+            dead_letters_by_id_for_tenants_leave_other_tenants_alone,
             prune_removes_finished_messages_and_old_receipts_but_keeps_dead_letters,
             prune_works_in_batches,
             transactional_work_commits_with_its_receipt_and_completion,

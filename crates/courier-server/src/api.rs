@@ -66,6 +66,8 @@ pub const MAX_BATCH_MESSAGES: usize = 1000;
 pub const MAX_BATCH_BODY_BYTES: usize = 16 * 1024 * 1024;
 /// The most ids one dead-letter operation may name.
 pub const MAX_IDS: usize = 1000;
+/// The most ids a dry run of a dead-letter retry or discard shows.
+pub const DRY_RUN_IDS: usize = 100;
 /// Page size when `limit` is not given.
 pub const DEFAULT_PAGE: usize = 50;
 /// The largest page.
@@ -815,8 +817,14 @@ pub struct DeadLetterPageView {
 pub struct DeadLetterSelection {
     /// Delivery ids (at most 1000); ids not visible to the token are skipped.
     pub ids: Option<Vec<i64>>,
-    /// Every dead letter matching (`{}` matches all the token may see).
+    /// Every dead letter matching. An empty filter (`{}`, every dead letter
+    /// the token may see) is refused unless `all` is `true`.
     pub filter: Option<DeadLetterFilterBody>,
+    /// With an empty `filter`: yes, every dead letter the token may see.
+    pub all: Option<bool>,
+    /// With a `filter`: change nothing, answer how many match and the first
+    /// 100 ids.
+    pub dry_run: Option<bool>,
 }
 
 /// A dead-letter filter.
@@ -831,11 +839,17 @@ pub struct DeadLetterFilterBody {
     pub subscription: Option<String>,
 }
 
-/// How many were affected.
+/// How many were affected (or, in a dry run, would be).
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Affected {
     /// The count.
     pub affected: u64,
+    /// Present and `true` for a dry run: nothing was changed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
+    /// In a dry run, the first 100 matching delivery ids, ascending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ids: Option<Vec<i64>>,
 }
 
 /// A subscription.
@@ -1410,13 +1424,58 @@ enum Selection {
         tenants: Option<Vec<String>>,
     },
     Filter(DeadLetterFilter),
+    /// A filter to count and show, changing nothing.
+    DryRun(DeadLetterFilter),
+}
+
+/// How many dead letters `filter` matches and the first [`DRY_RUN_IDS`].
+async fn dry_run(state: &ApiState, filter: DeadLetterFilter) -> Result<Affected, ApiError> {
+    let stats = state
+        .store
+        .delivery_stats(filter.tenant.clone().map(|tenant| vec![tenant]))
+        .await?;
+    let matching: i64 = stats
+        .iter()
+        .filter(|row| {
+            filter
+                .topic
+                .as_ref()
+                .is_none_or(|topic| *topic == row.topic)
+        })
+        .filter(|row| {
+            filter
+                .subscription
+                .as_ref()
+                .is_none_or(|subscription| *subscription == row.subscription)
+        })
+        .map(|row| row.dead)
+        .sum();
+    let page = state
+        .store
+        .list_dead_letters(filter, None, DRY_RUN_IDS)
+        .await?;
+    Ok(Affected {
+        affected: u64::try_from(matching).unwrap_or(0),
+        dry_run: true,
+        ids: Some(page.items.iter().map(|dead| dead.delivery_id).collect()),
+    })
 }
 
 fn resolve_selection(
     principal: &Principal,
     selection: DeadLetterSelection,
 ) -> Result<Selection, ApiError> {
+    let all = selection.all.unwrap_or(false);
+    let dry_run = selection.dry_run.unwrap_or(false);
     match (selection.ids, selection.filter) {
+        (Some(_), None) if selection.all.is_some() => Err(ApiError::invalid(
+            "all",
+            "goes with an empty `filter`, not with `ids`",
+        )),
+        (Some(_), None) if dry_run => Err(ApiError::invalid(
+            "dry_run",
+            "previews a `filter`; `ids` already name what would change",
+        )),
         (Some(ids), None) => {
             if ids.is_empty() || ids.len() > MAX_IDS {
                 return Err(ApiError::invalid(
@@ -1440,11 +1499,31 @@ fn resolve_selection(
                 field: Some("filter.subscription".into()),
                 ..e
             })?;
-            Ok(Selection::Filter(DeadLetterFilter {
+            let empty =
+                filter.tenant.is_none() && filter.topic.is_none() && filter.subscription.is_none();
+            let filter = DeadLetterFilter {
                 tenant: single_tenant(principal, filter.tenant, "filter.tenant")?,
                 topic: filter.topic,
                 subscription: filter.subscription,
-            }))
+            };
+            if empty && !all {
+                return Err(ApiError::invalid(
+                    "filter",
+                    "an empty filter matches every dead letter this token may see; name a \
+                     tenant, topic or subscription, or send \"all\": true to mean every one",
+                ));
+            }
+            if !empty && selection.all.is_some() {
+                return Err(ApiError::invalid(
+                    "all",
+                    "goes with an empty `filter` only; this filter names what it matches",
+                ));
+            }
+            Ok(if dry_run {
+                Selection::DryRun(filter)
+            } else {
+                Selection::Filter(filter)
+            })
         }
         _ => Err(ApiError::invalid(
             "ids",
@@ -1454,13 +1533,17 @@ fn resolve_selection(
 }
 
 /// Make dead letters deliverable again, with attempts reset.
+///
+/// By `ids`, or by `filter`; an empty filter needs `"all": true`. With
+/// `"dry_run": true` a filter changes nothing and the answer is how many
+/// match and the first 100 ids.
 #[utoipa::path(
     post,
     path = "/v1/dead-letters/retry",
     tag = "dead-letters",
     request_body = DeadLetterSelection,
     responses(
-        (status = 200, body = Affected),
+        (status = 200, description = "Retried (in a dry run: would be, with the first ids)", body = Affected),
         (status = 400, description = "Malformed JSON", body = ErrorBody),
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "No `admin` role, or another tenant", body = ErrorBody),
@@ -1480,18 +1563,27 @@ async fn retry_dead_letters(
             tenants: Some(tenants),
         } => state.store.retry_tenants_dead_letters(ids, tenants).await?,
         Selection::Filter(filter) => state.store.retry_dead_letters_matching(filter).await?,
+        Selection::DryRun(filter) => return Ok(Json(dry_run(&state, filter).await?)),
     };
-    Ok(Json(Affected { affected }))
+    Ok(Json(Affected {
+        affected,
+        dry_run: false,
+        ids: None,
+    }))
 }
 
 /// Discard dead letters for good.
+///
+/// By `ids`, or by `filter`; an empty filter needs `"all": true`. With
+/// `"dry_run": true` a filter changes nothing and the answer is how many
+/// match and the first 100 ids.
 #[utoipa::path(
     post,
     path = "/v1/dead-letters/discard",
     tag = "dead-letters",
     request_body = DeadLetterSelection,
     responses(
-        (status = 200, body = Affected),
+        (status = 200, description = "Discarded (in a dry run: would be, with the first ids)", body = Affected),
         (status = 400, description = "Malformed JSON", body = ErrorBody),
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "No `admin` role, or another tenant", body = ErrorBody),
@@ -1516,8 +1608,13 @@ async fn discard_dead_letters(
                 .await?
         }
         Selection::Filter(filter) => state.store.discard_dead_letters_matching(filter).await?,
+        Selection::DryRun(filter) => return Ok(Json(dry_run(&state, filter).await?)),
     };
-    Ok(Json(Affected { affected }))
+    Ok(Json(Affected {
+        affected,
+        dry_run: false,
+        ids: None,
+    }))
 }
 
 /// Every subscription with its topics and pause state.

@@ -983,7 +983,130 @@ where
     Ok(())
 }
 
+async fn a_dry_run_changes_nothing_and_an_empty_filter_needs_all<S>(
+    courier: Courier<S>,
+) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let worker = courier
+        .worker("billing")
+        .handle(
+            "invoice.paid",
+            1,
+            handler_fn(|_message: courier::Message<Value>| async {
+                Err::<(), _>(HandlerError::permanent("refused"))
+            }),
+        )
+        .build()
+        .await?;
+    let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
+    for tenant in ["a", "a", "a", "b", "b"] {
+        let reply = post(
+            &app,
+            "/v1/messages",
+            Some("all"),
+            &message(tenant, "invoice.paid"),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    }
+    assert_eq!(worker.run_once().await?, 5);
+    let dead_count = || async {
+        let page = get(&app, "/v1/dead-letters?limit=500", Some("all")).await;
+        page.body["items"].as_array().map_or(0, Vec::len)
+    };
+    let a_ids: Vec<Value> = get(&app, "/v1/dead-letters?tenant=a", Some("all"))
+        .await
+        .body["items"]
+        .as_array()
+        .map(|items| items.iter().map(|item| item["id"].clone()).collect())
+        .unwrap_or_default();
+    assert_eq!(a_ids.len(), 3);
+
+    for route in ["/v1/dead-letters/retry", "/v1/dead-letters/discard"] {
+        // Refused, and nothing changed.
+        for (token, body, field) in [
+            ("all", json!({"filter": {}}), "filter"),
+            ("all", json!({"filter": {}, "dry_run": true}), "filter"),
+            ("admin-a", json!({"filter": {}}), "filter"),
+            (
+                "all",
+                json!({"filter": {"tenant": "a"}, "all": true}),
+                "all",
+            ),
+            ("all", json!({"ids": [1], "all": true}), "all"),
+            ("all", json!({"ids": [1], "dry_run": true}), "dry_run"),
+        ] {
+            let reply = post(&app, route, Some(token), &body).await;
+            assert_eq!(
+                reply.status,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "{route} {body}: {}",
+                reply.text
+            );
+            assert_eq!(reply.field(), Some(field), "{route} {body}: {}", reply.text);
+        }
+        // A dry run counts and shows, and changes nothing.
+        let preview = post(
+            &app,
+            route,
+            Some("all"),
+            &json!({"filter": {"tenant": "a"}, "dry_run": true}),
+        )
+        .await;
+        assert_eq!(preview.status, StatusCode::OK, "{}", preview.text);
+        assert_eq!(
+            preview.body,
+            json!({"affected": 3, "dry_run": true, "ids": a_ids}),
+            "{route}"
+        );
+        let everything = post(
+            &app,
+            route,
+            Some("all"),
+            &json!({"filter": {}, "all": true, "dry_run": true}),
+        )
+        .await;
+        assert_eq!(everything.body["affected"], json!(5), "{}", everything.text);
+        assert_eq!(everything.body["ids"].as_array().map(Vec::len), Some(5));
+        let scoped = post(
+            &app,
+            route,
+            Some("admin-a"),
+            &json!({"filter": {}, "all": true, "dry_run": true}),
+        )
+        .await;
+        assert_eq!(scoped.body["affected"], json!(3), "{}", scoped.text);
+        assert_eq!(
+            dead_count().await,
+            5,
+            "{route}: a dry run changed something"
+        );
+    }
+    // `all` does it.
+    let retried = post(
+        &app,
+        "/v1/dead-letters/retry",
+        Some("admin-a"),
+        &json!({"filter": {}, "all": true}),
+    )
+    .await;
+    assert_eq!(retried.body, json!({"affected": 3}), "{}", retried.text);
+    let discarded = post(
+        &app,
+        "/v1/dead-letters/discard",
+        Some("all"),
+        &json!({"filter": {}, "all": true}),
+    )
+    .await;
+    assert_eq!(discarded.body, json!({"affected": 2}), "{}", discarded.text);
+    assert_eq!(dead_count().await, 0);
+    Ok(())
+}
+
 api_tests!(
+    a_dry_run_changes_nothing_and_an_empty_filter_needs_all,
     a_scoped_retry_by_ids_is_one_store_call_and_leaves_other_tenants_alone,
     publish_stores_once_per_idempotency_key,
     batch_is_all_or_nothing,

@@ -514,6 +514,9 @@ pub struct DeadLetterPage {
 pub struct DeliverySummary {
     /// The subscription.
     pub subscription: String,
+    /// The open delivery's id (what dead-letter retry and discard take);
+    /// `None` once completed, when only the receipt is left.
+    pub delivery_id: Option<i64>,
     /// `available`, `running`, `dead` or `completed`.
     pub state: String,
     /// Attempts spent.

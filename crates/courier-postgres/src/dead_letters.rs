@@ -127,6 +127,7 @@ impl DeadLetterStore for PgStore {
                 let errors: String = row.try_get("errors").map_err(map)?;
                 Ok(DeliverySummary {
                     subscription: row.try_get("subscription").map_err(map)?,
+                    delivery_id: row.try_get("delivery_id").map_err(map)?,
                     state: row.try_get("state").map_err(map)?,
                     attempts: row
                         .try_get::<Option<i32>, _>("attempts")

@@ -597,6 +597,9 @@ impl From<ErrorEntry> for ErrorView {
 pub struct DeliveryView {
     /// The subscription.
     pub subscription: String,
+    /// The open delivery's id: what dead-letter retry and discard take;
+    /// `null` once completed (only its receipt is left).
+    pub delivery_id: Option<i64>,
     /// `available`, `running`, `dead` or `completed`.
     pub state: String,
     /// Attempts spent.
@@ -609,6 +612,7 @@ impl From<DeliverySummary> for DeliveryView {
     fn from(summary: DeliverySummary) -> Self {
         Self {
             subscription: summary.subscription,
+            delivery_id: summary.delivery_id,
             state: summary.state,
             attempts: summary.attempts,
             errors: summary.errors.into_iter().map(ErrorView::from).collect(),

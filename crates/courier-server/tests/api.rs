@@ -1105,7 +1105,81 @@ where
     Ok(())
 }
 
+async fn a_message_s_detail_names_each_open_delivery_s_id<S>(
+    courier: Courier<S>,
+) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let failing = courier
+        .worker("billing")
+        .handle(
+            "invoice.paid",
+            1,
+            handler_fn(|_message: courier::Message<Value>| async {
+                Err::<(), _>(HandlerError::permanent("refused"))
+            }),
+        )
+        .build()
+        .await?;
+    let succeeding = courier
+        .worker("audit")
+        .handle(
+            "invoice.paid",
+            1,
+            handler_fn(|_message: courier::Message<Value>| async { Ok::<(), HandlerError>(()) }),
+        )
+        .build()
+        .await?;
+    let app = app(courier.store().clone(), &[], LIMIT);
+    let published = post(&app, "/v1/messages", None, &message("a", "invoice.paid")).await;
+    let id = published.body["id"].as_str().unwrap_or_default().to_owned();
+    let detail = get(&app, &format!("/v1/messages/{id}"), None).await;
+    let deliveries = detail.body["deliveries"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(deliveries.len(), 2, "{}", detail.text);
+    assert!(
+        deliveries.iter().all(|d| d["delivery_id"].is_i64()),
+        "{}",
+        detail.text
+    );
+    assert_eq!(failing.run_once().await?, 1);
+    assert_eq!(succeeding.run_once().await?, 1);
+
+    let detail = get(&app, &format!("/v1/messages/{id}"), None).await;
+    let of = |subscription: &str| {
+        detail.body["deliveries"]
+            .as_array()
+            .and_then(|all| all.iter().find(|d| d["subscription"] == subscription))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (billing, audit) = (of("billing"), of("audit"));
+    assert_eq!(billing["state"], json!("dead"), "{}", detail.text);
+    assert_eq!(audit["state"], json!("completed"), "{}", detail.text);
+    assert_eq!(audit["delivery_id"], Value::Null, "{}", detail.text);
+    let dead = get(&app, "/v1/dead-letters", None).await;
+    assert_eq!(
+        billing["delivery_id"], dead.body["items"][0]["id"],
+        "{}",
+        dead.text
+    );
+    // The id from the detail is what retry takes.
+    let retried = post(
+        &app,
+        "/v1/dead-letters/retry",
+        None,
+        &json!({"ids": [billing["delivery_id"]]}),
+    )
+    .await;
+    assert_eq!(retried.body, json!({"affected": 1}), "{}", retried.text);
+    Ok(())
+}
+
 api_tests!(
+    a_message_s_detail_names_each_open_delivery_s_id,
     a_dry_run_changes_nothing_and_an_empty_filter_needs_all,
     a_scoped_retry_by_ids_is_one_store_call_and_leaves_other_tenants_alone,
     publish_stores_once_per_idempotency_key,

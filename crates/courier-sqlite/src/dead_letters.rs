@@ -134,6 +134,7 @@ impl DeadLetterStore for SqliteStore {
                 let errors: String = get(row, "errors")?;
                 Ok(DeliverySummary {
                     subscription: get(row, "subscription")?,
+                    delivery_id: get(row, "delivery_id")?,
                     state: get(row, "state")?,
                     attempts: get::<Option<i32>>(row, "attempts")?.unwrap_or(0),
                     errors: rows::parse_errors(&errors)?,

@@ -235,6 +235,14 @@ enum SubscriptionsCommand {
         #[command(flatten)]
         db: DbArgs,
     },
+    /// Show one subscription: topics, state, backlog and recent outcomes
+    /// (through the daemon's API: needs --url).
+    Show {
+        #[command(flatten)]
+        db: DbArgs,
+        /// The subscription.
+        name: String,
+    },
     /// Stop claiming for a subscription; its messages wait.
     Pause {
         #[command(flatten)]
@@ -458,6 +466,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Subscriptions(command) => match command {
             SubscriptionsCommand::List { db } if db.url.is_some() => {
                 ops::print_json(&remote(&db)?.get("/v1/subscriptions").await?)?;
+            }
+            SubscriptionsCommand::Show { db, name } => {
+                let path = format!("/v1/subscriptions/{}", ops::encode(&name));
+                ops::print_json(&remote(&db)?.get(&path).await?)?;
             }
             SubscriptionsCommand::Pause { db, name } if db.url.is_some() => {
                 let path = format!("/v1/subscriptions/{name}/pause");

@@ -309,6 +309,7 @@ fn api_routes(single_limit: usize, batch_limit: usize) -> OpenApiRouter<ApiState
                 .routes(routes!(retry_dead_letters))
                 .routes(routes!(discard_dead_letters))
                 .routes(routes!(list_subscriptions))
+                .routes(routes!(get_subscription))
                 .routes(routes!(pause_subscription))
                 .routes(routes!(resume_subscription))
                 .routes(routes!(healthz))
@@ -874,6 +875,34 @@ pub struct SubscriptionView {
 pub struct SubscriptionList {
     /// By name.
     pub subscriptions: Vec<SubscriptionView>,
+}
+
+/// Open deliveries by state.
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct Backlog {
+    /// Waiting (including backoff and delayed).
+    pub available: i64,
+    /// Under a lease.
+    pub running: i64,
+    /// Dead letters.
+    pub dead: i64,
+}
+
+/// One subscription with its backlog, as the token's tenants see it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SubscriptionDetail {
+    /// The name.
+    pub name: String,
+    /// Its topic patterns.
+    pub topics: Vec<String>,
+    /// `active` or `paused`.
+    pub state: String,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// Its open deliveries of the token's tenants, by state (database, exact).
+    pub backlog: Backlog,
+    /// Seconds since the oldest of those waiting or running was enqueued.
+    pub oldest_pending_age_seconds: Option<f64>,
 }
 
 /// A subscription's pause state after a change.
@@ -1648,6 +1677,66 @@ async fn list_subscriptions(
                 created_at: s.created_at,
             })
             .collect(),
+    }))
+}
+
+/// One subscription: its topics, state and backlog of the token's tenants.
+#[utoipa::path(
+    get,
+    path = "/v1/subscriptions/{name}",
+    tag = "subscriptions",
+    params(("name" = String, Path, description = "The subscription")),
+    responses(
+        (status = 200, body = SubscriptionDetail),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `read` role", body = ErrorBody),
+        (status = 404, description = "No such subscription", body = ErrorBody),
+        (status = 422, description = "The name is not a subscription name", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn get_subscription(
+    State(state): State<ApiState>,
+    Reader(principal): Reader,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<SubscriptionDetail>, ApiError> {
+    validate_name("name", &name)?;
+    let subscription = state
+        .store
+        .list_subscriptions()
+        .await?
+        .into_iter()
+        .find(|s| s.name == name)
+        .ok_or_else(|| {
+            ApiError::not_found(format!("no subscription {name:?}"), Some("name".into()))
+        })?;
+    let rows = state
+        .store
+        .delivery_stats(principal.tenants.filter())
+        .await?;
+    let mut backlog = Backlog::default();
+    let mut oldest: Option<f64> = None;
+    for row in rows.into_iter().filter(|row| row.subscription == name) {
+        backlog.available += row.available;
+        backlog.running += row.running;
+        backlog.dead += row.dead;
+        oldest = match (oldest, row.oldest_pending_age_seconds) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    Ok(Json(SubscriptionDetail {
+        name: subscription.name,
+        topics: subscription.topics,
+        state: if subscription.paused {
+            "paused"
+        } else {
+            "active"
+        }
+        .to_owned(),
+        created_at: subscription.created_at,
+        backlog,
+        oldest_pending_age_seconds: oldest,
     }))
 }
 

@@ -483,6 +483,7 @@ fn routes(message_id: &str) -> Vec<(Method, String, Option<Value>, &'static str)
             "read",
         ),
         (Method::GET, "/v1/subscriptions".into(), None, "read"),
+        (Method::GET, "/v1/subscriptions/sub".into(), None, "read"),
         // Every tenant's counts: admin only.
         (Method::GET, "/metrics".into(), None, "admin"),
         (
@@ -1178,7 +1179,113 @@ where
     Ok(())
 }
 
+async fn one_subscription_shows_its_state_and_its_backlog_by_tenant<S>(
+    courier: Courier<S>,
+) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let worker = courier
+        .worker("billing")
+        .handle(
+            "invoice.paid",
+            1,
+            handler_fn(|_message: courier::Message<Value>| async {
+                Err::<(), _>(HandlerError::permanent("refused"))
+            }),
+        )
+        .build()
+        .await?;
+    let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
+    for tenant in ["a", "a", "b"] {
+        let reply = post(
+            &app,
+            "/v1/messages",
+            Some("all"),
+            &message(tenant, "invoice.paid"),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    }
+    assert_eq!(worker.run_once().await?, 3);
+    let reply = post(
+        &app,
+        "/v1/messages",
+        Some("all"),
+        &message("a", "invoice.paid"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+
+    let all = get(&app, "/v1/subscriptions/billing", Some("all")).await;
+    assert_eq!(all.status, StatusCode::OK, "{}", all.text);
+    assert_eq!(all.body["name"], json!("billing"));
+    assert_eq!(all.body["topics"], json!(["invoice.paid"]), "{}", all.text);
+    assert_eq!(all.body["state"], json!("active"));
+    assert_eq!(
+        all.body["backlog"],
+        json!({"available": 1, "running": 0, "dead": 3}),
+        "{}",
+        all.text
+    );
+    assert!(
+        all.body["oldest_pending_age_seconds"].is_number(),
+        "{}",
+        all.text
+    );
+    // A token scoped to tenant b sees b's backlog only.
+    let token = common::token(
+        "reader-b",
+        "reader-b",
+        &["b"],
+        &[courier_server::config::Role::Read],
+    );
+    let scoped = app_with_tokens(&courier, vec![token]);
+    let b = get(&scoped, "/v1/subscriptions/billing", Some("reader-b")).await;
+    assert_eq!(
+        b.body["backlog"],
+        json!({"available": 0, "running": 0, "dead": 1}),
+        "{}",
+        b.text
+    );
+    assert_eq!(
+        b.body["oldest_pending_age_seconds"],
+        Value::Null,
+        "{}",
+        b.text
+    );
+
+    let paused = post(
+        &app,
+        "/v1/subscriptions/billing/pause",
+        Some("all"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(paused.status, StatusCode::OK, "{}", paused.text);
+    let now = get(&app, "/v1/subscriptions/billing", Some("reader-a")).await;
+    assert_eq!(now.body["state"], json!("paused"), "{}", now.text);
+    let missing = get(&app, "/v1/subscriptions/nobody", Some("all")).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND, "{}", missing.text);
+    assert_eq!(missing.field(), Some("name"));
+    let bad = get(&app, "/v1/subscriptions/a%20b", Some("all")).await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", bad.text);
+    assert_eq!(bad.field(), Some("name"));
+    Ok(())
+}
+
+fn app_with_tokens<S>(
+    courier: &Courier<S>,
+    tokens: Vec<courier_server::config::TokenConfig>,
+) -> axum::Router
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    app(courier.store().clone(), &tokens, LIMIT)
+}
+
 api_tests!(
+    one_subscription_shows_its_state_and_its_backlog_by_tenant,
     a_message_s_detail_names_each_open_delivery_s_id,
     a_dry_run_changes_nothing_and_an_empty_filter_needs_all,
     a_scoped_retry_by_ids_is_one_store_call_and_leaves_other_tenants_alone,
@@ -1210,6 +1317,7 @@ fn the_openapi_document_lists_every_route() {
         ("/v1/dead-letters/retry", "post"),
         ("/v1/dead-letters/discard", "post"),
         ("/v1/subscriptions", "get"),
+        ("/v1/subscriptions/{name}", "get"),
         ("/v1/subscriptions/{name}/pause", "post"),
         ("/v1/subscriptions/{name}/resume", "post"),
         ("/healthz", "get"),

@@ -85,6 +85,7 @@ pub struct ApiState {
     streams: Option<Arc<dyn ApiStreams>>,
     shutdown: tokio_util::sync::CancellationToken,
     guard: Arc<RequestGuard>,
+    targets: Arc<BTreeMap<String, TargetView>>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -105,12 +106,25 @@ impl FromRef<ApiState> for Arc<Authenticator> {
 impl ApiState {
     /// State over `store` with the tokens and limits of `config`.
     pub fn new<S: ApiStore>(store: S, config: &Config) -> Result<Self, ConfigError> {
-        Ok(Self::with_authenticator(
+        let mut state = Self::with_authenticator(
             store,
             Authenticator::new(&config.tokens)?,
             config.max_payload_bytes,
         )
-        .with_guard(RequestGuard::with_origins(&config.server)))
+        .with_guard(RequestGuard::with_origins(&config.server));
+        state.targets = Arc::new(
+            config
+                .subscriptions
+                .iter()
+                .map(|subscription| {
+                    (
+                        subscription.name.clone(),
+                        TargetView::of(&subscription.target),
+                    )
+                })
+                .collect(),
+        );
+        Ok(state)
     }
 
     /// State over `store` with an explicit authenticator and payload limit
@@ -128,6 +142,7 @@ impl ApiState {
             streams: None,
             shutdown: tokio_util::sync::CancellationToken::new(),
             guard: Arc::new(RequestGuard::any_host()),
+            targets: Arc::default(),
         }
     }
 
@@ -888,6 +903,59 @@ pub struct Backlog {
     pub dead: i64,
 }
 
+/// Where a subscription of this daemon's config delivers: URLs with their
+/// credentials and query values redacted, never a secret.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TargetView {
+    /// `webhook`, `redis_stream`, `nats` or `stream`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A webhook's URL, redacted (`https://***@host/path?token=***`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The stream's name template (`redis_stream`, `stream`), or the
+    /// JetStream stream (`nats`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<String>,
+    /// The subject template (`nats`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+}
+
+impl TargetView {
+    /// The view of `target`.
+    pub fn of(target: &crate::config::TargetConfig) -> Self {
+        use crate::config::TargetConfig;
+        let mut view = Self {
+            kind: target.kind().to_owned(),
+            url: None,
+            stream: None,
+            subject: None,
+        };
+        match target {
+            TargetConfig::Webhook(webhook) => {
+                view.url = Some(crate::redact::redact_urls(&webhook.url));
+            }
+            TargetConfig::RedisStream(redis) => view.stream = Some(redis.stream.clone()),
+            TargetConfig::Nats(nats) => {
+                view.stream = Some(nats.stream.clone());
+                view.subject = Some(nats.subject.clone());
+            }
+            TargetConfig::Stream(native) => view.stream = Some(native.stream.clone()),
+        }
+        view
+    }
+}
+
+/// The last failed delivery this daemon saw.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LastErrorView {
+    /// When.
+    pub at: DateTime<Utc>,
+    /// What happened, without URL, answer body or secret.
+    pub message: String,
+}
+
 /// One subscription with its backlog, as the token's tenants see it.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SubscriptionDetail {
@@ -903,6 +971,18 @@ pub struct SubscriptionDetail {
     pub backlog: Backlog,
     /// Seconds since the oldest of those waiting or running was enqueued.
     pub oldest_pending_age_seconds: Option<f64>,
+    /// Where this daemon delivers it; `null` when its config has no such
+    /// subscription (a library worker's, or the built-in demo).
+    pub target: Option<TargetView>,
+    /// When this daemon last delivered one of its messages (every tenant's;
+    /// kept in this process's memory, empty after a restart).
+    pub last_success_at: Option<DateTime<Utc>>,
+    /// This daemon's last failed delivery (in memory, like `last_success_at`).
+    pub last_error: Option<LastErrorView>,
+    /// Deliveries this daemon attempted in the last 5 minutes.
+    pub deliveries_5m: u64,
+    /// The share of those that failed, 0 to 1; `null` without deliveries.
+    pub failure_rate_5m: Option<f64>,
 }
 
 /// A subscription's pause state after a change.
@@ -1680,7 +1760,10 @@ async fn list_subscriptions(
     }))
 }
 
-/// One subscription: its topics, state and backlog of the token's tenants.
+/// One subscription: its topics, state and backlog of the token's tenants
+/// (from the database), its target in this daemon's config (URLs redacted),
+/// and this daemon's recent outcomes delivering it (kept in its memory, so
+/// per process and empty after a restart).
 #[utoipa::path(
     get,
     path = "/v1/subscriptions/{name}",
@@ -1725,7 +1808,16 @@ async fn get_subscription(
             (a, b) => a.or(b),
         };
     }
+    let recent = crate::outcomes::global().recent(&name);
+    let (deliveries, failures) = recent.as_ref().map_or((0, 0), |r| (r.attempts, r.failures));
     Ok(Json(SubscriptionDetail {
+        target: state.targets.get(&name).cloned(),
+        last_success_at: recent.as_ref().and_then(|r| r.last_success_at),
+        last_error: recent
+            .and_then(|r| r.last_error)
+            .map(|(at, message)| LastErrorView { at, message }),
+        deliveries_5m: deliveries,
+        failure_rate_5m: (deliveries > 0).then(|| failures as f64 / deliveries as f64),
         name: subscription.name,
         topics: subscription.topics,
         state: if subscription.paused {

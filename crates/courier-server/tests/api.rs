@@ -1392,6 +1392,69 @@ fn the_openapi_document_lists_the_refusals_given_before_any_handler() {
     assert!(operations > 20);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_shows_its_redacted_target_and_this_daemon_s_recent_outcomes() {
+    use courier_server::config::{Config, Secret, SubscriptionConfig, TargetConfig, WebhookConfig};
+    let fixture = courier_testkit::SqliteFixture::new().await.unwrap();
+    let courier = courier_testkit::Backend::courier(&fixture).clone();
+    // The subscription exists in the database (a worker registers it).
+    let _worker = courier
+        .worker("hooked-outcomes")
+        .handle(
+            "invoice.paid",
+            1,
+            handler_fn(|_message: courier::Message<Value>| async { Ok::<(), HandlerError>(()) }),
+        )
+        .build()
+        .await
+        .unwrap();
+    let config = Config {
+        subscriptions: vec![SubscriptionConfig::new(
+            "hooked-outcomes",
+            vec!["invoice.paid".into()],
+            TargetConfig::Webhook(WebhookConfig {
+                url: "https://ops:hunter2@hooks.example/in?token=s3cret".into(),
+                secret: Secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()),
+                timeout_ms: 1_000,
+            }),
+        )],
+        ..Config::default()
+    };
+    let state = courier_server::ApiState::new(courier.store().clone(), &config).unwrap();
+    let app = courier_server::router(state);
+    let before = get(&app, "/v1/subscriptions/hooked-outcomes", None).await;
+    assert_eq!(before.status, StatusCode::OK, "{}", before.text);
+    assert_eq!(before.body["target"]["type"], json!("webhook"));
+    let url = before.body["target"]["url"].as_str().unwrap_or_default();
+    assert!(url.contains("hooks.example/in"), "{url}");
+    for secret in ["hunter2", "s3cret", "whsec_", "MfKQ9r8"] {
+        assert!(!before.text.contains(secret), "{secret}: {}", before.text);
+    }
+    assert_eq!(before.body["last_success_at"], Value::Null);
+    assert_eq!(before.body["last_error"], Value::Null);
+    assert_eq!(before.body["deliveries_5m"], json!(0));
+    assert_eq!(before.body["failure_rate_5m"], Value::Null);
+
+    // What the webhook handler and relays record for each delivery.
+    let outcomes = courier_server::outcomes::global();
+    outcomes.succeeded("hooked-outcomes");
+    outcomes.failed(
+        "hooked-outcomes",
+        "the endpoint answered 503 Service Unavailable",
+    );
+    let after = get(&app, "/v1/subscriptions/hooked-outcomes", None).await;
+    assert!(after.body["last_success_at"].is_string(), "{}", after.text);
+    assert_eq!(
+        after.body["last_error"]["message"],
+        json!("the endpoint answered 503 Service Unavailable"),
+        "{}",
+        after.text
+    );
+    assert_eq!(after.body["deliveries_5m"], json!(2));
+    assert_eq!(after.body["failure_rate_5m"], json!(0.5));
+    drop(fixture);
+}
+
 #[tokio::test]
 async fn the_served_document_is_the_generated_one_and_routers_share_one_recorder() {
     let fixture = courier_testkit::SqliteFixture::new().await.unwrap();

@@ -377,29 +377,122 @@ where
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
-        // The router's guard refuses state changes without JSON already;
-        // this holds for bodies read under any other router too.
-        if let Some(content_type) = request.headers().get(header::CONTENT_TYPE) {
-            let content_type = String::from_utf8_lossy(content_type.as_bytes());
-            if !is_json(&content_type) {
-                return Err(ApiError::unsupported_media_type(format!(
-                    "the body must be application/json, not {content_type:?}"
-                )));
+        let bytes = read_body(request, state).await?;
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// The body of a request under the route's size cap, declared as JSON.
+async fn read_body<S: Send + Sync>(request: Request, state: &S) -> Result<Bytes, ApiError> {
+    // The router's guard refuses state changes without JSON already;
+    // this holds for bodies read under any other router too.
+    if let Some(content_type) = request.headers().get(header::CONTENT_TYPE) {
+        let content_type = String::from_utf8_lossy(content_type.as_bytes());
+        if !is_json(&content_type) {
+            return Err(ApiError::unsupported_media_type(format!(
+                "the body must be application/json, not {content_type:?}"
+            )));
+        }
+    }
+    Bytes::from_request(request, state)
+        .await
+        .map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large(
+                    "body",
+                    "the request body is over this route's size limit (see max_payload_bytes)",
+                )
+            } else {
+                ApiError::malformed(format!("cannot read the request body: {rejection}"))
+            }
+        })
+}
+
+/// A batch body, checked as it is read: the items of `messages` are kept as
+/// slices of the body, and reading stops at item [`MAX_BATCH_MESSAGES`] + 1,
+/// so neither a long array nor a large item is built into JSON values first.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchEnvelope<'a> {
+    #[serde(borrow)]
+    messages: BatchItems<'a>,
+}
+
+/// At most [`MAX_BATCH_MESSAGES`] raw items.
+struct BatchItems<'a>(Vec<&'a serde_json::value::RawValue>);
+
+/// The deserialisation error of an array past [`MAX_BATCH_MESSAGES`].
+const TOO_MANY_MESSAGES: &str = "the batch holds more messages than the limit";
+
+impl<'de: 'a, 'a> Deserialize<'de> for BatchItems<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Items<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Items<'a> {
+            type Value = BatchItems<'a>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "an array of 1 to {MAX_BATCH_MESSAGES} messages")
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element::<&'a serde_json::value::RawValue>()? {
+                    if items.len() == MAX_BATCH_MESSAGES {
+                        return Err(serde::de::Error::custom(TOO_MANY_MESSAGES));
+                    }
+                    items.push(item);
+                }
+                Ok(BatchItems(items))
             }
         }
-        let bytes = Bytes::from_request(request, state)
-            .await
-            .map_err(|rejection| {
-                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    ApiError::too_large(
-                        "body",
-                        "the request body is over this route's size limit (see max_payload_bytes)",
-                    )
-                } else {
-                    ApiError::malformed(format!("cannot read the request body: {rejection}"))
-                }
-            })?;
-        parse_json(&bytes).map(ApiJson)
+        deserializer.deserialize_seq(Items(std::marker::PhantomData))
+    }
+}
+
+/// The raw items of a batch body (see [`BatchEnvelope`]), with errors that
+/// name the field: 422 `messages` past [`MAX_BATCH_MESSAGES`] items.
+fn batch_items(bytes: &[u8]) -> Result<Vec<&serde_json::value::RawValue>, ApiError> {
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+            Ok(_) => Err(ApiError::invalid("body", "the body must be a JSON object")),
+            Err(e) => Err(ApiError::malformed(format!(
+                "the body is not valid JSON: {e}"
+            ))),
+        };
+    }
+    let envelope: BatchEnvelope<'_> = serde_json::from_slice(bytes).map_err(|error| {
+        let message = strip_position(&error.to_string());
+        match error.classify() {
+            serde_json::error::Category::Data if message == TOO_MANY_MESSAGES => ApiError::invalid(
+                "messages",
+                format!("must hold 1 to {MAX_BATCH_MESSAGES} messages, got more"),
+            ),
+            serde_json::error::Category::Data => {
+                let field = message
+                    .strip_prefix("unknown field `")
+                    .and_then(|rest| rest.split('`').next())
+                    .unwrap_or("messages")
+                    .to_owned();
+                ApiError::invalid(field, message)
+            }
+            _ => ApiError::malformed(format!("the body is not valid JSON: {error}")),
+        }
+    })?;
+    Ok(envelope.messages.0)
+}
+
+/// `error` of item `index` of a batch, its field under `messages[index]`.
+fn in_batch(index: usize, error: ApiError) -> ApiError {
+    let field = match error.field.as_deref() {
+        None | Some("body") => format!("messages[{index}]"),
+        Some(field) => format!("messages[{index}].{field}"),
+    };
+    ApiError {
+        field: Some(field),
+        ..error
     }
 }
 
@@ -1285,7 +1378,7 @@ async fn publish_batch(
     State(state): State<ApiState>,
     Publisher(principal): Publisher,
     headers: HeaderMap,
-    ApiJson(request): ApiJson<BatchRequest>,
+    request: Request,
 ) -> Result<(StatusCode, Json<BatchResponse>), ApiError> {
     if headers.contains_key("idempotency-key") {
         return Err(ApiError::invalid(
@@ -1293,17 +1386,29 @@ async fn publish_batch(
             "a batch takes idempotency keys per message (`messages[i].idempotency_key`), not as a header",
         ));
     }
-    if request.messages.is_empty() || request.messages.len() > MAX_BATCH_MESSAGES {
+    let bytes = read_body(request, &state).await?;
+    let items = batch_items(&bytes)?;
+    if items.is_empty() {
         return Err(ApiError::invalid(
             "messages",
-            format!(
-                "must hold 1 to {MAX_BATCH_MESSAGES} messages, got {}",
-                request.messages.len()
-            ),
+            format!("must hold 1 to {MAX_BATCH_MESSAGES} messages, got none"),
         ));
     }
-    let mut messages = Vec::with_capacity(request.messages.len());
-    for (index, message) in request.messages.into_iter().enumerate() {
+    // One item at a time: only its own JSON values exist at once.
+    let item_limit = state.single_body_limit();
+    let mut messages = Vec::with_capacity(items.len());
+    for (index, item) in items.into_iter().enumerate() {
+        if item.get().len() > item_limit {
+            return Err(ApiError::too_large(
+                format!("messages[{index}]"),
+                format!(
+                    "is {} bytes as sent; one message may be at most {item_limit}",
+                    item.get().len()
+                ),
+            ));
+        }
+        let message: PublishRequest =
+            parse_json(item.get().as_bytes()).map_err(|error| in_batch(index, error))?;
         let prefix = format!("messages[{index}].");
         principal.require_tenant(&message.tenant, &format!("{prefix}tenant"))?;
         messages.push(build_message(

@@ -1284,7 +1284,58 @@ where
     app(courier.store().clone(), &tokens, LIMIT)
 }
 
+async fn a_batch_is_refused_while_it_is_read<S>(courier: Courier<S>) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
+    // Past 1000 items reading stops: the bad item after them is never read.
+    let mut items: Vec<String> = (0..1001)
+        .map(|_| message("a", "t.one").to_string())
+        .collect();
+    items.push(r#"{"bogus": 1}"#.to_owned());
+    let over = format!(r#"{{"messages": [{}]}}"#, items.join(","));
+    let reply = post_raw(&app, "/v1/messages/batch", Some("all"), over, &[]).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        reply.text
+    );
+    assert_eq!(reply.field(), Some("messages"), "{}", reply.text);
+    assert!(reply.text.contains("1000"), "{}", reply.text);
+    // So are tiny items that are not messages at all.
+    let zeros = format!(r#"{{"messages": [{}]}}"#, vec!["0"; 5000].join(","));
+    let reply = post_raw(&app, "/v1/messages/batch", Some("all"), zeros, &[]).await;
+    assert_eq!(reply.field(), Some("messages"), "{}", reply.text);
+    // An item over one message's limit is refused before it is parsed.
+    let mut large = message("a", "t.one");
+    large["payload"] = json!(vec![0; 300_000]);
+    let body = json!({"messages": [large]}).to_string();
+    let reply = post_raw(&app, "/v1/messages/batch", Some("all"), body, &[]).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        reply.text
+    );
+    assert_eq!(reply.field(), Some("messages[0]"), "{}", reply.text);
+    // Items keep their own errors, named under their index.
+    let body = json!({"messages": [message("a", "t.one"), {"tenant": "a", "topic": "t", "payload": 1, "x": 1}]});
+    let reply = post(&app, "/v1/messages/batch", Some("all"), &body).await;
+    assert_eq!(reply.field(), Some("messages[1].x"), "{}", reply.text);
+    let body = json!({"messages": [message("a", "t.one"), 7]});
+    let reply = post(&app, "/v1/messages/batch", Some("all"), &body).await;
+    assert_eq!(reply.field(), Some("messages[1]"), "{}", reply.text);
+    let body = json!({"messages": [], "extra": 1});
+    let reply = post(&app, "/v1/messages/batch", Some("all"), &body).await;
+    assert_eq!(reply.field(), Some("extra"), "{}", reply.text);
+    assert_eq!(message_count(&app).await, 0);
+    Ok(())
+}
+
 api_tests!(
+    a_batch_is_refused_while_it_is_read,
     one_subscription_shows_its_state_and_its_backlog_by_tenant,
     a_message_s_detail_names_each_open_delivery_s_id,
     a_dry_run_changes_nothing_and_an_empty_filter_needs_all,

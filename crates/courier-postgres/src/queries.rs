@@ -67,6 +67,7 @@ queries!(
     leader_resign,
     lock_timeout_set,
     find_idempotent,
+    messages_by_idempotency_key,
     idle_announce,
     idle_withdraw,
     message_created_at,

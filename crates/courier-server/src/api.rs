@@ -1351,6 +1351,71 @@ fn same_value(a: &serde_json::Value, b: &serde_json::Value) -> bool {
     }
 }
 
+/// 409 `idempotency_key_reused` (field `messages[i].idempotency_key`) when an
+/// item's key names an earlier message, stored or earlier in the batch, with
+/// another topic, schema version or payload; checked before anything is
+/// stored. A message stored under the key by a concurrent request between
+/// this check and the batch's own transaction is only marked `duplicate`.
+async fn refuse_reused_keys(state: &ApiState, messages: &[NewMessage]) -> Result<(), ApiError> {
+    let reused = |index: usize, id: String| {
+        let mut error = ApiError::idempotency_key_reused(format!(
+            "message {id} was published with this idempotency key and another topic, \
+             schema version or payload; use a new key for a new message; nothing was stored"
+        ));
+        error.field = Some(format!("messages[{index}].idempotency_key"));
+        error
+    };
+    let differs = |a: &NewMessage, topic: &str, schema_version: i32, payload: &str| {
+        a.topic != topic || a.schema_version != schema_version || !same_json(payload, &a.payload)
+    };
+    let mut first_of: std::collections::HashMap<(&str, &str), &NewMessage> =
+        std::collections::HashMap::new();
+    for (index, message) in messages.iter().enumerate() {
+        let Some(key) = message.idempotency_key.as_deref() else {
+            continue;
+        };
+        match first_of.entry((message.tenant.as_str(), key)) {
+            std::collections::hash_map::Entry::Occupied(first) => {
+                let first = first.get();
+                if differs(message, &first.topic, first.schema_version, &first.payload) {
+                    return Err(reused(index, format!("{} of this batch", first.id)));
+                }
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(message);
+            }
+        }
+    }
+    if first_of.is_empty() {
+        return Ok(());
+    }
+    let keys = first_of
+        .keys()
+        .map(|(tenant, key)| ((*tenant).to_owned(), (*key).to_owned()))
+        .collect();
+    let stored = state.store.messages_by_idempotency_keys(keys).await?;
+    let stored: std::collections::HashMap<(&str, &str), &StoredMessage> = stored
+        .iter()
+        .filter_map(|m| Some(((m.tenant.as_str(), m.idempotency_key.as_deref()?), m)))
+        .collect();
+    for (index, message) in messages.iter().enumerate() {
+        let Some(key) = message.idempotency_key.as_deref() else {
+            continue;
+        };
+        if let Some(earlier) = stored.get(&(message.tenant.as_str(), key)) {
+            if differs(
+                message,
+                &earlier.topic,
+                earlier.schema_version,
+                &earlier.payload,
+            ) {
+                return Err(reused(index, earlier.id.to_string()));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn count_published(outcomes: &[courier::EnqueueOutcome]) {
     let duplicates = outcomes.iter().filter(|o| o.duplicate).count() as u64;
     let stored = outcomes.len() as u64 - duplicates;
@@ -1370,6 +1435,7 @@ fn count_published(outcomes: &[courier::EnqueueOutcome]) {
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "No `publish` role, or another tenant", body = ErrorBody),
         (status = 413, description = "Body or a payload over the limit", body = ErrorBody),
+        (status = 409, description = "An item's idempotency key names an earlier message (stored, or earlier in the batch) with another topic, schema version or payload (`idempotency_key_reused`, field `messages[i].idempotency_key`); nothing stored", body = ErrorBody),
         (status = 422, description = "A field is refused (`messages[i].field`); nothing stored", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -1418,6 +1484,7 @@ async fn publish_batch(
             None,
         )?);
     }
+    refuse_reused_keys(&state, &messages).await?;
     let outcomes = state.store.publish(messages).await?;
     count_published(&outcomes);
     Ok((

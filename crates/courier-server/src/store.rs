@@ -21,6 +21,11 @@ pub trait ApiStore: Send + Sync + 'static {
         &self,
         id: Uuid,
     ) -> StoreFuture<'_, Option<(StoredMessage, Vec<DeliverySummary>)>>;
+    /// The messages stored under these (tenant, idempotency key) pairs.
+    fn messages_by_idempotency_keys(
+        &self,
+        keys: Vec<(String, String)>,
+    ) -> StoreFuture<'_, Vec<StoredMessage>>;
     /// A page of messages, newest first.
     fn list_messages(
         &self,
@@ -80,6 +85,13 @@ where
         id: Uuid,
     ) -> StoreFuture<'_, Option<(StoredMessage, Vec<DeliverySummary>)>> {
         Box::pin(AdminStore::get_message(self, id))
+    }
+
+    fn messages_by_idempotency_keys(
+        &self,
+        keys: Vec<(String, String)>,
+    ) -> StoreFuture<'_, Vec<StoredMessage>> {
+        Box::pin(async move { AdminStore::messages_by_idempotency_keys(self, &keys).await })
     }
 
     fn list_messages(

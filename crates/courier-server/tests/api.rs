@@ -1334,7 +1334,52 @@ where
     Ok(())
 }
 
+async fn a_batch_reusing_a_key_for_another_message_stores_nothing<S>(
+    courier: Courier<S>,
+) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
+    let keyed = |key: &str, n: i64| json!({"tenant": "a", "topic": "invoice.paid", "payload": {"n": n}, "idempotency_key": key});
+    let first = post(&app, "/v1/messages", Some("all"), &keyed("order-1", 1)).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.text);
+    for (body, index) in [
+        // Against a stored message.
+        (
+            json!({"messages": [message("a", "t.new"), keyed("order-1", 2)]}),
+            1,
+        ),
+        // Against an earlier item of the same batch.
+        (
+            json!({"messages": [keyed("order-2", 1), message("a", "t.new"), keyed("order-2", 3)]}),
+            2,
+        ),
+    ] {
+        let reply = post(&app, "/v1/messages/batch", Some("all"), &body).await;
+        assert_eq!(reply.status, StatusCode::CONFLICT, "{body}: {}", reply.text);
+        assert_eq!(
+            reply.code(),
+            Some("idempotency_key_reused"),
+            "{}",
+            reply.text
+        );
+        let field = format!("messages[{index}].idempotency_key");
+        assert_eq!(reply.field(), Some(field.as_str()), "{}", reply.text);
+        assert_eq!(message_count(&app).await, 1, "{body}: something was stored");
+    }
+    // The same message again is a duplicate, as before.
+    let same = json!({"messages": [keyed("order-1", 1), message("a", "t.new")]});
+    let reply = post(&app, "/v1/messages/batch", Some("all"), &same).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    assert_eq!(reply.body["messages"][0]["id"], first.body["id"]);
+    assert_eq!(reply.body["messages"][0]["duplicate"], json!(true));
+    assert_eq!(message_count(&app).await, 2);
+    Ok(())
+}
+
 api_tests!(
+    a_batch_reusing_a_key_for_another_message_stores_nothing,
     a_batch_is_refused_while_it_is_read,
     one_subscription_shows_its_state_and_its_backlog_by_tenant,
     a_message_s_detail_names_each_open_delivery_s_id,

@@ -48,6 +48,13 @@ impl<S: ApiStore> ApiStore for CountingStore<S> {
         self.count("get_message");
         self.inner.get_message(id)
     }
+    fn messages_by_idempotency_keys(
+        &self,
+        keys: Vec<(String, String)>,
+    ) -> Future<'_, Vec<StoredMessage>> {
+        self.count("messages_by_idempotency_keys");
+        self.inner.messages_by_idempotency_keys(keys)
+    }
     fn list_messages(
         &self,
         filter: MessageFilter,

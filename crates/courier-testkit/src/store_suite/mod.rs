@@ -186,6 +186,7 @@ macro_rules! store_conformance_tests {
             enqueue_in_a_rolled_back_transaction_leaves_no_message,
             invalid_messages_store_nothing,
             idempotent_enqueue_returns_the_first_id_and_stores_nothing,
+            messages_are_found_by_their_idempotency_keys,
             a_batch_beyond_one_statement_is_split_and_stays_in_order,
             the_payload_comes_back_as_the_json_the_producer_wrote,
             claim_takes_only_the_routes_asked_for,

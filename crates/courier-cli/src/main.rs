@@ -216,6 +216,9 @@ enum DlqCommand {
         db: DbArgs,
         #[command(flatten)]
         filter: DlqFilterArgs,
+        /// Every dead letter (the token may see): needed without ids and filter.
+        #[arg(long, conflicts_with_all = ["ids", "tenant", "topic", "subscription"])]
+        all: bool,
         /// Delivery ids; without ids, every dead letter matching the filter.
         ids: Vec<i64>,
     },
@@ -225,6 +228,9 @@ enum DlqCommand {
         db: DbArgs,
         #[command(flatten)]
         filter: DlqFilterArgs,
+        /// Every dead letter (the token may see): needed without ids and filter.
+        #[arg(long, conflicts_with_all = ["ids", "tenant", "topic", "subscription"])]
+        all: bool,
         /// Delivery ids; without ids, every dead letter matching the filter.
         ids: Vec<i64>,
     },
@@ -236,6 +242,14 @@ enum SubscriptionsCommand {
     List {
         #[command(flatten)]
         db: DbArgs,
+    },
+    /// Show one subscription: topics, state, backlog and recent outcomes
+    /// (through the daemon's API: needs --url).
+    Show {
+        #[command(flatten)]
+        db: DbArgs,
+        /// The subscription.
+        name: String,
     },
     /// Stop claiming for a subscription; its messages wait.
     Pause {
@@ -494,6 +508,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             SubscriptionsCommand::List { db } if db.url.is_some() => {
                 ops::print_json(&remote(&db)?.get("/v1/subscriptions").await?)?;
             }
+            SubscriptionsCommand::Show { db, name } => {
+                let path = format!("/v1/subscriptions/{}", ops::encode(&name));
+                ops::print_json(&remote(&db)?.get(&path).await?)?;
+            }
             SubscriptionsCommand::Pause { db, name } if db.url.is_some() => {
                 let path = format!("/v1/subscriptions/{name}/pause");
                 ops::print_json(&remote(&db)?.post(&path, serde_json::json!({})).await?)?;
@@ -745,17 +763,50 @@ fn remote(db: &DbArgs) -> anyhow::Result<ops::Remote> {
         .ok_or_else(|| anyhow::anyhow!("invalid arguments: --url is required here"))
 }
 
-fn selection(ids: &[i64], filter: &DlqFilterArgs) -> serde_json::Value {
-    if ids.is_empty() {
+impl DlqFilterArgs {
+    fn is_empty(&self) -> bool {
+        self.tenant.is_none() && self.topic.is_none() && self.subscription.is_none()
+    }
+}
+
+/// Refuses a retry or discard of every dead letter that does not say `--all`.
+fn check_selection(
+    verb: &str,
+    ids: &[i64],
+    filter: &DlqFilterArgs,
+    all: bool,
+) -> anyhow::Result<()> {
+    if ids.is_empty() && filter.is_empty() && !all {
+        anyhow::bail!(
+            "invalid arguments: without ids or --tenant/--topic/--subscription this would {verb} \
+             every dead letter; pass --all to mean that"
+        );
+    }
+    Ok(())
+}
+
+fn selection(ids: &[i64], filter: &DlqFilterArgs, all: bool) -> serde_json::Value {
+    if !ids.is_empty() {
+        serde_json::json!({ "ids": ids })
+    } else if all {
+        serde_json::json!({"filter": {}, "all": true})
+    } else {
         serde_json::json!({"filter": {
             "tenant": filter.tenant, "topic": filter.topic, "subscription": filter.subscription
         }})
-    } else {
-        serde_json::json!({ "ids": ids })
     }
 }
 
 async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
+    match &command {
+        DlqCommand::Retry {
+            filter, all, ids, ..
+        } => check_selection("retry", ids, filter, *all)?,
+        DlqCommand::Discard {
+            filter, all, ids, ..
+        } => check_selection("discard", ids, filter, *all)?,
+        _ => {}
+    }
     match command {
         DlqCommand::List {
             db,
@@ -786,12 +837,22 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
         DlqCommand::Show { db, id } if db.url.is_some() => {
             ops::print_json(&remote(&db)?.get(&format!("/v1/dead-letters/{id}")).await?)?;
         }
-        DlqCommand::Retry { db, filter, ids } if db.url.is_some() => {
-            let body = selection(&ids, &filter);
+        DlqCommand::Retry {
+            db,
+            filter,
+            all,
+            ids,
+        } if db.url.is_some() => {
+            let body = selection(&ids, &filter, all);
             ops::print_json(&remote(&db)?.post("/v1/dead-letters/retry", body).await?)?;
         }
-        DlqCommand::Discard { db, filter, ids } if db.url.is_some() => {
-            let body = selection(&ids, &filter);
+        DlqCommand::Discard {
+            db,
+            filter,
+            all,
+            ids,
+        } if db.url.is_some() => {
+            let body = selection(&ids, &filter, all);
             ops::print_json(&remote(&db)?.post("/v1/dead-letters/discard", body).await?)?;
         }
         DlqCommand::List {
@@ -861,11 +922,15 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
                 );
             }
         }
-        DlqCommand::Retry { db, filter, ids } => {
+        DlqCommand::Retry {
+            db, filter, ids, ..
+        } => {
             let affected = db.open().await?.retry(&ids, &filter.filter()).await?;
             println!("retried {affected} dead letter(s)");
         }
-        DlqCommand::Discard { db, filter, ids } => {
+        DlqCommand::Discard {
+            db, filter, ids, ..
+        } => {
             let affected = db.open().await?.discard(&ids, &filter.filter()).await?;
             println!("discarded {affected} dead letter(s)");
         }

@@ -569,3 +569,29 @@ fn an_error_is_printed_once_without_colour_codes() {
         assert!(!err.contains('\u{1b}'), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn dlq_retry_and_discard_of_every_dead_letter_need_all() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("courier.db");
+    let db = db.to_str().expect("utf-8 path");
+    let migrated = courier(dir.path(), &["migrate", "--database-url", db]);
+    assert!(migrated.status.success(), "{}", stderr(&migrated));
+    for verb in ["retry", "discard"] {
+        let refused = courier(dir.path(), &["dlq", verb, "--database-url", db]);
+        assert!(!refused.status.success(), "{verb} without a selection ran");
+        assert!(stderr(&refused).contains("--all"), "{}", stderr(&refused));
+        let all = courier(dir.path(), &["dlq", verb, "--all", "--database-url", db]);
+        assert!(all.status.success(), "{verb} --all: {}", stderr(&all));
+        assert!(
+            stdout(&all).contains("0 dead letter(s)"),
+            "{}",
+            stdout(&all)
+        );
+        let both = courier(
+            dir.path(),
+            &["dlq", verb, "--all", "--topic", "t", "--database-url", db],
+        );
+        assert!(!both.status.success(), "--all with a filter ran");
+    }
+}

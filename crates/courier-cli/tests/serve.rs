@@ -167,6 +167,12 @@ async fn serve_on_sqlite_delivers_what_curl_and_the_cli_publish_and_stops_on_sig
     let listed = remote(&["subscriptions", "list"])?;
     assert!(listed.status.success());
     assert!(String::from_utf8_lossy(&listed.stdout).contains("\"hook\""));
+    let shown = remote(&["subscriptions", "show", "hook"])?;
+    assert!(
+        String::from_utf8_lossy(&shown.stdout).contains("\"backlog\""),
+        "{}",
+        String::from_utf8_lossy(&shown.stderr)
+    );
     let paused = remote(&["subscriptions", "pause", "hook"])?;
     assert!(String::from_utf8_lossy(&paused.stdout).contains("\"paused\": true"));
     let stats = remote(&["status"])?;

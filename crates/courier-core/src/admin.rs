@@ -170,6 +170,13 @@ pub trait AdminStore: Send + Sync {
         id: Uuid,
     ) -> impl Future<Output = Result<Option<(StoredMessage, Vec<DeliverySummary>)>, StoreError>> + Send;
 
+    /// The messages stored under these (tenant, idempotency key) pairs, in no
+    /// particular order; pairs with none are left out.
+    fn messages_by_idempotency_keys<'c>(
+        &'c self,
+        keys: &'c [(String, String)],
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send + 'c;
+
     /// Messages matching `filter` with id below `before`, newest first.
     fn list_messages<'c>(
         &'c self,

@@ -514,6 +514,9 @@ pub struct DeadLetterPage {
 pub struct DeliverySummary {
     /// The subscription.
     pub subscription: String,
+    /// The open delivery's id (what dead-letter retry and discard take);
+    /// `None` once completed, when only the receipt is left.
+    pub delivery_id: Option<i64>,
     /// `available`, `running`, `dead` or `completed`.
     pub state: String,
     /// Attempts spent.
@@ -544,6 +547,15 @@ pub trait DeadLetterStore: Send + Sync {
         ids: &'c [i64],
     ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
 
+    /// Retries the given dead letters that belong to one of `tenants`, in one
+    /// statement; ids of other tenants (or not dead) are left alone and not
+    /// counted. Returns how many were retried.
+    fn retry_tenants_dead_letters<'c>(
+        &'c self,
+        ids: &'c [i64],
+        tenants: &'c [String],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
+
     /// Retries every dead letter matching `filter`; returns how many.
     fn retry_dead_letters_matching<'c>(
         &'c self,
@@ -554,6 +566,15 @@ pub trait DeadLetterStore: Send + Sync {
     fn discard_dead_letters<'c>(
         &'c self,
         ids: &'c [i64],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
+
+    /// Discards the given dead letters that belong to one of `tenants`, in
+    /// one statement; ids of other tenants are left alone and not counted.
+    /// Returns how many were discarded.
+    fn discard_tenants_dead_letters<'c>(
+        &'c self,
+        ids: &'c [i64],
+        tenants: &'c [String],
     ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
 
     /// Discards every dead letter matching `filter`; returns how many.

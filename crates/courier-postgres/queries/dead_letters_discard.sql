@@ -1,9 +1,11 @@
 -- Discards dead letters for good (their messages are then pruned by
--- retention); returns how many. Selected like dead_letters_retry.sql.
+-- retention); returns how many. Selected like dead_letters_retry.sql,
+-- $5 (tenants) included.
 -- Touches: deliveries.
 WITH gone AS (
   DELETE FROM {schema}.deliveries d
   WHERE d.state = 'dead'
+    AND ($5::text[] IS NULL OR d.tenant = ANY ($5))
     AND (($1::bigint[] IS NOT NULL AND d.id = ANY ($1))
          OR ($1::bigint[] IS NULL
              AND ($2::text IS NULL OR d.tenant = $2)

@@ -1,12 +1,15 @@
 -- Makes dead letters deliverable now with their attempts reset; the error
 -- history is kept; returns how many. Selected by ids ($1) or, when $1 is NULL,
--- by filter ($2 tenant, $3 topic, $4 subscription; NULL: any).
+-- by filter ($2 tenant, $3 topic, $4 subscription; NULL: any). $5, when not
+-- NULL, keeps only these tenants' rows: a tenant-scoped retry by ids is this
+-- one statement, and another tenant's id is left alone.
 -- Touches: deliveries, claim_marks (each retried delivery is announced to
 -- every claimer, see migrations/0009_claim_marks.sql).
 WITH changed AS (
   UPDATE {schema}.deliveries d
   SET state = 'available', attempts = 0, available_at = now(), dead_at = NULL
   WHERE d.state = 'dead'
+    AND ($5::text[] IS NULL OR d.tenant = ANY ($5))
     AND (($1::bigint[] IS NOT NULL AND d.id = ANY ($1))
          OR ($1::bigint[] IS NULL
              AND ($2::text IS NULL OR d.tenant = $2)

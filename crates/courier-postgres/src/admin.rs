@@ -33,6 +33,23 @@ impl AdminStore for PgStore {
         Ok(Some((message, deliveries)))
     }
 
+    async fn messages_by_idempotency_keys<'c>(
+        &'c self,
+        keys: &'c [(String, String)],
+    ) -> Result<Vec<StoredMessage>, StoreError> {
+        let (tenants, keys): (Vec<&str>, Vec<&str>) = keys
+            .iter()
+            .map(|(tenant, key)| (tenant.as_str(), key.as_str()))
+            .unzip();
+        let rows = sqlx::query(&self.q().messages_by_idempotency_key)
+            .bind(&tenants)
+            .bind(&keys)
+            .fetch_all(self.pool())
+            .await
+            .map_err(map)?;
+        rows.iter().map(stored_message_from_row).collect()
+    }
+
     async fn list_messages<'c>(
         &'c self,
         filter: &'c MessageFilter,

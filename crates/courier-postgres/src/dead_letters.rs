@@ -54,6 +54,21 @@ impl DeadLetterStore for PgStore {
             &self.q().dead_letters_retry,
             Some(ids),
             &DeadLetterFilter::default(),
+            None,
+        )
+        .await
+    }
+
+    async fn retry_tenants_dead_letters<'c>(
+        &'c self,
+        ids: &'c [i64],
+        tenants: &'c [String],
+    ) -> Result<u64, StoreError> {
+        self.select_dead_letters(
+            &self.q().dead_letters_retry,
+            Some(ids),
+            &DeadLetterFilter::default(),
+            Some(tenants),
         )
         .await
     }
@@ -62,7 +77,7 @@ impl DeadLetterStore for PgStore {
         &'c self,
         filter: &'c DeadLetterFilter,
     ) -> Result<u64, StoreError> {
-        self.select_dead_letters(&self.q().dead_letters_retry, None, filter)
+        self.select_dead_letters(&self.q().dead_letters_retry, None, filter, None)
             .await
     }
 
@@ -71,6 +86,21 @@ impl DeadLetterStore for PgStore {
             &self.q().dead_letters_discard,
             Some(ids),
             &DeadLetterFilter::default(),
+            None,
+        )
+        .await
+    }
+
+    async fn discard_tenants_dead_letters<'c>(
+        &'c self,
+        ids: &'c [i64],
+        tenants: &'c [String],
+    ) -> Result<u64, StoreError> {
+        self.select_dead_letters(
+            &self.q().dead_letters_discard,
+            Some(ids),
+            &DeadLetterFilter::default(),
+            Some(tenants),
         )
         .await
     }
@@ -79,7 +109,7 @@ impl DeadLetterStore for PgStore {
         &'c self,
         filter: &'c DeadLetterFilter,
     ) -> Result<u64, StoreError> {
-        self.select_dead_letters(&self.q().dead_letters_discard, None, filter)
+        self.select_dead_letters(&self.q().dead_letters_discard, None, filter, None)
             .await
     }
 
@@ -97,6 +127,7 @@ impl DeadLetterStore for PgStore {
                 let errors: String = row.try_get("errors").map_err(map)?;
                 Ok(DeliverySummary {
                     subscription: row.try_get("subscription").map_err(map)?,
+                    delivery_id: row.try_get("delivery_id").map_err(map)?,
                     state: row.try_get("state").map_err(map)?,
                     attempts: row
                         .try_get::<Option<i32>, _>("attempts")
@@ -111,12 +142,13 @@ impl DeadLetterStore for PgStore {
 
 impl PgStore {
     /// Runs a dead-letter retry or discard selected by `ids` or, when `ids` is
-    /// `None`, by `filter`.
+    /// `None`, by `filter`; with `tenants`, only those tenants' dead letters.
     async fn select_dead_letters(
         &self,
         sql: &str,
         ids: Option<&[i64]>,
         filter: &DeadLetterFilter,
+        tenants: Option<&[String]>,
     ) -> Result<u64, StoreError> {
         // fetch_all, not fetch_one: a writing statement's portal must run to
         // its end, or the pooled connection keeps its transaction open.
@@ -125,6 +157,7 @@ impl PgStore {
             .bind(&filter.tenant)
             .bind(&filter.topic)
             .bind(&filter.subscription)
+            .bind(tenants)
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;

@@ -68,6 +68,7 @@ queries!(
     leader_resign,
     lock_timeout_set,
     find_idempotent,
+    messages_by_idempotency_key,
     idle_announce,
     idle_withdraw,
     jit_enabled,

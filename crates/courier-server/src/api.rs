@@ -66,6 +66,8 @@ pub const MAX_BATCH_MESSAGES: usize = 1000;
 pub const MAX_BATCH_BODY_BYTES: usize = 16 * 1024 * 1024;
 /// The most ids one dead-letter operation may name.
 pub const MAX_IDS: usize = 1000;
+/// The most ids a dry run of a dead-letter retry or discard shows.
+pub const DRY_RUN_IDS: usize = 100;
 /// Page size when `limit` is not given.
 pub const DEFAULT_PAGE: usize = 50;
 /// The largest page.
@@ -83,6 +85,7 @@ pub struct ApiState {
     streams: Option<Arc<dyn ApiStreams>>,
     shutdown: tokio_util::sync::CancellationToken,
     guard: Arc<RequestGuard>,
+    targets: Arc<BTreeMap<String, TargetView>>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -103,12 +106,25 @@ impl FromRef<ApiState> for Arc<Authenticator> {
 impl ApiState {
     /// State over `store` with the tokens and limits of `config`.
     pub fn new<S: ApiStore>(store: S, config: &Config) -> Result<Self, ConfigError> {
-        Ok(Self::with_authenticator(
+        let mut state = Self::with_authenticator(
             store,
             Authenticator::new(&config.tokens)?,
             config.max_payload_bytes,
         )
-        .with_guard(RequestGuard::with_origins(&config.server)))
+        .with_guard(RequestGuard::with_origins(&config.server));
+        state.targets = Arc::new(
+            config
+                .subscriptions
+                .iter()
+                .map(|subscription| {
+                    (
+                        subscription.name.clone(),
+                        TargetView::of(&subscription.target),
+                    )
+                })
+                .collect(),
+        );
+        Ok(state)
     }
 
     /// State over `store` with an explicit authenticator and payload limit
@@ -126,6 +142,7 @@ impl ApiState {
             streams: None,
             shutdown: tokio_util::sync::CancellationToken::new(),
             guard: Arc::new(RequestGuard::any_host()),
+            targets: Arc::default(),
         }
     }
 
@@ -189,8 +206,17 @@ pub fn router(state: ApiState) -> Router {
             }),
         )
         .fallback(|| async { ApiError::not_found("no such route", None) })
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .layer(axum::middleware::from_fn_with_state(guard, guard_requests))
+}
+
+/// 405 for a known path asked with a method it does not serve.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::method_not_allowed(format!(
+        "{method} is not served on {}; /v1/openapi.json lists each path's methods",
+        uri.path()
+    ))
 }
 
 /// The OpenAPI 3 document of the API (what `/v1/openapi.json` serves).
@@ -214,7 +240,68 @@ fn with_document_route(mut document: utoipa::openapi::OpenApi) -> utoipa::openap
                 ),
         ),
     );
+    with_guard_responses(&mut document);
     document
+}
+
+/// Adds to every operation the refusals [`crate::guard`] and
+/// [`crate::http_server::request_timeout`] give before any handler runs: 408
+/// and 431 everywhere, 421 except on the probes, 415 on state changes.
+fn with_guard_responses(document: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+    let error = |description: &str| -> RefOr<utoipa::openapi::Response> {
+        RefOr::T(
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("ErrorBody")))
+                        .build(),
+                )
+                .build(),
+        )
+    };
+    for (path, item) in &mut document.paths.paths {
+        let probe = matches!(path.as_str(), "/healthz" | "/readyz");
+        for (changes_state, operation) in [
+            (false, &mut item.get),
+            (true, &mut item.put),
+            (true, &mut item.post),
+            (true, &mut item.delete),
+            (true, &mut item.patch),
+        ] {
+            let Some(operation) = operation.as_mut() else {
+                continue;
+            };
+            let responses = &mut operation.responses.responses;
+            let mut add = |status: &str, description: &str| {
+                responses
+                    .entry(status.to_owned())
+                    .or_insert_with(|| error(description));
+            };
+            add(
+                "408",
+                "The request did not complete within `server.request_timeout_ms` (`request_timeout`)",
+            );
+            add(
+                "431",
+                "More than 100 header lines or 64 KiB of request head (`headers_too_large`)",
+            );
+            if !probe {
+                add(
+                    "421",
+                    "The `Host` is not one this daemon answers to (`misdirected_request`)",
+                );
+            }
+            if changes_state {
+                add(
+                    "415",
+                    "Not declared as `application/json` (`unsupported_media_type`)",
+                );
+            }
+        }
+    }
 }
 
 fn api_routes(single_limit: usize, batch_limit: usize) -> OpenApiRouter<ApiState> {
@@ -237,6 +324,7 @@ fn api_routes(single_limit: usize, batch_limit: usize) -> OpenApiRouter<ApiState
                 .routes(routes!(retry_dead_letters))
                 .routes(routes!(discard_dead_letters))
                 .routes(routes!(list_subscriptions))
+                .routes(routes!(get_subscription))
                 .routes(routes!(pause_subscription))
                 .routes(routes!(resume_subscription))
                 .routes(routes!(healthz))
@@ -289,29 +377,122 @@ where
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
-        // The router's guard refuses state changes without JSON already;
-        // this holds for bodies read under any other router too.
-        if let Some(content_type) = request.headers().get(header::CONTENT_TYPE) {
-            let content_type = String::from_utf8_lossy(content_type.as_bytes());
-            if !is_json(&content_type) {
-                return Err(ApiError::unsupported_media_type(format!(
-                    "the body must be application/json, not {content_type:?}"
-                )));
+        let bytes = read_body(request, state).await?;
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// The body of a request under the route's size cap, declared as JSON.
+async fn read_body<S: Send + Sync>(request: Request, state: &S) -> Result<Bytes, ApiError> {
+    // The router's guard refuses state changes without JSON already;
+    // this holds for bodies read under any other router too.
+    if let Some(content_type) = request.headers().get(header::CONTENT_TYPE) {
+        let content_type = String::from_utf8_lossy(content_type.as_bytes());
+        if !is_json(&content_type) {
+            return Err(ApiError::unsupported_media_type(format!(
+                "the body must be application/json, not {content_type:?}"
+            )));
+        }
+    }
+    Bytes::from_request(request, state)
+        .await
+        .map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large(
+                    "body",
+                    "the request body is over this route's size limit (see max_payload_bytes)",
+                )
+            } else {
+                ApiError::malformed(format!("cannot read the request body: {rejection}"))
+            }
+        })
+}
+
+/// A batch body, checked as it is read: the items of `messages` are kept as
+/// slices of the body, and reading stops at item [`MAX_BATCH_MESSAGES`] + 1,
+/// so neither a long array nor a large item is built into JSON values first.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchEnvelope<'a> {
+    #[serde(borrow)]
+    messages: BatchItems<'a>,
+}
+
+/// At most [`MAX_BATCH_MESSAGES`] raw items.
+struct BatchItems<'a>(Vec<&'a serde_json::value::RawValue>);
+
+/// The deserialisation error of an array past [`MAX_BATCH_MESSAGES`].
+const TOO_MANY_MESSAGES: &str = "the batch holds more messages than the limit";
+
+impl<'de: 'a, 'a> Deserialize<'de> for BatchItems<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Items<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Items<'a> {
+            type Value = BatchItems<'a>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "an array of 1 to {MAX_BATCH_MESSAGES} messages")
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element::<&'a serde_json::value::RawValue>()? {
+                    if items.len() == MAX_BATCH_MESSAGES {
+                        return Err(serde::de::Error::custom(TOO_MANY_MESSAGES));
+                    }
+                    items.push(item);
+                }
+                Ok(BatchItems(items))
             }
         }
-        let bytes = Bytes::from_request(request, state)
-            .await
-            .map_err(|rejection| {
-                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    ApiError::too_large(
-                        "body",
-                        "the request body is over this route's size limit (see max_payload_bytes)",
-                    )
-                } else {
-                    ApiError::malformed(format!("cannot read the request body: {rejection}"))
-                }
-            })?;
-        parse_json(&bytes).map(ApiJson)
+        deserializer.deserialize_seq(Items(std::marker::PhantomData))
+    }
+}
+
+/// The raw items of a batch body (see [`BatchEnvelope`]), with errors that
+/// name the field: 422 `messages` past [`MAX_BATCH_MESSAGES`] items.
+fn batch_items(bytes: &[u8]) -> Result<Vec<&serde_json::value::RawValue>, ApiError> {
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+            Ok(_) => Err(ApiError::invalid("body", "the body must be a JSON object")),
+            Err(e) => Err(ApiError::malformed(format!(
+                "the body is not valid JSON: {e}"
+            ))),
+        };
+    }
+    let envelope: BatchEnvelope<'_> = serde_json::from_slice(bytes).map_err(|error| {
+        let message = strip_position(&error.to_string());
+        match error.classify() {
+            serde_json::error::Category::Data if message == TOO_MANY_MESSAGES => ApiError::invalid(
+                "messages",
+                format!("must hold 1 to {MAX_BATCH_MESSAGES} messages, got more"),
+            ),
+            serde_json::error::Category::Data => {
+                let field = message
+                    .strip_prefix("unknown field `")
+                    .and_then(|rest| rest.split('`').next())
+                    .unwrap_or("messages")
+                    .to_owned();
+                ApiError::invalid(field, message)
+            }
+            _ => ApiError::malformed(format!("the body is not valid JSON: {error}")),
+        }
+    })?;
+    Ok(envelope.messages.0)
+}
+
+/// `error` of item `index` of a batch, its field under `messages[index]`.
+fn in_batch(index: usize, error: ApiError) -> ApiError {
+    let field = match error.field.as_deref() {
+        None | Some("body") => format!("messages[{index}]"),
+        Some(field) => format!("messages[{index}].{field}"),
+    };
+    ApiError {
+        field: Some(field),
+        ..error
     }
 }
 
@@ -368,6 +549,41 @@ fn strip_position(message: &str) -> String {
     match message.rfind(" at line ") {
         Some(index) => message[..index].to_owned(),
         None => message.to_owned(),
+    }
+}
+
+/// A path parameter, percent-decoded; a parameter that is not UTF-8 once
+/// decoded (`/v1/messages/%FF`) is refused 422 naming the parameter.
+pub struct ApiPath<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for ApiPath<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned + Send,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        use axum::extract::path::ErrorKind;
+        use axum::extract::rejection::PathRejection;
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(ApiPath(value)),
+            Err(PathRejection::FailedToDeserializePathParams(error)) => {
+                let message = error.body_text();
+                Err(match error.into_kind() {
+                    ErrorKind::InvalidUtf8InPathParam { key } => {
+                        ApiError::invalid(key, "is not valid UTF-8 once percent-decoded")
+                    }
+                    ErrorKind::ParseErrorAtKey { key, .. }
+                    | ErrorKind::DeserializeError { key, .. } => ApiError::invalid(key, message),
+                    _ => ApiError::invalid("path", message),
+                })
+            }
+            Err(rejection) => Err(ApiError::internal(format!(
+                "the path parameters are not available: {}",
+                rejection.body_text()
+            ))),
+        }
     }
 }
 
@@ -490,6 +706,9 @@ impl From<ErrorEntry> for ErrorView {
 pub struct DeliveryView {
     /// The subscription.
     pub subscription: String,
+    /// The open delivery's id: what dead-letter retry and discard take;
+    /// `null` once completed (only its receipt is left).
+    pub delivery_id: Option<i64>,
     /// `available`, `running`, `dead` or `completed`.
     pub state: String,
     /// Attempts spent.
@@ -502,6 +721,7 @@ impl From<DeliverySummary> for DeliveryView {
     fn from(summary: DeliverySummary) -> Self {
         Self {
             subscription: summary.subscription,
+            delivery_id: summary.delivery_id,
             state: summary.state,
             attempts: summary.attempts,
             errors: summary.errors.into_iter().map(ErrorView::from).collect(),
@@ -710,8 +930,14 @@ pub struct DeadLetterPageView {
 pub struct DeadLetterSelection {
     /// Delivery ids (at most 1000); ids not visible to the token are skipped.
     pub ids: Option<Vec<i64>>,
-    /// Every dead letter matching (`{}` matches all the token may see).
+    /// Every dead letter matching. An empty filter (`{}`, every dead letter
+    /// the token may see) is refused unless `all` is `true`.
     pub filter: Option<DeadLetterFilterBody>,
+    /// With an empty `filter`: yes, every dead letter the token may see.
+    pub all: Option<bool>,
+    /// With a `filter`: change nothing, answer how many match and the first
+    /// 100 ids.
+    pub dry_run: Option<bool>,
 }
 
 /// A dead-letter filter.
@@ -726,11 +952,17 @@ pub struct DeadLetterFilterBody {
     pub subscription: Option<String>,
 }
 
-/// How many were affected.
+/// How many were affected (or, in a dry run, would be).
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Affected {
     /// The count.
     pub affected: u64,
+    /// Present and `true` for a dry run: nothing was changed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
+    /// In a dry run, the first 100 matching delivery ids, ascending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ids: Option<Vec<i64>>,
 }
 
 /// A subscription.
@@ -751,6 +983,99 @@ pub struct SubscriptionView {
 pub struct SubscriptionList {
     /// By name.
     pub subscriptions: Vec<SubscriptionView>,
+}
+
+/// Open deliveries by state.
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct Backlog {
+    /// Waiting (including backoff and delayed).
+    pub available: i64,
+    /// Under a lease.
+    pub running: i64,
+    /// Dead letters.
+    pub dead: i64,
+}
+
+/// Where a subscription of this daemon's config delivers: URLs with their
+/// credentials and query values redacted, never a secret.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TargetView {
+    /// `webhook`, `redis_stream`, `nats` or `stream`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A webhook's URL, redacted (`https://***@host/path?token=***`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The stream's name template (`redis_stream`, `stream`), or the
+    /// JetStream stream (`nats`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<String>,
+    /// The subject template (`nats`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+}
+
+impl TargetView {
+    /// The view of `target`.
+    pub fn of(target: &crate::config::TargetConfig) -> Self {
+        use crate::config::TargetConfig;
+        let mut view = Self {
+            kind: target.kind().to_owned(),
+            url: None,
+            stream: None,
+            subject: None,
+        };
+        match target {
+            TargetConfig::Webhook(webhook) => {
+                view.url = Some(crate::redact::redact_urls(&webhook.url));
+            }
+            TargetConfig::RedisStream(redis) => view.stream = Some(redis.stream.clone()),
+            TargetConfig::Nats(nats) => {
+                view.stream = Some(nats.stream.clone());
+                view.subject = Some(nats.subject.clone());
+            }
+            TargetConfig::Stream(native) => view.stream = Some(native.stream.clone()),
+        }
+        view
+    }
+}
+
+/// The last failed delivery this daemon saw.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LastErrorView {
+    /// When.
+    pub at: DateTime<Utc>,
+    /// What happened, without URL, answer body or secret.
+    pub message: String,
+}
+
+/// One subscription with its backlog, as the token's tenants see it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SubscriptionDetail {
+    /// The name.
+    pub name: String,
+    /// Its topic patterns.
+    pub topics: Vec<String>,
+    /// `active` or `paused`.
+    pub state: String,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// Its open deliveries of the token's tenants, by state (database, exact).
+    pub backlog: Backlog,
+    /// Seconds since the oldest of those waiting or running was enqueued.
+    pub oldest_pending_age_seconds: Option<f64>,
+    /// Where this daemon delivers it; `null` when its config has no such
+    /// subscription (a library worker's, or the built-in demo).
+    pub target: Option<TargetView>,
+    /// When this daemon last delivered one of its messages (every tenant's;
+    /// kept in this process's memory, empty after a restart).
+    pub last_success_at: Option<DateTime<Utc>>,
+    /// This daemon's last failed delivery (in memory, like `last_success_at`).
+    pub last_error: Option<LastErrorView>,
+    /// Deliveries this daemon attempted in the last 5 minutes.
+    pub deliveries_5m: u64,
+    /// The share of those that failed, 0 to 1; `null` without deliveries.
+    pub failure_rate_5m: Option<f64>,
 }
 
 /// A subscription's pause state after a change.
@@ -1026,6 +1351,71 @@ fn same_value(a: &serde_json::Value, b: &serde_json::Value) -> bool {
     }
 }
 
+/// 409 `idempotency_key_reused` (field `messages[i].idempotency_key`) when an
+/// item's key names an earlier message, stored or earlier in the batch, with
+/// another topic, schema version or payload; checked before anything is
+/// stored. A message stored under the key by a concurrent request between
+/// this check and the batch's own transaction is only marked `duplicate`.
+async fn refuse_reused_keys(state: &ApiState, messages: &[NewMessage]) -> Result<(), ApiError> {
+    let reused = |index: usize, id: String| {
+        let mut error = ApiError::idempotency_key_reused(format!(
+            "message {id} was published with this idempotency key and another topic, \
+             schema version or payload; use a new key for a new message; nothing was stored"
+        ));
+        error.field = Some(format!("messages[{index}].idempotency_key"));
+        error
+    };
+    let differs = |a: &NewMessage, topic: &str, schema_version: i32, payload: &str| {
+        a.topic != topic || a.schema_version != schema_version || !same_json(payload, &a.payload)
+    };
+    let mut first_of: std::collections::HashMap<(&str, &str), &NewMessage> =
+        std::collections::HashMap::new();
+    for (index, message) in messages.iter().enumerate() {
+        let Some(key) = message.idempotency_key.as_deref() else {
+            continue;
+        };
+        match first_of.entry((message.tenant.as_str(), key)) {
+            std::collections::hash_map::Entry::Occupied(first) => {
+                let first = first.get();
+                if differs(message, &first.topic, first.schema_version, &first.payload) {
+                    return Err(reused(index, format!("{} of this batch", first.id)));
+                }
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(message);
+            }
+        }
+    }
+    if first_of.is_empty() {
+        return Ok(());
+    }
+    let keys = first_of
+        .keys()
+        .map(|(tenant, key)| ((*tenant).to_owned(), (*key).to_owned()))
+        .collect();
+    let stored = state.store.messages_by_idempotency_keys(keys).await?;
+    let stored: std::collections::HashMap<(&str, &str), &StoredMessage> = stored
+        .iter()
+        .filter_map(|m| Some(((m.tenant.as_str(), m.idempotency_key.as_deref()?), m)))
+        .collect();
+    for (index, message) in messages.iter().enumerate() {
+        let Some(key) = message.idempotency_key.as_deref() else {
+            continue;
+        };
+        if let Some(earlier) = stored.get(&(message.tenant.as_str(), key)) {
+            if differs(
+                message,
+                &earlier.topic,
+                earlier.schema_version,
+                &earlier.payload,
+            ) {
+                return Err(reused(index, earlier.id.to_string()));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn count_published(outcomes: &[courier::EnqueueOutcome]) {
     let duplicates = outcomes.iter().filter(|o| o.duplicate).count() as u64;
     let stored = outcomes.len() as u64 - duplicates;
@@ -1045,6 +1435,7 @@ fn count_published(outcomes: &[courier::EnqueueOutcome]) {
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "No `publish` role, or another tenant", body = ErrorBody),
         (status = 413, description = "Body or a payload over the limit", body = ErrorBody),
+        (status = 409, description = "An item's idempotency key names an earlier message (stored, or earlier in the batch) with another topic, schema version or payload (`idempotency_key_reused`, field `messages[i].idempotency_key`); nothing stored", body = ErrorBody),
         (status = 422, description = "A field is refused (`messages[i].field`); nothing stored", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -1053,7 +1444,7 @@ async fn publish_batch(
     State(state): State<ApiState>,
     Publisher(principal): Publisher,
     headers: HeaderMap,
-    ApiJson(request): ApiJson<BatchRequest>,
+    request: Request,
 ) -> Result<(StatusCode, Json<BatchResponse>), ApiError> {
     if headers.contains_key("idempotency-key") {
         return Err(ApiError::invalid(
@@ -1061,17 +1452,29 @@ async fn publish_batch(
             "a batch takes idempotency keys per message (`messages[i].idempotency_key`), not as a header",
         ));
     }
-    if request.messages.is_empty() || request.messages.len() > MAX_BATCH_MESSAGES {
+    let bytes = read_body(request, &state).await?;
+    let items = batch_items(&bytes)?;
+    if items.is_empty() {
         return Err(ApiError::invalid(
             "messages",
-            format!(
-                "must hold 1 to {MAX_BATCH_MESSAGES} messages, got {}",
-                request.messages.len()
-            ),
+            format!("must hold 1 to {MAX_BATCH_MESSAGES} messages, got none"),
         ));
     }
-    let mut messages = Vec::with_capacity(request.messages.len());
-    for (index, message) in request.messages.into_iter().enumerate() {
+    // One item at a time: only its own JSON values exist at once.
+    let item_limit = state.single_body_limit();
+    let mut messages = Vec::with_capacity(items.len());
+    for (index, item) in items.into_iter().enumerate() {
+        if item.get().len() > item_limit {
+            return Err(ApiError::too_large(
+                format!("messages[{index}]"),
+                format!(
+                    "is {} bytes as sent; one message may be at most {item_limit}",
+                    item.get().len()
+                ),
+            ));
+        }
+        let message: PublishRequest =
+            parse_json(item.get().as_bytes()).map_err(|error| in_batch(index, error))?;
         let prefix = format!("messages[{index}].");
         principal.require_tenant(&message.tenant, &format!("{prefix}tenant"))?;
         messages.push(build_message(
@@ -1081,6 +1484,7 @@ async fn publish_batch(
             None,
         )?);
     }
+    refuse_reused_keys(&state, &messages).await?;
     let outcomes = state.store.publish(messages).await?;
     count_published(&outcomes);
     Ok((
@@ -1115,7 +1519,7 @@ async fn publish_batch(
 async fn get_message(
     State(state): State<ApiState>,
     Reader(principal): Reader,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<MessageView>, ApiError> {
     let id: Uuid = id
         .parse()
@@ -1281,7 +1685,7 @@ async fn list_dead_letters(
 async fn get_dead_letter(
     State(state): State<ApiState>,
     Reader(principal): Reader,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<DeadLetterView>, ApiError> {
     let id: i64 = id
         .parse()
@@ -1299,16 +1703,64 @@ async fn get_dead_letter(
 }
 
 enum Selection {
-    Ids(Vec<i64>),
+    /// Delivery ids; with `tenants`, only those tenants' dead letters.
+    Ids {
+        ids: Vec<i64>,
+        tenants: Option<Vec<String>>,
+    },
     Filter(DeadLetterFilter),
+    /// A filter to count and show, changing nothing.
+    DryRun(DeadLetterFilter),
 }
 
-async fn resolve_selection(
-    state: &ApiState,
+/// How many dead letters `filter` matches and the first [`DRY_RUN_IDS`].
+async fn dry_run(state: &ApiState, filter: DeadLetterFilter) -> Result<Affected, ApiError> {
+    let stats = state
+        .store
+        .delivery_stats(filter.tenant.clone().map(|tenant| vec![tenant]))
+        .await?;
+    let matching: i64 = stats
+        .iter()
+        .filter(|row| {
+            filter
+                .topic
+                .as_ref()
+                .is_none_or(|topic| *topic == row.topic)
+        })
+        .filter(|row| {
+            filter
+                .subscription
+                .as_ref()
+                .is_none_or(|subscription| *subscription == row.subscription)
+        })
+        .map(|row| row.dead)
+        .sum();
+    let page = state
+        .store
+        .list_dead_letters(filter, None, DRY_RUN_IDS)
+        .await?;
+    Ok(Affected {
+        affected: u64::try_from(matching).unwrap_or(0),
+        dry_run: true,
+        ids: Some(page.items.iter().map(|dead| dead.delivery_id).collect()),
+    })
+}
+
+fn resolve_selection(
     principal: &Principal,
     selection: DeadLetterSelection,
 ) -> Result<Selection, ApiError> {
+    let all = selection.all.unwrap_or(false);
+    let dry_run = selection.dry_run.unwrap_or(false);
     match (selection.ids, selection.filter) {
+        (Some(_), None) if selection.all.is_some() => Err(ApiError::invalid(
+            "all",
+            "goes with an empty `filter`, not with `ids`",
+        )),
+        (Some(_), None) if dry_run => Err(ApiError::invalid(
+            "dry_run",
+            "previews a `filter`; `ids` already name what would change",
+        )),
         (Some(ids), None) => {
             if ids.is_empty() || ids.len() > MAX_IDS {
                 return Err(ApiError::invalid(
@@ -1316,20 +1768,12 @@ async fn resolve_selection(
                     format!("must hold 1 to {MAX_IDS} ids, got {}", ids.len()),
                 ));
             }
-            if principal.tenants == TenantScope::All {
-                return Ok(Selection::Ids(ids));
-            }
-            // A scoped token acts only on its tenants' dead letters; others
-            // are skipped as if they did not exist.
-            let mut visible = Vec::with_capacity(ids.len());
-            for id in ids {
-                if let Some(dead) = state.store.get_dead_letter(id).await? {
-                    if principal.tenants.allows(&dead.tenant) {
-                        visible.push(id);
-                    }
-                }
-            }
-            Ok(Selection::Ids(visible))
+            // A scoped token acts only on its tenants' dead letters: the one
+            // statement skips others' as if they did not exist.
+            Ok(Selection::Ids {
+                ids,
+                tenants: principal.tenants.filter(),
+            })
         }
         (None, Some(filter)) => {
             check_name("topic", filter.topic.as_ref()).map_err(|e| ApiError {
@@ -1340,11 +1784,31 @@ async fn resolve_selection(
                 field: Some("filter.subscription".into()),
                 ..e
             })?;
-            Ok(Selection::Filter(DeadLetterFilter {
+            let empty =
+                filter.tenant.is_none() && filter.topic.is_none() && filter.subscription.is_none();
+            let filter = DeadLetterFilter {
                 tenant: single_tenant(principal, filter.tenant, "filter.tenant")?,
                 topic: filter.topic,
                 subscription: filter.subscription,
-            }))
+            };
+            if empty && !all {
+                return Err(ApiError::invalid(
+                    "filter",
+                    "an empty filter matches every dead letter this token may see; name a \
+                     tenant, topic or subscription, or send \"all\": true to mean every one",
+                ));
+            }
+            if !empty && selection.all.is_some() {
+                return Err(ApiError::invalid(
+                    "all",
+                    "goes with an empty `filter` only; this filter names what it matches",
+                ));
+            }
+            Ok(if dry_run {
+                Selection::DryRun(filter)
+            } else {
+                Selection::Filter(filter)
+            })
         }
         _ => Err(ApiError::invalid(
             "ids",
@@ -1354,13 +1818,17 @@ async fn resolve_selection(
 }
 
 /// Make dead letters deliverable again, with attempts reset.
+///
+/// By `ids`, or by `filter`; an empty filter needs `"all": true`. With
+/// `"dry_run": true` a filter changes nothing and the answer is how many
+/// match and the first 100 ids.
 #[utoipa::path(
     post,
     path = "/v1/dead-letters/retry",
     tag = "dead-letters",
     request_body = DeadLetterSelection,
     responses(
-        (status = 200, body = Affected),
+        (status = 200, description = "Retried (in a dry run: would be, with the first ids)", body = Affected),
         (status = 400, description = "Malformed JSON", body = ErrorBody),
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "No `admin` role, or another tenant", body = ErrorBody),
@@ -1373,22 +1841,34 @@ async fn retry_dead_letters(
     Admin(principal): Admin,
     ApiJson(selection): ApiJson<DeadLetterSelection>,
 ) -> Result<Json<Affected>, ApiError> {
-    let affected = match resolve_selection(&state, &principal, selection).await? {
-        Selection::Ids(ids) if ids.is_empty() => 0,
-        Selection::Ids(ids) => state.store.retry_dead_letters(ids).await?,
+    let affected = match resolve_selection(&principal, selection)? {
+        Selection::Ids { ids, tenants: None } => state.store.retry_dead_letters(ids).await?,
+        Selection::Ids {
+            ids,
+            tenants: Some(tenants),
+        } => state.store.retry_tenants_dead_letters(ids, tenants).await?,
         Selection::Filter(filter) => state.store.retry_dead_letters_matching(filter).await?,
+        Selection::DryRun(filter) => return Ok(Json(dry_run(&state, filter).await?)),
     };
-    Ok(Json(Affected { affected }))
+    Ok(Json(Affected {
+        affected,
+        dry_run: false,
+        ids: None,
+    }))
 }
 
 /// Discard dead letters for good.
+///
+/// By `ids`, or by `filter`; an empty filter needs `"all": true`. With
+/// `"dry_run": true` a filter changes nothing and the answer is how many
+/// match and the first 100 ids.
 #[utoipa::path(
     post,
     path = "/v1/dead-letters/discard",
     tag = "dead-letters",
     request_body = DeadLetterSelection,
     responses(
-        (status = 200, body = Affected),
+        (status = 200, description = "Discarded (in a dry run: would be, with the first ids)", body = Affected),
         (status = 400, description = "Malformed JSON", body = ErrorBody),
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "No `admin` role, or another tenant", body = ErrorBody),
@@ -1401,12 +1881,25 @@ async fn discard_dead_letters(
     Admin(principal): Admin,
     ApiJson(selection): ApiJson<DeadLetterSelection>,
 ) -> Result<Json<Affected>, ApiError> {
-    let affected = match resolve_selection(&state, &principal, selection).await? {
-        Selection::Ids(ids) if ids.is_empty() => 0,
-        Selection::Ids(ids) => state.store.discard_dead_letters(ids).await?,
+    let affected = match resolve_selection(&principal, selection)? {
+        Selection::Ids { ids, tenants: None } => state.store.discard_dead_letters(ids).await?,
+        Selection::Ids {
+            ids,
+            tenants: Some(tenants),
+        } => {
+            state
+                .store
+                .discard_tenants_dead_letters(ids, tenants)
+                .await?
+        }
         Selection::Filter(filter) => state.store.discard_dead_letters_matching(filter).await?,
+        Selection::DryRun(filter) => return Ok(Json(dry_run(&state, filter).await?)),
     };
-    Ok(Json(Affected { affected }))
+    Ok(Json(Affected {
+        affected,
+        dry_run: false,
+        ids: None,
+    }))
 }
 
 /// Every subscription with its topics and pause state.
@@ -1436,6 +1929,78 @@ async fn list_subscriptions(
                 created_at: s.created_at,
             })
             .collect(),
+    }))
+}
+
+/// One subscription: its topics, state and backlog of the token's tenants
+/// (from the database), its target in this daemon's config (URLs redacted),
+/// and this daemon's recent outcomes delivering it (kept in its memory, so
+/// per process and empty after a restart).
+#[utoipa::path(
+    get,
+    path = "/v1/subscriptions/{name}",
+    tag = "subscriptions",
+    params(("name" = String, Path, description = "The subscription")),
+    responses(
+        (status = 200, body = SubscriptionDetail),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `read` role", body = ErrorBody),
+        (status = 404, description = "No such subscription", body = ErrorBody),
+        (status = 422, description = "The name is not a subscription name", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn get_subscription(
+    State(state): State<ApiState>,
+    Reader(principal): Reader,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<SubscriptionDetail>, ApiError> {
+    validate_name("name", &name)?;
+    let subscription = state
+        .store
+        .list_subscriptions()
+        .await?
+        .into_iter()
+        .find(|s| s.name == name)
+        .ok_or_else(|| {
+            ApiError::not_found(format!("no subscription {name:?}"), Some("name".into()))
+        })?;
+    let rows = state
+        .store
+        .delivery_stats(principal.tenants.filter())
+        .await?;
+    let mut backlog = Backlog::default();
+    let mut oldest: Option<f64> = None;
+    for row in rows.into_iter().filter(|row| row.subscription == name) {
+        backlog.available += row.available;
+        backlog.running += row.running;
+        backlog.dead += row.dead;
+        oldest = match (oldest, row.oldest_pending_age_seconds) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    let recent = crate::outcomes::global().recent(&name);
+    let (deliveries, failures) = recent.as_ref().map_or((0, 0), |r| (r.attempts, r.failures));
+    Ok(Json(SubscriptionDetail {
+        target: state.targets.get(&name).cloned(),
+        last_success_at: recent.as_ref().and_then(|r| r.last_success_at),
+        last_error: recent
+            .and_then(|r| r.last_error)
+            .map(|(at, message)| LastErrorView { at, message }),
+        deliveries_5m: deliveries,
+        failure_rate_5m: (deliveries > 0).then(|| failures as f64 / deliveries as f64),
+        name: subscription.name,
+        topics: subscription.topics,
+        state: if subscription.paused {
+            "paused"
+        } else {
+            "active"
+        }
+        .to_owned(),
+        created_at: subscription.created_at,
+        backlog,
+        oldest_pending_age_seconds: oldest,
     }))
 }
 
@@ -1482,7 +2047,7 @@ async fn set_paused(
 async fn pause_subscription(
     State(state): State<ApiState>,
     Admin(principal): Admin,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Json<PauseState>, ApiError> {
     set_paused(&state, &principal, name, true).await
 }
@@ -1504,7 +2069,7 @@ async fn pause_subscription(
 async fn resume_subscription(
     State(state): State<ApiState>,
     Admin(principal): Admin,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Json<PauseState>, ApiError> {
     set_paused(&state, &principal, name, false).await
 }
@@ -1598,6 +2163,7 @@ pub fn metrics_router(state: ApiState) -> Router {
             }),
         )
         .fallback(|| async { ApiError::not_found("only /metrics is served here", None) })
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .layer(axum::middleware::from_fn_with_state(guard, guard_requests))
 }

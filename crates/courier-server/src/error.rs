@@ -97,6 +97,27 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, "not_found", message, field)
     }
 
+    /// 405: the path exists, but not with this method.
+    pub fn method_not_allowed(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            message,
+            Some("method".into()),
+        )
+    }
+
+    /// 431: the request head has more headers, or more bytes, than the
+    /// daemon reads.
+    pub fn headers_too_large(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            message,
+            Some("headers".into()),
+        )
+    }
+
     /// 400: the body is not JSON.
     pub fn malformed(message: impl Into<String>) -> Self {
         Self::new(

@@ -23,6 +23,15 @@
 //!    `text/plain`, form and multipart bodies without asking first, and the
 //!    daemon answers no CORS preflight, so a page cannot send JSON.
 //!
+//! Before these, the request head is measured (431 `headers_too_large`,
+//! field `headers`): more than [`MAX_REQUEST_HEADERS`] header lines or more
+//! than [`MAX_REQUEST_HEAD_BYTES`] of request line and headers are refused
+//! with the API's JSON error. hyper's own limits sit above these
+//! ([`crate::http_server`]), so it is the daemon that answers; only a head
+//! past hyper's (over [`HARD_MAX_REQUEST_HEADERS`] headers, or over hyper's
+//! ~400 KiB read buffer) gets hyper's bare 431, since hyper answers it
+//! before any request exists.
+//!
 //! The router's default guard ([`RequestGuard::any_host`]) skips the Host
 //! check, since a router alone does not know its address; the daemon sets
 //! one per listener ([`RequestGuard::for_listener`]) once it is bound.
@@ -38,6 +47,15 @@ use axum::response::{IntoResponse, Response};
 
 use crate::config::ServerSection;
 use crate::error::ApiError;
+
+/// The most header lines a request may carry.
+pub const MAX_REQUEST_HEADERS: usize = 100;
+/// The most bytes of request line and headers a request may carry.
+pub const MAX_REQUEST_HEAD_BYTES: usize = 64 * 1024;
+/// How many header lines hyper parses before it refuses a head itself
+/// (with a bare 431): well above [`MAX_REQUEST_HEADERS`], so that the guard
+/// answers in the API's shape.
+pub const HARD_MAX_REQUEST_HEADERS: usize = 1000;
 
 /// Which hosts and origins a listener accepts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -117,6 +135,7 @@ impl RequestGuard {
 
     /// The refusal of `request`, if it is refused.
     fn check(&self, request: &Request) -> Result<(), ApiError> {
+        check_head(request)?;
         let method = request.method();
         let exempt = matches!(*method, Method::GET | Method::HEAD)
             && matches!(request.uri().path(), "/healthz" | "/readyz");
@@ -176,6 +195,29 @@ impl RequestGuard {
         }
         Ok(())
     }
+}
+
+/// Refuses a head over [`MAX_REQUEST_HEADERS`] or [`MAX_REQUEST_HEAD_BYTES`].
+fn check_head(request: &Request) -> Result<(), ApiError> {
+    let headers = request.headers();
+    if headers.len() > MAX_REQUEST_HEADERS {
+        return Err(ApiError::headers_too_large(format!(
+            "the request has {} header lines; the limit is {MAX_REQUEST_HEADERS}",
+            headers.len()
+        )));
+    }
+    // As on the wire: `METHOD target HTTP/1.1\r\n` and `name: value\r\n`.
+    let line = request.method().as_str().len() + request.uri().to_string().len() + 11;
+    let bytes = headers.iter().fold(line, |sum, (name, value)| {
+        sum + name.as_str().len() + value.len() + 4
+    });
+    if bytes > MAX_REQUEST_HEAD_BYTES {
+        return Err(ApiError::headers_too_large(format!(
+            "the request line and headers are {bytes} bytes; the limit is \
+             {MAX_REQUEST_HEAD_BYTES}"
+        )));
+    }
+    Ok(())
 }
 
 /// Whether a `Content-Type` value declares JSON (`application/json`, `…+json`).

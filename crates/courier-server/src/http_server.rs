@@ -12,6 +12,12 @@
 //!   error and its work is dropped (nothing half-stored: every write is one
 //!   transaction). It must outlast the longest blocking stream read
 //!   (`block_ms` ≤ 30 s).
+//! - **Head size**: hyper parses up to
+//!   [`HARD_MAX_REQUEST_HEADERS`](crate::guard::HARD_MAX_REQUEST_HEADERS)
+//!   header lines (and its ~400 KiB read buffer), above the guard's limits,
+//!   so that a head over the guard's limits is answered 431 in the API's JSON
+//!   shape by [`crate::guard`]; only one past hyper's own limits gets hyper's
+//!   bare 431.
 //! - **Connection limit** (`server.max_connections`): at the limit the server
 //!   stops accepting; further clients wait in the kernel's backlog until a
 //!   connection closes.
@@ -70,7 +76,9 @@ pub async fn serve(
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
+        .header_read_timeout(limits.header_read_timeout)
+        // Above the guard's limit, so that the guard answers 431 as JSON.
+        .max_headers(crate::guard::HARD_MAX_REQUEST_HEADERS);
     loop {
         let permit = tokio::select! {
             () = stop.cancelled() => break,

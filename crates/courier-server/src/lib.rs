@@ -25,6 +25,7 @@ pub mod error;
 pub mod guard;
 pub mod http_server;
 pub mod metrics;
+pub mod outcomes;
 pub mod redact;
 pub mod relay;
 pub mod store;

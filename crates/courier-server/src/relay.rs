@@ -319,6 +319,15 @@ impl RelayCommon {
             Err(error) if error.is_permanent() => "permanent",
             Err(_) => "retry",
         };
+        match outcome {
+            "stored" | "duplicate" => crate::outcomes::global().succeeded(&self.subscription),
+            "permanent" => {
+                crate::outcomes::global().failed(&self.subscription, "the relay failed permanently")
+            }
+            "retry" => crate::outcomes::global()
+                .failed(&self.subscription, "the relay failed; it is retried"),
+            _ => {}
+        }
         let subscription = self.subscription.clone();
         metrics::counter!(RELAY_PUBLISHED, "subscription" => subscription.clone(), "outcome" => outcome)
             .increment(1);

@@ -21,6 +21,11 @@ pub trait ApiStore: Send + Sync + 'static {
         &self,
         id: Uuid,
     ) -> StoreFuture<'_, Option<(StoredMessage, Vec<DeliverySummary>)>>;
+    /// The messages stored under these (tenant, idempotency key) pairs.
+    fn messages_by_idempotency_keys(
+        &self,
+        keys: Vec<(String, String)>,
+    ) -> StoreFuture<'_, Vec<StoredMessage>>;
     /// A page of messages, newest first.
     fn list_messages(
         &self,
@@ -47,10 +52,22 @@ pub trait ApiStore: Send + Sync + 'static {
     fn get_dead_letter(&self, delivery_id: i64) -> StoreFuture<'_, Option<DeadLetter>>;
     /// Retries dead letters by id.
     fn retry_dead_letters(&self, ids: Vec<i64>) -> StoreFuture<'_, u64>;
+    /// Retries dead letters by id, only those of `tenants`, in one statement.
+    fn retry_tenants_dead_letters(
+        &self,
+        ids: Vec<i64>,
+        tenants: Vec<String>,
+    ) -> StoreFuture<'_, u64>;
     /// Retries dead letters matching a filter.
     fn retry_dead_letters_matching(&self, filter: DeadLetterFilter) -> StoreFuture<'_, u64>;
     /// Discards dead letters by id.
     fn discard_dead_letters(&self, ids: Vec<i64>) -> StoreFuture<'_, u64>;
+    /// Discards dead letters by id, only those of `tenants`, in one statement.
+    fn discard_tenants_dead_letters(
+        &self,
+        ids: Vec<i64>,
+        tenants: Vec<String>,
+    ) -> StoreFuture<'_, u64>;
     /// Discards dead letters matching a filter.
     fn discard_dead_letters_matching(&self, filter: DeadLetterFilter) -> StoreFuture<'_, u64>;
 }
@@ -68,6 +85,13 @@ where
         id: Uuid,
     ) -> StoreFuture<'_, Option<(StoredMessage, Vec<DeliverySummary>)>> {
         Box::pin(AdminStore::get_message(self, id))
+    }
+
+    fn messages_by_idempotency_keys(
+        &self,
+        keys: Vec<(String, String)>,
+    ) -> StoreFuture<'_, Vec<StoredMessage>> {
+        Box::pin(async move { AdminStore::messages_by_idempotency_keys(self, &keys).await })
     }
 
     fn list_messages(
@@ -114,12 +138,32 @@ where
         Box::pin(async move { DeadLetterStore::retry_dead_letters(self, &ids).await })
     }
 
+    fn retry_tenants_dead_letters(
+        &self,
+        ids: Vec<i64>,
+        tenants: Vec<String>,
+    ) -> StoreFuture<'_, u64> {
+        Box::pin(
+            async move { DeadLetterStore::retry_tenants_dead_letters(self, &ids, &tenants).await },
+        )
+    }
+
     fn retry_dead_letters_matching(&self, filter: DeadLetterFilter) -> StoreFuture<'_, u64> {
         Box::pin(async move { DeadLetterStore::retry_dead_letters_matching(self, &filter).await })
     }
 
     fn discard_dead_letters(&self, ids: Vec<i64>) -> StoreFuture<'_, u64> {
         Box::pin(async move { DeadLetterStore::discard_dead_letters(self, &ids).await })
+    }
+
+    fn discard_tenants_dead_letters(
+        &self,
+        ids: Vec<i64>,
+        tenants: Vec<String>,
+    ) -> StoreFuture<'_, u64> {
+        Box::pin(async move {
+            DeadLetterStore::discard_tenants_dead_letters(self, &ids, &tenants).await
+        })
     }
 
     fn discard_dead_letters_matching(&self, filter: DeadLetterFilter) -> StoreFuture<'_, u64> {

@@ -225,6 +225,17 @@ pub(crate) struct Refusal {
     pub(crate) reason: String,
 }
 
+impl Refusal {
+    /// What happened, without the endpoint's URL or answer body (for
+    /// [`crate::outcomes`], which every reader sees).
+    pub(crate) fn summary(&self) -> String {
+        match self.status {
+            Some(status) => format!("the endpoint answered {status}"),
+            None => "the endpoint timed out or could not be reached".to_owned(),
+        }
+    }
+}
+
 impl Endpoint {
     /// An endpoint POSTing to `url`, signing with each of `secrets` (at
     /// least one, each at least [`MIN_WEBHOOK_SECRET_BYTES`]), giving each
@@ -627,10 +638,12 @@ impl Handler for WebhookHandler {
         {
             Ok(()) => {
                 self.count("delivered", started);
+                crate::outcomes::global().succeeded(inner.endpoint.subscription());
                 return Ok(());
             }
             Err(refusal) => refusal,
         };
+        crate::outcomes::global().failed(inner.endpoint.subscription(), refusal.summary());
         if !refusal.retryable {
             self.count("permanent", started);
             return Err(HandlerError::permanent(refusal.reason));

@@ -483,6 +483,7 @@ fn routes(message_id: &str) -> Vec<(Method, String, Option<Value>, &'static str)
             "read",
         ),
         (Method::GET, "/v1/subscriptions".into(), None, "read"),
+        (Method::GET, "/v1/subscriptions/sub".into(), None, "read"),
         // Every tenant's counts: admin only.
         (Method::GET, "/metrics".into(), None, "admin"),
         (
@@ -892,7 +893,498 @@ where
     Ok(())
 }
 
+async fn a_scoped_retry_by_ids_is_one_store_call_and_leaves_other_tenants_alone<S>(
+    courier: Courier<S>,
+) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let worker = courier
+        .worker("billing")
+        .handle(
+            "invoice.paid",
+            1,
+            handler_fn(|_message: courier::Message<Value>| async {
+                Err::<(), _>(HandlerError::permanent("refused"))
+            }),
+        )
+        .build()
+        .await?;
+    let open = app(courier.store().clone(), &[], LIMIT);
+    for tenant in ["a", "a", "a", "b", "b"] {
+        let reply = post(
+            &open,
+            "/v1/messages",
+            None,
+            &message(tenant, "invoice.paid"),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    }
+    assert_eq!(worker.run_once().await?, 5);
+    let dead = courier
+        .store()
+        .list_dead_letters(&courier::DeadLetterFilter::default(), None, 10)
+        .await?;
+    let of = |tenant: &str| -> Vec<i64> {
+        dead.items
+            .iter()
+            .filter(|d| d.tenant == tenant)
+            .map(|d| d.delivery_id)
+            .collect()
+    };
+    let (a_ids, b_ids) = (of("a"), of("b"));
+    assert_eq!((a_ids.len(), b_ids.len()), (3, 2));
+    // 1000 ids: every dead letter and ids that name none.
+    let mut ids: Vec<i64> = dead.items.iter().map(|d| d.delivery_id).collect();
+    ids.extend((1..=995).map(|n| 1_000_000_000 + n));
+
+    let (store, calls) = common::counting::CountingStore::new(courier.store().clone());
+    let auth = courier_server::Authenticator::new(&standard_tokens())?;
+    let scoped = courier_server::router(courier_server::ApiState::with_authenticator(
+        store, auth, LIMIT,
+    ));
+    let discarded = post(
+        &scoped,
+        "/v1/dead-letters/discard",
+        Some("admin-a"),
+        &json!({"ids": b_ids}),
+    )
+    .await;
+    assert_eq!(discarded.status, StatusCode::OK, "{}", discarded.text);
+    assert_eq!(discarded.body["affected"], json!(0), "another tenant's ids");
+    let retried = post(
+        &scoped,
+        "/v1/dead-letters/retry",
+        Some("admin-a"),
+        &json!({"ids": ids}),
+    )
+    .await;
+    assert_eq!(retried.status, StatusCode::OK, "{}", retried.text);
+    assert_eq!(retried.body["affected"], json!(3), "{}", retried.text);
+    let counted = calls
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .clone();
+    assert_eq!(
+        counted.values().sum::<usize>(),
+        2,
+        "one store call per request: {counted:?}"
+    );
+    assert_eq!(counted.get("get_dead_letter"), None, "{counted:?}");
+    // b's dead letters are still dead; a's are deliverable again.
+    let left = courier
+        .store()
+        .list_dead_letters(&courier::DeadLetterFilter::default(), None, 10)
+        .await?;
+    let mut left: Vec<i64> = left.items.iter().map(|d| d.delivery_id).collect();
+    left.sort_unstable();
+    assert_eq!(left, b_ids);
+    assert_eq!(worker.run_once().await?, 3);
+    Ok(())
+}
+
+async fn a_dry_run_changes_nothing_and_an_empty_filter_needs_all<S>(
+    courier: Courier<S>,
+) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let worker = courier
+        .worker("billing")
+        .handle(
+            "invoice.paid",
+            1,
+            handler_fn(|_message: courier::Message<Value>| async {
+                Err::<(), _>(HandlerError::permanent("refused"))
+            }),
+        )
+        .build()
+        .await?;
+    let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
+    for tenant in ["a", "a", "a", "b", "b"] {
+        let reply = post(
+            &app,
+            "/v1/messages",
+            Some("all"),
+            &message(tenant, "invoice.paid"),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    }
+    assert_eq!(worker.run_once().await?, 5);
+    let dead_count = || async {
+        let page = get(&app, "/v1/dead-letters?limit=500", Some("all")).await;
+        page.body["items"].as_array().map_or(0, Vec::len)
+    };
+    let a_ids: Vec<Value> = get(&app, "/v1/dead-letters?tenant=a", Some("all"))
+        .await
+        .body["items"]
+        .as_array()
+        .map(|items| items.iter().map(|item| item["id"].clone()).collect())
+        .unwrap_or_default();
+    assert_eq!(a_ids.len(), 3);
+
+    for route in ["/v1/dead-letters/retry", "/v1/dead-letters/discard"] {
+        // Refused, and nothing changed.
+        for (token, body, field) in [
+            ("all", json!({"filter": {}}), "filter"),
+            ("all", json!({"filter": {}, "dry_run": true}), "filter"),
+            ("admin-a", json!({"filter": {}}), "filter"),
+            (
+                "all",
+                json!({"filter": {"tenant": "a"}, "all": true}),
+                "all",
+            ),
+            ("all", json!({"ids": [1], "all": true}), "all"),
+            ("all", json!({"ids": [1], "dry_run": true}), "dry_run"),
+        ] {
+            let reply = post(&app, route, Some(token), &body).await;
+            assert_eq!(
+                reply.status,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "{route} {body}: {}",
+                reply.text
+            );
+            assert_eq!(reply.field(), Some(field), "{route} {body}: {}", reply.text);
+        }
+        // A dry run counts and shows, and changes nothing.
+        let preview = post(
+            &app,
+            route,
+            Some("all"),
+            &json!({"filter": {"tenant": "a"}, "dry_run": true}),
+        )
+        .await;
+        assert_eq!(preview.status, StatusCode::OK, "{}", preview.text);
+        assert_eq!(
+            preview.body,
+            json!({"affected": 3, "dry_run": true, "ids": a_ids}),
+            "{route}"
+        );
+        let everything = post(
+            &app,
+            route,
+            Some("all"),
+            &json!({"filter": {}, "all": true, "dry_run": true}),
+        )
+        .await;
+        assert_eq!(everything.body["affected"], json!(5), "{}", everything.text);
+        assert_eq!(everything.body["ids"].as_array().map(Vec::len), Some(5));
+        let scoped = post(
+            &app,
+            route,
+            Some("admin-a"),
+            &json!({"filter": {}, "all": true, "dry_run": true}),
+        )
+        .await;
+        assert_eq!(scoped.body["affected"], json!(3), "{}", scoped.text);
+        assert_eq!(
+            dead_count().await,
+            5,
+            "{route}: a dry run changed something"
+        );
+    }
+    // `all` does it.
+    let retried = post(
+        &app,
+        "/v1/dead-letters/retry",
+        Some("admin-a"),
+        &json!({"filter": {}, "all": true}),
+    )
+    .await;
+    assert_eq!(retried.body, json!({"affected": 3}), "{}", retried.text);
+    let discarded = post(
+        &app,
+        "/v1/dead-letters/discard",
+        Some("all"),
+        &json!({"filter": {}, "all": true}),
+    )
+    .await;
+    assert_eq!(discarded.body, json!({"affected": 2}), "{}", discarded.text);
+    assert_eq!(dead_count().await, 0);
+    Ok(())
+}
+
+async fn a_message_s_detail_names_each_open_delivery_s_id<S>(
+    courier: Courier<S>,
+) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let failing = courier
+        .worker("billing")
+        .handle(
+            "invoice.paid",
+            1,
+            handler_fn(|_message: courier::Message<Value>| async {
+                Err::<(), _>(HandlerError::permanent("refused"))
+            }),
+        )
+        .build()
+        .await?;
+    let succeeding = courier
+        .worker("audit")
+        .handle(
+            "invoice.paid",
+            1,
+            handler_fn(|_message: courier::Message<Value>| async { Ok::<(), HandlerError>(()) }),
+        )
+        .build()
+        .await?;
+    let app = app(courier.store().clone(), &[], LIMIT);
+    let published = post(&app, "/v1/messages", None, &message("a", "invoice.paid")).await;
+    let id = published.body["id"].as_str().unwrap_or_default().to_owned();
+    let detail = get(&app, &format!("/v1/messages/{id}"), None).await;
+    let deliveries = detail.body["deliveries"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(deliveries.len(), 2, "{}", detail.text);
+    assert!(
+        deliveries.iter().all(|d| d["delivery_id"].is_i64()),
+        "{}",
+        detail.text
+    );
+    assert_eq!(failing.run_once().await?, 1);
+    assert_eq!(succeeding.run_once().await?, 1);
+
+    let detail = get(&app, &format!("/v1/messages/{id}"), None).await;
+    let of = |subscription: &str| {
+        detail.body["deliveries"]
+            .as_array()
+            .and_then(|all| all.iter().find(|d| d["subscription"] == subscription))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (billing, audit) = (of("billing"), of("audit"));
+    assert_eq!(billing["state"], json!("dead"), "{}", detail.text);
+    assert_eq!(audit["state"], json!("completed"), "{}", detail.text);
+    assert_eq!(audit["delivery_id"], Value::Null, "{}", detail.text);
+    let dead = get(&app, "/v1/dead-letters", None).await;
+    assert_eq!(
+        billing["delivery_id"], dead.body["items"][0]["id"],
+        "{}",
+        dead.text
+    );
+    // The id from the detail is what retry takes.
+    let retried = post(
+        &app,
+        "/v1/dead-letters/retry",
+        None,
+        &json!({"ids": [billing["delivery_id"]]}),
+    )
+    .await;
+    assert_eq!(retried.body, json!({"affected": 1}), "{}", retried.text);
+    Ok(())
+}
+
+async fn one_subscription_shows_its_state_and_its_backlog_by_tenant<S>(
+    courier: Courier<S>,
+) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let worker = courier
+        .worker("billing")
+        .handle(
+            "invoice.paid",
+            1,
+            handler_fn(|_message: courier::Message<Value>| async {
+                Err::<(), _>(HandlerError::permanent("refused"))
+            }),
+        )
+        .build()
+        .await?;
+    let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
+    for tenant in ["a", "a", "b"] {
+        let reply = post(
+            &app,
+            "/v1/messages",
+            Some("all"),
+            &message(tenant, "invoice.paid"),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    }
+    assert_eq!(worker.run_once().await?, 3);
+    let reply = post(
+        &app,
+        "/v1/messages",
+        Some("all"),
+        &message("a", "invoice.paid"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+
+    let all = get(&app, "/v1/subscriptions/billing", Some("all")).await;
+    assert_eq!(all.status, StatusCode::OK, "{}", all.text);
+    assert_eq!(all.body["name"], json!("billing"));
+    assert_eq!(all.body["topics"], json!(["invoice.paid"]), "{}", all.text);
+    assert_eq!(all.body["state"], json!("active"));
+    assert_eq!(
+        all.body["backlog"],
+        json!({"available": 1, "running": 0, "dead": 3}),
+        "{}",
+        all.text
+    );
+    assert!(
+        all.body["oldest_pending_age_seconds"].is_number(),
+        "{}",
+        all.text
+    );
+    // A token scoped to tenant b sees b's backlog only.
+    let token = common::token(
+        "reader-b",
+        "reader-b",
+        &["b"],
+        &[courier_server::config::Role::Read],
+    );
+    let scoped = app_with_tokens(&courier, vec![token]);
+    let b = get(&scoped, "/v1/subscriptions/billing", Some("reader-b")).await;
+    assert_eq!(
+        b.body["backlog"],
+        json!({"available": 0, "running": 0, "dead": 1}),
+        "{}",
+        b.text
+    );
+    assert_eq!(
+        b.body["oldest_pending_age_seconds"],
+        Value::Null,
+        "{}",
+        b.text
+    );
+
+    let paused = post(
+        &app,
+        "/v1/subscriptions/billing/pause",
+        Some("all"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(paused.status, StatusCode::OK, "{}", paused.text);
+    let now = get(&app, "/v1/subscriptions/billing", Some("reader-a")).await;
+    assert_eq!(now.body["state"], json!("paused"), "{}", now.text);
+    let missing = get(&app, "/v1/subscriptions/nobody", Some("all")).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND, "{}", missing.text);
+    assert_eq!(missing.field(), Some("name"));
+    let bad = get(&app, "/v1/subscriptions/a%20b", Some("all")).await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", bad.text);
+    assert_eq!(bad.field(), Some("name"));
+    Ok(())
+}
+
+fn app_with_tokens<S>(
+    courier: &Courier<S>,
+    tokens: Vec<courier_server::config::TokenConfig>,
+) -> axum::Router
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    app(courier.store().clone(), &tokens, LIMIT)
+}
+
+async fn a_batch_is_refused_while_it_is_read<S>(courier: Courier<S>) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
+    // Past 1000 items reading stops: the bad item after them is never read.
+    let mut items: Vec<String> = (0..1001)
+        .map(|_| message("a", "t.one").to_string())
+        .collect();
+    items.push(r#"{"bogus": 1}"#.to_owned());
+    let over = format!(r#"{{"messages": [{}]}}"#, items.join(","));
+    let reply = post_raw(&app, "/v1/messages/batch", Some("all"), over, &[]).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        reply.text
+    );
+    assert_eq!(reply.field(), Some("messages"), "{}", reply.text);
+    assert!(reply.text.contains("1000"), "{}", reply.text);
+    // So are tiny items that are not messages at all.
+    let zeros = format!(r#"{{"messages": [{}]}}"#, vec!["0"; 5000].join(","));
+    let reply = post_raw(&app, "/v1/messages/batch", Some("all"), zeros, &[]).await;
+    assert_eq!(reply.field(), Some("messages"), "{}", reply.text);
+    // An item over one message's limit is refused before it is parsed.
+    let mut large = message("a", "t.one");
+    large["payload"] = json!(vec![0; 300_000]);
+    let body = json!({"messages": [large]}).to_string();
+    let reply = post_raw(&app, "/v1/messages/batch", Some("all"), body, &[]).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        reply.text
+    );
+    assert_eq!(reply.field(), Some("messages[0]"), "{}", reply.text);
+    // Items keep their own errors, named under their index.
+    let body = json!({"messages": [message("a", "t.one"), {"tenant": "a", "topic": "t", "payload": 1, "x": 1}]});
+    let reply = post(&app, "/v1/messages/batch", Some("all"), &body).await;
+    assert_eq!(reply.field(), Some("messages[1].x"), "{}", reply.text);
+    let body = json!({"messages": [message("a", "t.one"), 7]});
+    let reply = post(&app, "/v1/messages/batch", Some("all"), &body).await;
+    assert_eq!(reply.field(), Some("messages[1]"), "{}", reply.text);
+    let body = json!({"messages": [], "extra": 1});
+    let reply = post(&app, "/v1/messages/batch", Some("all"), &body).await;
+    assert_eq!(reply.field(), Some("extra"), "{}", reply.text);
+    assert_eq!(message_count(&app).await, 0);
+    Ok(())
+}
+
+async fn a_batch_reusing_a_key_for_another_message_stores_nothing<S>(
+    courier: Courier<S>,
+) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
+    let keyed = |key: &str, n: i64| json!({"tenant": "a", "topic": "invoice.paid", "payload": {"n": n}, "idempotency_key": key});
+    let first = post(&app, "/v1/messages", Some("all"), &keyed("order-1", 1)).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.text);
+    for (body, index) in [
+        // Against a stored message.
+        (
+            json!({"messages": [message("a", "t.new"), keyed("order-1", 2)]}),
+            1,
+        ),
+        // Against an earlier item of the same batch.
+        (
+            json!({"messages": [keyed("order-2", 1), message("a", "t.new"), keyed("order-2", 3)]}),
+            2,
+        ),
+    ] {
+        let reply = post(&app, "/v1/messages/batch", Some("all"), &body).await;
+        assert_eq!(reply.status, StatusCode::CONFLICT, "{body}: {}", reply.text);
+        assert_eq!(
+            reply.code(),
+            Some("idempotency_key_reused"),
+            "{}",
+            reply.text
+        );
+        let field = format!("messages[{index}].idempotency_key");
+        assert_eq!(reply.field(), Some(field.as_str()), "{}", reply.text);
+        assert_eq!(message_count(&app).await, 1, "{body}: something was stored");
+    }
+    // The same message again is a duplicate, as before.
+    let same = json!({"messages": [keyed("order-1", 1), message("a", "t.new")]});
+    let reply = post(&app, "/v1/messages/batch", Some("all"), &same).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    assert_eq!(reply.body["messages"][0]["id"], first.body["id"]);
+    assert_eq!(reply.body["messages"][0]["duplicate"], json!(true));
+    assert_eq!(message_count(&app).await, 2);
+    Ok(())
+}
+
 api_tests!(
+    a_batch_reusing_a_key_for_another_message_stores_nothing,
+    a_batch_is_refused_while_it_is_read,
+    one_subscription_shows_its_state_and_its_backlog_by_tenant,
+    a_message_s_detail_names_each_open_delivery_s_id,
+    a_dry_run_changes_nothing_and_an_empty_filter_needs_all,
+    a_scoped_retry_by_ids_is_one_store_call_and_leaves_other_tenants_alone,
     publish_stores_once_per_idempotency_key,
     batch_is_all_or_nothing,
     bad_input_names_the_field_and_stores_nothing,
@@ -921,6 +1413,7 @@ fn the_openapi_document_lists_every_route() {
         ("/v1/dead-letters/retry", "post"),
         ("/v1/dead-letters/discard", "post"),
         ("/v1/subscriptions", "get"),
+        ("/v1/subscriptions/{name}", "get"),
         ("/v1/subscriptions/{name}/pause", "post"),
         ("/v1/subscriptions/{name}/resume", "post"),
         ("/healthz", "get"),
@@ -966,6 +1459,96 @@ fn the_openapi_document_lists_every_route() {
     assert_eq!(listed, expected.len());
     assert!(document["components"]["schemas"]["PublishRequest"].is_object());
     assert!(document["components"]["securitySchemes"]["bearer"].is_object());
+}
+
+#[test]
+fn the_openapi_document_lists_the_refusals_given_before_any_handler() {
+    let document = serde_json::to_value(courier_server::openapi()).unwrap();
+    let mut operations = 0;
+    for (path, item) in document["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let responses = &operation["responses"];
+            let mut expected = vec!["408", "431"];
+            if !matches!(path.as_str(), "/healthz" | "/readyz") {
+                expected.push("421");
+            }
+            if method != "get" {
+                expected.push("415");
+            }
+            for status in expected {
+                assert_eq!(
+                    responses[status]["content"]["application/json"]["schema"]["$ref"],
+                    json!("#/components/schemas/ErrorBody"),
+                    "{method} {path} does not list {status}"
+                );
+            }
+            operations += 1;
+        }
+    }
+    assert!(operations > 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_shows_its_redacted_target_and_this_daemon_s_recent_outcomes() {
+    use courier_server::config::{Config, Secret, SubscriptionConfig, TargetConfig, WebhookConfig};
+    let fixture = courier_testkit::SqliteFixture::new().await.unwrap();
+    let courier = courier_testkit::Backend::courier(&fixture).clone();
+    // The subscription exists in the database (a worker registers it).
+    let _worker = courier
+        .worker("hooked-outcomes")
+        .handle(
+            "invoice.paid",
+            1,
+            handler_fn(|_message: courier::Message<Value>| async { Ok::<(), HandlerError>(()) }),
+        )
+        .build()
+        .await
+        .unwrap();
+    let config = Config {
+        subscriptions: vec![SubscriptionConfig::new(
+            "hooked-outcomes",
+            vec!["invoice.paid".into()],
+            TargetConfig::Webhook(WebhookConfig {
+                url: "https://ops:hunter2@hooks.example/in?token=s3cret".into(),
+                secret: Secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()),
+                timeout_ms: 1_000,
+            }),
+        )],
+        ..Config::default()
+    };
+    let state = courier_server::ApiState::new(courier.store().clone(), &config).unwrap();
+    let app = courier_server::router(state);
+    let before = get(&app, "/v1/subscriptions/hooked-outcomes", None).await;
+    assert_eq!(before.status, StatusCode::OK, "{}", before.text);
+    assert_eq!(before.body["target"]["type"], json!("webhook"));
+    let url = before.body["target"]["url"].as_str().unwrap_or_default();
+    assert!(url.contains("hooks.example/in"), "{url}");
+    for secret in ["hunter2", "s3cret", "whsec_", "MfKQ9r8"] {
+        assert!(!before.text.contains(secret), "{secret}: {}", before.text);
+    }
+    assert_eq!(before.body["last_success_at"], Value::Null);
+    assert_eq!(before.body["last_error"], Value::Null);
+    assert_eq!(before.body["deliveries_5m"], json!(0));
+    assert_eq!(before.body["failure_rate_5m"], Value::Null);
+
+    // What the webhook handler and relays record for each delivery.
+    let outcomes = courier_server::outcomes::global();
+    outcomes.succeeded("hooked-outcomes");
+    outcomes.failed(
+        "hooked-outcomes",
+        "the endpoint answered 503 Service Unavailable",
+    );
+    let after = get(&app, "/v1/subscriptions/hooked-outcomes", None).await;
+    assert!(after.body["last_success_at"].is_string(), "{}", after.text);
+    assert_eq!(
+        after.body["last_error"]["message"],
+        json!("the endpoint answered 503 Service Unavailable"),
+        "{}",
+        after.text
+    );
+    assert_eq!(after.body["deliveries_5m"], json!(2));
+    assert_eq!(after.body["failure_rate_5m"], json!(0.5));
+    drop(fixture);
 }
 
 #[tokio::test]

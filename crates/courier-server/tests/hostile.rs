@@ -368,3 +368,127 @@ async fn connections_past_the_limit_wait_until_one_closes() {
     assert!(closed && answer.starts_with("HTTP/1.1 200"), "{answer:?}");
     daemon.shutdown().await;
 }
+
+/// One request to `address` with `extra` headers; the status, the
+/// `Content-Type` and the body as JSON (`null` if it is not JSON).
+async fn send_with_type(
+    address: SocketAddr,
+    method: reqwest::Method,
+    path: &str,
+    extra: &[(String, String)],
+) -> (u16, String, serde_json::Value) {
+    let mut request = reqwest::Client::new().request(method, format!("http://{address}{path}"));
+    for (name, value) in extra {
+        request = request.header(name.as_str(), value.as_str());
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        content_type,
+        serde_json::from_str(&text).unwrap_or_default(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_methods_large_heads_and_undecodable_paths_get_the_json_error_shape() {
+    use reqwest::Method;
+    let daemon = Daemon::start(|_| {}).await;
+    let address = daemon.address;
+    let many_headers: Vec<(String, String)> = (0..150)
+        .map(|i| (format!("x-filler-{i}"), "v".to_owned()))
+        .collect();
+    let one_large_header = vec![("x-large".to_owned(), "v".repeat(100 * 1024))];
+    // Method, path, extra headers, status, code, field.
+    type Case = (
+        Method,
+        &'static str,
+        Vec<(String, String)>,
+        u16,
+        &'static str,
+        Option<&'static str>,
+    );
+    let cases: Vec<Case> = vec![
+        // A known path, a method it does not serve.
+        (
+            Method::GET,
+            "/v1/dead-letters/retry",
+            vec![],
+            405,
+            "method_not_allowed",
+            None,
+        ),
+        (
+            Method::PUT,
+            "/v1/messages",
+            vec![("content-type".into(), "application/json".into())],
+            405,
+            "method_not_allowed",
+            None,
+        ),
+        // More headers, or larger, than the daemon reads.
+        (
+            Method::GET,
+            "/v1/subscriptions",
+            many_headers,
+            431,
+            "headers_too_large",
+            None,
+        ),
+        (
+            Method::GET,
+            "/v1/subscriptions",
+            one_large_header,
+            431,
+            "headers_too_large",
+            None,
+        ),
+        // Percent-encoded bytes that are not UTF-8.
+        (
+            Method::GET,
+            "/v1/messages/%FF",
+            vec![],
+            422,
+            "invalid_field",
+            Some("id"),
+        ),
+        (
+            Method::GET,
+            "/v1/dead-letters/%C3%28",
+            vec![],
+            422,
+            "invalid_field",
+            Some("id"),
+        ),
+    ];
+    for (method, path, extra, status, code, field) in cases {
+        let (got, content_type, body) = send_with_type(address, method.clone(), path, &extra).await;
+        let case = format!("{method} {path} with {} extra headers", extra.len());
+        assert_eq!(got, status, "{case}: {body}");
+        assert!(
+            content_type.starts_with("application/json"),
+            "{case}: {content_type:?}"
+        );
+        assert_eq!(body["error"]["code"], code, "{case}: {body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{case}: {body}"
+        );
+        if let Some(field) = field {
+            assert_eq!(body["error"]["field"], field, "{case}: {body}");
+        }
+    }
+    // The daemon still serves after each refusal.
+    let (status, _) = send(address, Method::GET, "/v1/subscriptions", &[], None).await;
+    assert_eq!(status, 200);
+    daemon.shutdown().await;
+}

@@ -510,6 +510,24 @@ async fn server_errors_are_retried_until_delivered_once(database: Database) {
         .map(|r| r.headers["courier-attempt"].to_str().unwrap().to_owned())
         .collect();
     assert_eq!(attempts, ["1", "2", "3"]);
+    // The daemon shows what it saw delivering them (kept in its memory).
+    let shown = daemon.get("/v1/subscriptions/flaky").await;
+    assert_eq!(shown["target"]["type"], json!("webhook"), "{shown}");
+    assert!(shown["last_success_at"].is_string(), "{shown}");
+    assert_eq!(
+        shown["last_error"]["message"],
+        json!("the endpoint answered 503 Service Unavailable"),
+        "{shown}"
+    );
+    assert!(
+        shown["deliveries_5m"].as_u64().unwrap_or_default() >= 3,
+        "{shown}"
+    );
+    assert!(
+        shown["failure_rate_5m"].as_f64().unwrap_or_default() > 0.0,
+        "{shown}"
+    );
+    assert!(!shown.to_string().contains("still down"), "{shown}");
     daemon.shutdown().await;
 }
 

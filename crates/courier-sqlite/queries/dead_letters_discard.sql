@@ -1,8 +1,10 @@
 -- Discards dead letters for good (their messages are then pruned by retention).
--- Selected like dead_letters_retry.sql. Touches: deliveries (delete).
+-- Selected like dead_letters_retry.sql, ?5 (tenants) included.
+-- Touches: deliveries (delete).
 -- Locks: one autocommit statement.
 DELETE FROM deliveries
 WHERE state = 'dead'
+  AND (?5 IS NULL OR tenant IN (SELECT value FROM json_each(?5)))
   AND ((?1 IS NOT NULL AND id IN (SELECT value FROM json_each(?1)))
        OR (?1 IS NULL
            AND (?2 IS NULL OR tenant = ?2)

@@ -40,6 +40,22 @@ impl AdminStore for SqliteStore {
         Ok(Some((message, deliveries)))
     }
 
+    async fn messages_by_idempotency_keys<'c>(
+        &'c self,
+        keys: &'c [(String, String)],
+    ) -> Result<Vec<StoredMessage>, StoreError> {
+        let pairs: Vec<Value> = keys
+            .iter()
+            .map(|(tenant, key)| Value::from(vec![tenant.clone(), key.clone()]))
+            .collect();
+        let fetched = sqlx::query(queries::MESSAGES_BY_IDEMPOTENCY_KEY)
+            .bind(Value::Array(pairs).to_string())
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        fetched.iter().map(rows::stored_message).collect()
+    }
+
     async fn list_messages<'c>(
         &'c self,
         filter: &'c MessageFilter,

@@ -60,6 +60,21 @@ impl DeadLetterStore for SqliteStore {
             queries::DEAD_LETTERS_RETRY,
             Some(ids),
             &DeadLetterFilter::default(),
+            None,
+        )
+        .await
+    }
+
+    async fn retry_tenants_dead_letters<'c>(
+        &'c self,
+        ids: &'c [i64],
+        tenants: &'c [String],
+    ) -> Result<u64, StoreError> {
+        self.select_dead_letters(
+            queries::DEAD_LETTERS_RETRY,
+            Some(ids),
+            &DeadLetterFilter::default(),
+            Some(tenants),
         )
         .await
     }
@@ -68,7 +83,7 @@ impl DeadLetterStore for SqliteStore {
         &'c self,
         filter: &'c DeadLetterFilter,
     ) -> Result<u64, StoreError> {
-        self.select_dead_letters(queries::DEAD_LETTERS_RETRY, None, filter)
+        self.select_dead_letters(queries::DEAD_LETTERS_RETRY, None, filter, None)
             .await
     }
 
@@ -77,6 +92,21 @@ impl DeadLetterStore for SqliteStore {
             queries::DEAD_LETTERS_DISCARD,
             Some(ids),
             &DeadLetterFilter::default(),
+            None,
+        )
+        .await
+    }
+
+    async fn discard_tenants_dead_letters<'c>(
+        &'c self,
+        ids: &'c [i64],
+        tenants: &'c [String],
+    ) -> Result<u64, StoreError> {
+        self.select_dead_letters(
+            queries::DEAD_LETTERS_DISCARD,
+            Some(ids),
+            &DeadLetterFilter::default(),
+            Some(tenants),
         )
         .await
     }
@@ -85,7 +115,7 @@ impl DeadLetterStore for SqliteStore {
         &'c self,
         filter: &'c DeadLetterFilter,
     ) -> Result<u64, StoreError> {
-        self.select_dead_letters(queries::DEAD_LETTERS_DISCARD, None, filter)
+        self.select_dead_letters(queries::DEAD_LETTERS_DISCARD, None, filter, None)
             .await
     }
 
@@ -104,6 +134,7 @@ impl DeadLetterStore for SqliteStore {
                 let errors: String = get(row, "errors")?;
                 Ok(DeliverySummary {
                     subscription: get(row, "subscription")?,
+                    delivery_id: get(row, "delivery_id")?,
                     state: get(row, "state")?,
                     attempts: get::<Option<i32>>(row, "attempts")?.unwrap_or(0),
                     errors: rows::parse_errors(&errors)?,
@@ -115,20 +146,23 @@ impl DeadLetterStore for SqliteStore {
 
 impl SqliteStore {
     /// Runs a dead-letter retry or discard selected by `ids` or, when `ids` is
-    /// `None`, by `filter`.
+    /// `None`, by `filter`; with `tenants`, only those tenants' dead letters.
     async fn select_dead_letters(
         &self,
         sql: &str,
         ids: Option<&[i64]>,
         filter: &DeadLetterFilter,
+        tenants: Option<&[String]>,
     ) -> Result<u64, StoreError> {
         let _turn = self.write_turn().await?;
         let ids = ids.map(|ids| Value::from(ids.to_vec()).to_string());
+        let tenants = tenants.map(|tenants| Value::from(tenants.to_vec()).to_string());
         let result = sqlx::query(sql)
             .bind(ids)
             .bind(&filter.tenant)
             .bind(&filter.topic)
             .bind(&filter.subscription)
+            .bind(tenants)
             .execute(&self.inner.pool)
             .await
             .map_err(map)?;

@@ -35,6 +35,7 @@ queries!(
     MESSAGE_CREATED_AT => "message_created_at.sql",
     MESSAGE_DELIVERIES => "message_deliveries.sql",
     MESSAGE_GET => "message_get.sql",
+    MESSAGES_BY_IDEMPOTENCY_KEY => "messages_by_idempotency_key.sql",
     MESSAGES_LIST => "messages_list.sql",
     PRUNE_MESSAGES => "prune_messages.sql",
     PRUNE_RECEIPTS => "prune_receipts.sql",

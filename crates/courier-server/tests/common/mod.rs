@@ -19,6 +19,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tower::ServiceExt;
 
+pub mod counting;
+
 /// A response: status, headers of interest and the body as JSON (or a string).
 #[derive(Debug)]
 pub struct Reply {

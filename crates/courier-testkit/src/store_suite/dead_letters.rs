@@ -9,6 +9,65 @@ use courier::{DeadLetterFilter, DeadLetterStore, Failure, OutboxStore};
 use super::helpers::*;
 use super::StoreFixture;
 
+/// Retry and discard by ids for given tenants act, in one statement, only on
+/// those tenants' dead letters: another tenant's id is left as it is and not
+/// counted.
+pub async fn dead_letters_by_id_for_tenants_leave_other_tenants_alone<F: StoreFixture>(
+    fixture: F,
+) -> anyhow::Result<()> {
+    let store = fixture.store();
+    subscribe(store, "all", &["*"]).await?;
+    let mut batch = Vec::new();
+    for tenant in ["t1", "t1", "t2", "t3"] {
+        batch.push(message(tenant, "x")?);
+    }
+    store.publish_batch(&batch).await?;
+    let claimed = claim(store, &params("all", vec![route("x", 1, 10)], 10)).await?;
+    let failures: Vec<Failure> = claimed.iter().map(|d| failure(d, "bad", None)).collect();
+    assert!(store.fail_many(&failures).await?.iter().all(|f| f.dead));
+    let all_ids = ids(&claimed);
+    let tenant_of = |id: i64| {
+        claimed
+            .iter()
+            .find(|d| d.delivery_id == id)
+            .map(|d| d.tenant.clone())
+    };
+    let t1_and_t3 = ["t1".to_owned(), "t3".to_owned()];
+
+    // Every id named, t1's and t3's retried, t2's left dead.
+    assert_eq!(
+        store
+            .retry_tenants_dead_letters(&all_ids, &t1_and_t3)
+            .await?,
+        3
+    );
+    for id in &all_ids {
+        let dead = store.get_dead_letter(*id).await?.is_some();
+        assert_eq!(dead, tenant_of(*id).as_deref() == Some("t2"), "{id}");
+    }
+    // Not visible to these tenants: nothing discarded, nothing counted.
+    assert_eq!(
+        store
+            .discard_tenants_dead_letters(&all_ids, &["t1".to_owned()])
+            .await?,
+        0
+    );
+    assert_eq!(store.discard_tenants_dead_letters(&all_ids, &[]).await?, 0);
+    assert_eq!(
+        store
+            .discard_tenants_dead_letters(&all_ids, &["t2".to_owned()])
+            .await?,
+        1
+    );
+    assert_eq!(
+        fixture
+            .scalar("SELECT count(*) FROM deliveries WHERE state = 'dead'")
+            .await?,
+        0
+    );
+    Ok(())
+}
+
 /// Dead letters page by delivery id, filter by tenant, topic and
 /// subscription, show their message, and can be retried (deliverable at
 /// once, attempts reset, history kept) or discarded, by id or by filter.

@@ -1,7 +1,9 @@
 //! Cases: migrations, and enqueueing — transactions, validation, idempotency,
 //! large batches and the payload as stored.
 
-use courier::{DeadLetterStore, EnqueueOutcome, OutboxStore, StoreError, SubscriptionSpec};
+use courier::{
+    AdminStore, DeadLetterStore, EnqueueOutcome, OutboxStore, StoreError, SubscriptionSpec,
+};
 use uuid::Uuid;
 
 use super::helpers::*;
@@ -83,6 +85,38 @@ pub async fn invalid_messages_store_nothing<F: StoreFixture>(fixture: F) -> anyh
         matches!(refused, Err(StoreError::Invalid(_))),
         "{refused:?}"
     );
+    Ok(())
+}
+
+/// The messages stored under (tenant, idempotency key) pairs are found by
+/// those pairs, whole; a pair of another tenant, or with no message, finds
+/// nothing.
+pub async fn messages_are_found_by_their_idempotency_keys<F: StoreFixture>(
+    fixture: F,
+) -> anyhow::Result<()> {
+    let store = fixture.store();
+    subscribe(store, "all", &["*"]).await?;
+    let k1 = message("acme", "t")?.with_idempotency_key("k1");
+    let k2 = message("acme", "u")?.with_idempotency_key("k2");
+    let other = message("globex", "t")?.with_idempotency_key("k1");
+    store
+        .publish_batch(&[k1.clone(), k2.clone(), other.clone(), message("acme", "t")?])
+        .await?;
+    let pair = |tenant: &str, key: &str| (tenant.to_owned(), key.to_owned());
+    let mut found = store
+        .messages_by_idempotency_keys(&[
+            pair("acme", "k1"),
+            pair("acme", "k2"),
+            pair("acme", "missing"),
+            pair("initech", "k1"),
+        ])
+        .await?;
+    found.sort_by_key(|m| m.idempotency_key.clone());
+    let ids: Vec<_> = found.iter().map(|m| m.id).collect();
+    assert_eq!(ids, [k1.id, k2.id]);
+    assert_eq!(found[1].topic, "u");
+    assert_eq!(json(&found[0].payload)?, json(&k1.payload)?);
+    assert!(store.messages_by_idempotency_keys(&[]).await?.is_empty());
     Ok(())
 }
 

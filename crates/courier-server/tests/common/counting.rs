@@ -1,0 +1,120 @@
+//! A store that counts the calls the API makes to it, by method name.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use courier::{
+    DeadLetter, DeadLetterFilter, DeadLetterPage, DeliveryStats, DeliverySummary, EnqueueOutcome,
+    MessageFilter, MessagePage, NewMessage, StoreError, StoredMessage, SubscriptionInfo,
+};
+use courier_server::store::ApiStore;
+use futures_util::future::BoxFuture;
+use uuid::Uuid;
+
+type Calls = Arc<Mutex<BTreeMap<&'static str, usize>>>;
+
+/// `inner`, counting each call.
+#[derive(Clone)]
+pub struct CountingStore<S> {
+    inner: S,
+    calls: Calls,
+}
+
+impl<S: ApiStore> CountingStore<S> {
+    pub fn new(inner: S) -> (Self, Calls) {
+        let calls = Calls::default();
+        (
+            Self {
+                inner,
+                calls: Arc::clone(&calls),
+            },
+            calls,
+        )
+    }
+
+    fn count(&self, name: &'static str) {
+        *self.calls.lock().unwrap().entry(name).or_default() += 1;
+    }
+}
+
+type Future<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
+
+impl<S: ApiStore> ApiStore for CountingStore<S> {
+    fn publish(&self, messages: Vec<NewMessage>) -> Future<'_, Vec<EnqueueOutcome>> {
+        self.count("publish");
+        self.inner.publish(messages)
+    }
+    fn get_message(&self, id: Uuid) -> Future<'_, Option<(StoredMessage, Vec<DeliverySummary>)>> {
+        self.count("get_message");
+        self.inner.get_message(id)
+    }
+    fn messages_by_idempotency_keys(
+        &self,
+        keys: Vec<(String, String)>,
+    ) -> Future<'_, Vec<StoredMessage>> {
+        self.count("messages_by_idempotency_keys");
+        self.inner.messages_by_idempotency_keys(keys)
+    }
+    fn list_messages(
+        &self,
+        filter: MessageFilter,
+        before: Option<Uuid>,
+        limit: usize,
+    ) -> Future<'_, MessagePage> {
+        self.count("list_messages");
+        self.inner.list_messages(filter, before, limit)
+    }
+    fn delivery_stats(&self, tenants: Option<Vec<String>>) -> Future<'_, Vec<DeliveryStats>> {
+        self.count("delivery_stats");
+        self.inner.delivery_stats(tenants)
+    }
+    fn list_subscriptions(&self) -> Future<'_, Vec<SubscriptionInfo>> {
+        self.count("list_subscriptions");
+        self.inner.list_subscriptions()
+    }
+    fn set_subscription_paused(&self, name: String, paused: bool) -> Future<'_, bool> {
+        self.count("set_subscription_paused");
+        self.inner.set_subscription_paused(name, paused)
+    }
+    fn ready(&self) -> Future<'_, bool> {
+        self.count("ready");
+        self.inner.ready()
+    }
+    fn list_dead_letters(
+        &self,
+        filter: DeadLetterFilter,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Future<'_, DeadLetterPage> {
+        self.count("list_dead_letters");
+        self.inner.list_dead_letters(filter, after, limit)
+    }
+    fn get_dead_letter(&self, delivery_id: i64) -> Future<'_, Option<DeadLetter>> {
+        self.count("get_dead_letter");
+        self.inner.get_dead_letter(delivery_id)
+    }
+    fn retry_dead_letters(&self, ids: Vec<i64>) -> Future<'_, u64> {
+        self.count("retry_dead_letters");
+        self.inner.retry_dead_letters(ids)
+    }
+    fn retry_tenants_dead_letters(&self, ids: Vec<i64>, tenants: Vec<String>) -> Future<'_, u64> {
+        self.count("retry_tenants_dead_letters");
+        self.inner.retry_tenants_dead_letters(ids, tenants)
+    }
+    fn retry_dead_letters_matching(&self, filter: DeadLetterFilter) -> Future<'_, u64> {
+        self.count("retry_dead_letters_matching");
+        self.inner.retry_dead_letters_matching(filter)
+    }
+    fn discard_dead_letters(&self, ids: Vec<i64>) -> Future<'_, u64> {
+        self.count("discard_dead_letters");
+        self.inner.discard_dead_letters(ids)
+    }
+    fn discard_tenants_dead_letters(&self, ids: Vec<i64>, tenants: Vec<String>) -> Future<'_, u64> {
+        self.count("discard_tenants_dead_letters");
+        self.inner.discard_tenants_dead_letters(ids, tenants)
+    }
+    fn discard_dead_letters_matching(&self, filter: DeadLetterFilter) -> Future<'_, u64> {
+        self.count("discard_dead_letters_matching");
+        self.inner.discard_dead_letters_matching(filter)
+    }
+}

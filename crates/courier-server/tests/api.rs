@@ -1509,9 +1509,11 @@ async fn a_subscription_shows_its_redacted_target_and_this_daemon_s_recent_outco
             "hooked-outcomes",
             vec!["invoice.paid".into()],
             TargetConfig::Webhook(WebhookConfig {
-                url: "https://ops:hunter2@hooks.example/in?token=s3cret".into(),
-                secret: Secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()),
                 timeout_ms: 1_000,
+                ..WebhookConfig::new(
+                    "https://ops:hunter2@hooks.example/in?token=s3cret",
+                    Secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()),
+                )
             }),
         )],
         ..Config::default()

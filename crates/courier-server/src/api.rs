@@ -83,10 +83,20 @@ pub struct ApiState {
     max_payload_bytes: usize,
     metrics: PrometheusHandle,
     streams: Option<Arc<dyn ApiStreams>>,
+    /// A stream backend of its own (Redis) that `/readyz` checks too.
+    streams_ready: Option<(&'static str, ReadinessCheck)>,
     shutdown: tokio_util::sync::CancellationToken,
     guard: Arc<RequestGuard>,
     targets: Arc<BTreeMap<String, TargetView>>,
 }
+
+/// A check of a server the daemon depends on besides its database: `Ok`
+/// when it answers.
+pub type ReadinessCheck = Arc<
+    dyn Fn() -> futures_util::future::BoxFuture<'static, Result<(), courier::StoreError>>
+        + Send
+        + Sync,
+>;
 
 impl std::fmt::Debug for ApiState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -140,6 +150,7 @@ impl ApiState {
             max_payload_bytes: max_payload_bytes.clamp(1, MAX_PAYLOAD_BYTES),
             metrics: prometheus(),
             streams: None,
+            streams_ready: None,
             shutdown: tokio_util::sync::CancellationToken::new(),
             guard: Arc::new(RequestGuard::any_host()),
             targets: Arc::default(),
@@ -158,6 +169,13 @@ impl ApiState {
     #[must_use]
     pub fn with_streams<T: ApiStreams>(mut self, streams: T) -> Self {
         self.streams = Some(Arc::new(streams));
+        self
+    }
+
+    /// This state, with `/readyz` also checking the stream backend
+    /// `backend` (a server other than the database, such as Redis).
+    pub fn with_streams_readiness(mut self, backend: &'static str, check: ReadinessCheck) -> Self {
+        self.streams_ready = Some((backend, check));
         self
     }
 
@@ -2083,7 +2101,8 @@ async fn healthz() -> Json<Health> {
     })
 }
 
-/// The database answers and its schema is the one this build expects.
+/// The database answers and its schema is the one this build expects (and,
+/// with `[streams] backend = "redis"`, Redis answers a `PING`).
 ///
 /// Public, and the public answer is only the status: 200 `{"status":
 /// "ready"}` or 503 `{"status": "not_ready"}`. An `admin` token (or an open
@@ -2094,11 +2113,11 @@ async fn healthz() -> Json<Health> {
     tag = "operations",
     responses(
         (status = 200, body = Health),
-        (status = 503, description = "Database unreachable or schema not current (`detail` only for an `admin` token)", body = Health),
+        (status = 503, description = "Database unreachable, schema not current, or a Redis stream backend unreachable (`detail` only for an `admin` token)", body = Health),
     )
 )]
 async fn readyz(State(state): State<ApiState>, headers: HeaderMap) -> Response {
-    let problem = match state.store.ready().await {
+    let mut problem = match state.store.ready().await {
         Ok(true) => None,
         Ok(false) => {
             Some("the database schema is not the one this build expects; run migrations".to_owned())
@@ -2110,6 +2129,15 @@ async fn readyz(State(state): State<ApiState>, headers: HeaderMap) -> Response {
             Some(detail)
         }
     };
+    if let (None, Some((backend, check))) = (&problem, &state.streams_ready) {
+        if let Err(error) = check().await {
+            let detail = crate::redact::redact_urls(&format!(
+                "the stream backend ({backend}) is unreachable: {error}"
+            ));
+            tracing::warn!(%detail, "readiness check failed");
+            problem = Some(detail);
+        }
+    }
     let Some(problem) = problem else {
         return Json(Health {
             status: "ready".into(),

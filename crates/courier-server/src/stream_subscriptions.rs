@@ -85,7 +85,16 @@ impl<S: StreamStore + StreamReceipts> StreamBackend<S> {
     pub fn serve_api(&self, state: ApiState) -> ApiState {
         match self {
             Self::Native(store) => state.with_streams(store.clone()),
-            Self::Redis(streams) => state.with_streams(streams.clone()),
+            Self::Redis(streams) => {
+                let ping = streams.clone();
+                state.with_streams(streams.clone()).with_streams_readiness(
+                    "redis",
+                    std::sync::Arc::new(move || {
+                        let ping = ping.clone();
+                        Box::pin(async move { ping.ping().await })
+                    }),
+                )
+            }
         }
     }
 

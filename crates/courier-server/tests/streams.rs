@@ -1268,6 +1268,14 @@ async fn a_redis_outage_is_503_with_retry_after_and_ends_when_redis_is_back() {
         );
         assert!(reply.text.contains("redis"), "{}", reply.text);
     }
+    // Not ready while Redis is down (public answer: the status only).
+    let readiness = daemon.get("/readyz", "all").await;
+    assert_eq!(
+        readiness.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        readiness.text
+    );
     // The outbox is not affected.
     let published = daemon
         .post(
@@ -1294,6 +1302,7 @@ async fn a_redis_outage_is_503_with_retry_after_and_ends_when_redis_is_back() {
     })
     .await;
     assert!(recovered, "appends succeed once Redis is back");
+    assert_eq!(daemon.get("/readyz", "all").await.status, StatusCode::OK);
     assert_eq!(daemon.range("orders").await.len(), 1);
     daemon.stopped().await;
     redis.kill().unwrap();

@@ -124,9 +124,15 @@ struct DbArgs {
     /// Talk to a running daemon at this URL instead of the database.
     #[arg(long, env = "COURIER_URL")]
     url: Option<String>,
-    /// Bearer token for --url.
-    #[arg(long, env = "COURIER_TOKEN")]
+    /// Bearer token for --url. Prefer COURIER_TOKEN: a --token argument
+    /// shows in `ps` to every user of the machine.
+    #[arg(long, env = "COURIER_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// How long a call to the daemon given by --url may take, in
+    /// milliseconds (1 to 3,600,000).
+    #[arg(long, env = "COURIER_TIMEOUT_MS", default_value_t = ops::REQUEST_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    timeout_ms: u64,
 }
 
 impl DbArgs {
@@ -134,10 +140,17 @@ impl DbArgs {
         ops::Store::open(&Database::parse(&self.database_url)?, &self.schema).await
     }
 
-    fn remote(&self) -> Option<ops::Remote> {
+    fn remote(&self) -> anyhow::Result<Option<ops::Remote>> {
         self.url
             .as_deref()
-            .map(|url| ops::Remote::new(url, self.token.as_deref()))
+            .map(|url| {
+                ops::Remote::new(
+                    url,
+                    self.token.as_deref(),
+                    std::time::Duration::from_millis(self.timeout_ms),
+                )
+            })
+            .transpose()
     }
 }
 
@@ -513,11 +526,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 ops::print_json(&remote(&db)?.get(&path).await?)?;
             }
             SubscriptionsCommand::Pause { db, name } if db.url.is_some() => {
-                let path = format!("/v1/subscriptions/{name}/pause");
+                let path = format!("/v1/subscriptions/{}/pause", ops::encode(&name));
                 ops::print_json(&remote(&db)?.post(&path, serde_json::json!({})).await?)?;
             }
             SubscriptionsCommand::Resume { db, name } if db.url.is_some() => {
-                let path = format!("/v1/subscriptions/{name}/resume");
+                let path = format!("/v1/subscriptions/{}/resume", ops::encode(&name));
                 ops::print_json(&remote(&db)?.post(&path, serde_json::json!({})).await?)?;
             }
             SubscriptionsCommand::Create { db, .. }
@@ -759,7 +772,7 @@ async fn publish_http(
 }
 
 fn remote(db: &DbArgs) -> anyhow::Result<ops::Remote> {
-    db.remote()
+    db.remote()?
         .ok_or_else(|| anyhow::anyhow!("invalid arguments: --url is required here"))
 }
 

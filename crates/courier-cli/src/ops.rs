@@ -232,14 +232,31 @@ pub struct Remote {
     token: Option<String>,
 }
 
+/// How long a call to the daemon may take to connect.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a whole call to the daemon may take unless `--timeout-ms` says
+/// otherwise (more than the longest blocking stream read, 30 s).
+pub const REQUEST_TIMEOUT_MS: u64 = 60_000;
+
 impl Remote {
-    /// The daemon at `url` (e.g. `http://127.0.0.1:7070`), with an optional bearer token.
-    pub fn new(url: &str, token: Option<&str>) -> Self {
-        Self {
-            client: reqwest::Client::new(),
+    /// The daemon at `url` (e.g. `http://127.0.0.1:7070`), with an optional
+    /// bearer token; a call fails after [`CONNECT_TIMEOUT`] (or `timeout`,
+    /// if shorter) without a connection and after `timeout` in all.
+    pub fn new(
+        url: &str,
+        token: Option<&str>,
+        timeout: std::time::Duration,
+    ) -> anyhow::Result<Self> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT.min(timeout))
+            .timeout(timeout)
+            .build()
+            .context("building the HTTP client")?;
+        Ok(Self {
+            client,
             base: url.trim_end_matches('/').to_owned(),
             token: token.map(str::to_owned),
-        }
+        })
     }
 
     /// `GET path`; the JSON answer, or an error carrying the daemon's message.
@@ -317,7 +334,7 @@ pub fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Percent-encodes a query value.
+/// Percent-encodes a query value or a path segment.
 pub fn encode(value: &str) -> String {
     value
         .bytes()

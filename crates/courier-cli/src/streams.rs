@@ -60,9 +60,15 @@ pub struct TargetArgs {
     /// Talk to a running daemon at this URL instead.
     #[arg(long, env = "COURIER_URL")]
     pub url: Option<String>,
-    /// Bearer token for --url.
-    #[arg(long, env = "COURIER_TOKEN")]
+    /// Bearer token for --url. Prefer COURIER_TOKEN: a --token argument
+    /// shows in `ps` to every user of the machine.
+    #[arg(long, env = "COURIER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// How long a call to the daemon given by --url may take, in
+    /// milliseconds (1 to 3,600,000).
+    #[arg(long, env = "COURIER_TIMEOUT_MS", default_value_t = crate::ops::REQUEST_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub timeout_ms: u64,
 }
 
 /// The stream a verb works on, and where it goes.
@@ -248,7 +254,11 @@ impl StreamsTarget {
     /// The daemon of `--url`, else the backend `--backend` names.
     pub async fn open(args: &TargetArgs) -> anyhow::Result<Self> {
         if let Some(url) = &args.url {
-            return Ok(Self::Remote(Remote::new(url, args.token.as_deref())));
+            return Ok(Self::Remote(Remote::new(
+                url,
+                args.token.as_deref(),
+                std::time::Duration::from_millis(args.timeout_ms),
+            )?));
         }
         match args.backend {
             BackendArg::Redis => {

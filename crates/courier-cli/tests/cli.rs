@@ -595,3 +595,53 @@ fn dlq_retry_and_discard_of_every_dead_letter_need_all() {
         assert!(!both.status.success(), "--all with a filter ran");
     }
 }
+
+/// A call to a daemon that never answers ends at `--timeout-ms` with an
+/// error saying so, and names go into the path percent-encoded: a name with
+/// `/` or `?` cannot reach another route.
+#[test]
+fn remote_calls_time_out_and_percent_encode_their_path() {
+    use std::io::{BufRead, BufReader};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let (seen, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut line = String::new();
+            let _ = BufReader::new(&stream).read_line(&mut line);
+            let _ = seen.send(line);
+            // Hold the connection without answering.
+            std::thread::sleep(std::time::Duration::from_secs(10));
+        }
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("http://127.0.0.1:{port}");
+    let started = std::time::Instant::now();
+    let output = courier(
+        dir.path(),
+        &[
+            "subscriptions",
+            "pause",
+            "a/b?c",
+            "--url",
+            &url,
+            "--timeout-ms",
+            "300",
+        ],
+    );
+    let took = started.elapsed();
+    assert!(!output.status.success());
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "took {took:?}: {}",
+        stderr(&output)
+    );
+    assert!(stderr(&output).contains("timed out"), "{}", stderr(&output));
+    let line = lines
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("the request reached the listener");
+    assert!(
+        line.starts_with("POST /v1/subscriptions/a%2Fb%3Fc/pause "),
+        "{line}"
+    );
+}

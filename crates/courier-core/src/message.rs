@@ -212,24 +212,35 @@ impl NewMessage {
             }
         }
         refuse_nul_in_payload(&self.payload)?;
+        self.validate_hold(MAX_HOLD)
+    }
+
+    /// Checks that the message is not held (its delay, or its
+    /// `available_at`) more than `max` ahead; [`NewMessage::validate`]
+    /// checks [`MAX_HOLD`], a daemon may set a shorter bound. The error
+    /// (field `available_at`) states the bound in days.
+    pub fn validate_hold(&self, max: Duration) -> Result<(), ValidationError> {
         let too_far = || {
+            let days = max.as_secs() / 86_400;
+            let bound = if days > 0 {
+                format!("{days} days")
+            } else {
+                format!("{} s", max.as_secs())
+            };
             ValidationError::new(
                 "available_at",
-                format!(
-                    "is more than {} days ahead (the most a message may be held)",
-                    MAX_HOLD.as_secs() / 86_400
-                ),
+                format!("is more than {bound} ahead (the most a message may be held)"),
             )
         };
         match self.available {
             Availability::Now => {}
             Availability::After(delay) => {
-                if delay > MAX_HOLD {
+                if delay > max {
                     return Err(too_far());
                 }
             }
             Availability::At(at) => {
-                let limit = chrono::Duration::from_std(MAX_HOLD).unwrap_or(chrono::Duration::MAX);
+                let limit = chrono::Duration::from_std(max).unwrap_or(chrono::Duration::MAX);
                 if at > Utc::now() + limit {
                     return Err(too_far());
                 }

@@ -81,6 +81,8 @@ pub struct ApiState {
     store: Arc<dyn ApiStore>,
     auth: Arc<Authenticator>,
     max_payload_bytes: usize,
+    /// How far ahead `available_at` may be (`max_hold_days`).
+    max_hold: std::time::Duration,
     metrics: PrometheusHandle,
     streams: Option<Arc<dyn ApiStreams>>,
     /// A stream backend of its own (Redis) that `/readyz` checks too.
@@ -122,6 +124,10 @@ impl ApiState {
             config.max_payload_bytes,
         )
         .with_guard(RequestGuard::with_origins(&config.server));
+        state.max_hold = std::time::Duration::from_secs(
+            config.max_hold_days.clamp(1, crate::config::MAX_HOLD_DAYS) * 86_400,
+        )
+        .min(courier::MAX_HOLD);
         state.targets = Arc::new(
             config
                 .subscriptions
@@ -148,6 +154,7 @@ impl ApiState {
             store: Arc::new(store),
             auth: Arc::new(auth),
             max_payload_bytes: max_payload_bytes.clamp(1, MAX_PAYLOAD_BYTES),
+            max_hold: courier::MAX_HOLD,
             metrics: prometheus(),
             streams: None,
             streams_ready: None,
@@ -1295,6 +1302,9 @@ async fn publish_message(
     principal.require_tenant(&request.tenant, "tenant")?;
     let key = idempotency_header(&headers)?;
     let message = build_message(request, "", state.max_payload_bytes, key)?;
+    message
+        .validate_hold(state.max_hold)
+        .map_err(|e| ApiError::from_validation("", e))?;
     let asked = (
         message.topic.clone(),
         message.schema_version,
@@ -1495,12 +1505,11 @@ async fn publish_batch(
             parse_json(item.get().as_bytes()).map_err(|error| in_batch(index, error))?;
         let prefix = format!("messages[{index}].");
         principal.require_tenant(&message.tenant, &format!("{prefix}tenant"))?;
-        messages.push(build_message(
-            message,
-            &prefix,
-            state.max_payload_bytes,
-            None,
-        )?);
+        let message = build_message(message, &prefix, state.max_payload_bytes, None)?;
+        message
+            .validate_hold(state.max_hold)
+            .map_err(|e| ApiError::from_validation(&prefix, e))?;
+        messages.push(message);
     }
     refuse_reused_keys(&state, &messages).await?;
     let outcomes = state.store.publish(messages).await?;

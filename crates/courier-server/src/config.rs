@@ -30,6 +30,9 @@ use crate::redact::redact_urls;
 use crate::relay::template::{stream_template, subject_template, validate_jetstream_name};
 use crate::relay::RedeliveryHorizon;
 
+/// The default, and the largest, `max_hold_days`: the store's `MAX_HOLD`.
+pub const MAX_HOLD_DAYS: u64 = courier::MAX_HOLD.as_secs() / 86_400;
+
 /// The database used when none is configured: an SQLite file in the working directory.
 pub const DEFAULT_DATABASE_URL: &str = "./courier.db";
 /// The PostgreSQL schema holding Courier's tables, by default.
@@ -677,6 +680,10 @@ pub struct Config {
     pub log_format: LogFormat,
     /// The largest accepted payload, in bytes of JSON text.
     pub max_payload_bytes: usize,
+    /// The furthest ahead a published message's `available_at` may be, in
+    /// days (1 to 366, the store's `MAX_HOLD`): a held message with an
+    /// ordering key holds back its key as long.
+    pub max_hold_days: u64,
     /// How long shutdown waits for in-flight deliveries.
     pub shutdown_timeout_ms: u64,
     /// Bearer tokens; none means an open API on loopback only.
@@ -759,6 +766,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             log_format: LogFormat::Text,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            max_hold_days: MAX_HOLD_DAYS,
             shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
             tokens: Vec::new(),
             subscriptions: Vec::new(),
@@ -843,6 +851,13 @@ impl Config {
                 "max_payload_bytes",
                 &self.max_payload_bytes,
                 &format!("must be between 1 and {MAX_PAYLOAD_BYTES} (the store's limit)"),
+            ));
+        }
+        if self.max_hold_days == 0 || self.max_hold_days > MAX_HOLD_DAYS {
+            return Err(bad(
+                "max_hold_days",
+                &self.max_hold_days,
+                &format!("must be between 1 and {MAX_HOLD_DAYS} (the store's MAX_HOLD)"),
             ));
         }
         if self.shutdown_timeout_ms > MAX_SHUTDOWN_TIMEOUT_MS {

@@ -1378,7 +1378,70 @@ where
     Ok(())
 }
 
+/// A daemon's `max_hold_days` bounds `available_at` below the store's
+/// `MAX_HOLD`, for single and batch publish, naming the field and the bound;
+/// nothing is stored on the refusal.
+async fn publish_refuses_an_available_at_past_max_hold_days<S>(
+    courier: Courier<S>,
+) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let config = courier_server::Config {
+        max_hold_days: 7,
+        ..courier_server::Config::default()
+    };
+    let app = courier_server::router(courier_server::ApiState::new(
+        courier.store().clone(),
+        &config,
+    )?);
+    let at = |days: i64| (chrono::Utc::now() + chrono::Duration::days(days)).to_rfc3339();
+    let held = |days: i64| {
+        let mut body = message("a", "t");
+        body["available_at"] = json!(at(days));
+        body
+    };
+    let refused = post(&app, "/v1/messages", None, &held(8)).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        refused.text
+    );
+    assert_eq!(
+        refused.body["error"]["field"],
+        json!("available_at"),
+        "{}",
+        refused.text
+    );
+    assert!(refused.text.contains("7 days"), "{}", refused.text);
+    let batch = post(
+        &app,
+        "/v1/messages/batch",
+        None,
+        &json!({"messages": [held(1), held(8)]}),
+    )
+    .await;
+    assert_eq!(
+        batch.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        batch.text
+    );
+    assert_eq!(
+        batch.body["error"]["field"],
+        json!("messages[1].available_at"),
+        "{}",
+        batch.text
+    );
+    assert_eq!(message_count(&app).await, 0);
+    let accepted = post(&app, "/v1/messages", None, &held(6)).await;
+    assert_eq!(accepted.status, StatusCode::CREATED, "{}", accepted.text);
+    Ok(())
+}
+
 api_tests!(
+    publish_refuses_an_available_at_past_max_hold_days,
     a_batch_reusing_a_key_for_another_message_stores_nothing,
     a_batch_is_refused_while_it_is_read,
     one_subscription_shows_its_state_and_its_backlog_by_tenant,

@@ -52,7 +52,8 @@ pub use courier_core::{
     HandlerError, LeaseRef, Message, MessageFilter, MessagePage, NewMessage, OutboxStore,
     PruneReport, RateLimit, Registration, Replay, RescueParams, RetryPolicy, Route, Snooze,
     StoreError, StoredMessage, SubscriptionInfo, SubscriptionSpec, TransactionalBatchOutcome,
-    TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS, MAX_PAYLOAD_BYTES, MAX_SNOOZES,
+    TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS, MAX_HOLD, MAX_PAYLOAD_BYTES,
+    MAX_SNOOZES,
 };
 pub use courier_engine::{
     handler_fn, stream_handler_fn, EngineError, Handler, Maintenance, MaintenanceConfig,

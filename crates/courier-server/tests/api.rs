@@ -13,6 +13,28 @@ use serde_json::{json, Value};
 
 const LIMIT: usize = 2048;
 
+/// A worker of `subscription` whose handler refuses every `invoice.paid`
+/// (a permanent failure: each message it runs becomes a dead letter).
+async fn refusing_worker<S>(
+    courier: &Courier<S>,
+    subscription: &str,
+) -> anyhow::Result<courier::Worker<S>>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    Ok(courier
+        .worker(subscription)
+        .handle(
+            "invoice.paid",
+            1,
+            handler_fn(|_message: courier::Message<Value>| async {
+                Err::<(), _>(HandlerError::permanent("refused"))
+            }),
+        )
+        .build()
+        .await?)
+}
+
 async fn message_count(app: &axum::Router) -> usize {
     let reply = get(app, "/v1/messages?limit=500", Some("all")).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
@@ -899,17 +921,7 @@ async fn a_scoped_retry_by_ids_is_one_store_call_and_leaves_other_tenants_alone<
 where
     S: OutboxStore + DeadLetterStore + AdminStore,
 {
-    let worker = courier
-        .worker("billing")
-        .handle(
-            "invoice.paid",
-            1,
-            handler_fn(|_message: courier::Message<Value>| async {
-                Err::<(), _>(HandlerError::permanent("refused"))
-            }),
-        )
-        .build()
-        .await?;
+    let worker = refusing_worker(&courier, "billing").await?;
     let open = app(courier.store().clone(), &[], LIMIT);
     for tenant in ["a", "a", "a", "b", "b"] {
         let reply = post(
@@ -990,17 +1002,7 @@ async fn a_dry_run_changes_nothing_and_an_empty_filter_needs_all<S>(
 where
     S: OutboxStore + DeadLetterStore + AdminStore,
 {
-    let worker = courier
-        .worker("billing")
-        .handle(
-            "invoice.paid",
-            1,
-            handler_fn(|_message: courier::Message<Value>| async {
-                Err::<(), _>(HandlerError::permanent("refused"))
-            }),
-        )
-        .build()
-        .await?;
+    let worker = refusing_worker(&courier, "billing").await?;
     let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
     for tenant in ["a", "a", "a", "b", "b"] {
         let reply = post(
@@ -1112,17 +1114,7 @@ async fn a_message_s_detail_names_each_open_delivery_s_id<S>(
 where
     S: OutboxStore + DeadLetterStore + AdminStore,
 {
-    let failing = courier
-        .worker("billing")
-        .handle(
-            "invoice.paid",
-            1,
-            handler_fn(|_message: courier::Message<Value>| async {
-                Err::<(), _>(HandlerError::permanent("refused"))
-            }),
-        )
-        .build()
-        .await?;
+    let failing = refusing_worker(&courier, "billing").await?;
     let succeeding = courier
         .worker("audit")
         .handle(
@@ -1185,17 +1177,7 @@ async fn one_subscription_shows_its_state_and_its_backlog_by_tenant<S>(
 where
     S: OutboxStore + DeadLetterStore + AdminStore,
 {
-    let worker = courier
-        .worker("billing")
-        .handle(
-            "invoice.paid",
-            1,
-            handler_fn(|_message: courier::Message<Value>| async {
-                Err::<(), _>(HandlerError::permanent("refused"))
-            }),
-        )
-        .build()
-        .await?;
+    let worker = refusing_worker(&courier, "billing").await?;
     let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
     for tenant in ["a", "a", "b"] {
         let reply = post(

@@ -141,6 +141,12 @@ async fn listen(
     }
 }
 
+/// Whether `error` is a foreign-key violation (SQLSTATE 23503): a row that
+/// names a group refers to one deleted meanwhile.
+fn is_foreign_key_violation(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("23503"))
+}
+
 fn id_parts(id: StreamEntryId, field: &'static str) -> Result<(i64, i64), StoreError> {
     let part = |value: u64| {
         i64::try_from(value).map_err(|_| {
@@ -535,7 +541,15 @@ impl StreamStore for PgStore {
             .bind(count_param(claim.count))
             .fetch_all(self.pool())
             .await
-            .map_err(map)?;
+            .map_err(|error| {
+                // The group was deleted after this claim read it (by hand:
+                // Courier deletes no group): as if it had gone first.
+                if is_foreign_key_violation(&error) {
+                    group_not_found(key, &claim.group)
+                } else {
+                    map(error)
+                }
+            })?;
         let group_row = rows.iter().find(|row| {
             row.try_get::<String, _>("kind")
                 .is_ok_and(|kind| kind == "group")

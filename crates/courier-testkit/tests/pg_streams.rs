@@ -359,3 +359,51 @@ async fn a_held_back_entry_s_wait_is_reported_until_it_is_readable() -> anyhow::
     assert_eq!(store.visibility_wait(&key).await?, Some(Duration::ZERO));
     Ok(())
 }
+
+/// A claim racing a group deleted by hand (an operator's `DELETE FROM
+/// stream_groups`) reports the group as not found, as it would have had the
+/// delete come first, instead of a foreign-key error: the claim read the
+/// group, waited for the deleting transaction on the consumers table's
+/// foreign key, and found the group gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_racing_a_deleted_group_reports_it_not_found() -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    let store = pg.courier().store().clone();
+    let claimer = pg.named_store("claimer").await?;
+    let key = StreamKey::new("acme", "orders")?;
+    store.ensure_group(&key, "g", GroupStart::Beginning).await?;
+
+    let mut deleting = pg.pool.begin().await?;
+    sqlx::query(&format!(
+        "DELETE FROM {}.stream_groups WHERE tenant = 'acme' AND stream = 'orders' AND grp = 'g'",
+        pg.schema
+    ))
+    .execute(&mut *deleting)
+    .await?;
+    let claim = tokio::spawn(async move {
+        claimer
+            .claim_idle(
+                &key,
+                &courier::ClaimIdle {
+                    group: "g".into(),
+                    consumer: "c1".into(),
+                    min_idle: Duration::ZERO,
+                    cursor: StreamEntryId::ZERO,
+                    count: 10,
+                },
+            )
+            .await
+    });
+    assert!(
+        courier_testkit::eventually(Duration::from_secs(10), || pg.waits_on_a_lock("claimer"))
+            .await,
+        "the claim waits for the deleting transaction"
+    );
+    deleting.commit().await?;
+    let outcome = claim.await?;
+    assert!(
+        matches!(outcome, Err(courier::StoreError::NotFound { .. })),
+        "{outcome:?}"
+    );
+    Ok(())
+}

@@ -5,8 +5,6 @@
 use std::io::BufRead;
 use std::process::ExitCode;
 
-use anyhow::Context;
-
 use clap::{Parser, Subcommand, ValueEnum};
 use courier_cli::bench::{self, BenchOptions, Scenario};
 use courier_cli::database::{self, Database};
@@ -121,18 +119,9 @@ struct DbArgs {
     /// PostgreSQL schema holding Courier's tables.
     #[arg(long, env = "COURIER_SCHEMA", default_value = courier::postgres::DEFAULT_SCHEMA)]
     schema: String,
-    /// Talk to a running daemon at this URL instead of the database.
-    #[arg(long, env = "COURIER_URL")]
-    url: Option<String>,
-    /// Bearer token for --url. Prefer COURIER_TOKEN: a --token argument
-    /// shows in `ps` to every user of the machine.
-    #[arg(long, env = "COURIER_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    /// How long a call to the daemon given by --url may take, in
-    /// milliseconds (1 to 3,600,000).
-    #[arg(long, env = "COURIER_TIMEOUT_MS", default_value_t = ops::REQUEST_TIMEOUT_MS,
-          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
-    timeout_ms: u64,
+    /// `--url`, `--token`, `--timeout-ms`: a running daemon instead.
+    #[command(flatten)]
+    remote: ops::RemoteArgs,
 }
 
 impl DbArgs {
@@ -141,16 +130,7 @@ impl DbArgs {
     }
 
     fn remote(&self) -> anyhow::Result<Option<ops::Remote>> {
-        self.url
-            .as_deref()
-            .map(|url| {
-                ops::Remote::new(
-                    url,
-                    self.token.as_deref(),
-                    std::time::Duration::from_millis(self.timeout_ms),
-                )
-            })
-            .transpose()
+        self.remote.remote()
     }
 }
 
@@ -474,7 +454,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             courier_server::run(config, shutdown_signal()).await?;
         }
         Command::Publish(args) => publish(args).await?,
-        Command::Status { db, json: _ } if db.url.is_some() => {
+        Command::Status { db, json: _ } if db.remote.url.is_some() => {
             ops::print_json(&remote(&db)?.get("/v1/stats").await?)?;
         }
         Command::Status { db, json } => {
@@ -518,24 +498,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dlq(command) => dlq(command).await?,
         Command::Streams(command) => streams::run(command).await?,
         Command::Subscriptions(command) => match command {
-            SubscriptionsCommand::List { db } if db.url.is_some() => {
+            SubscriptionsCommand::List { db } if db.remote.url.is_some() => {
                 ops::print_json(&remote(&db)?.get("/v1/subscriptions").await?)?;
             }
             SubscriptionsCommand::Show { db, name } => {
                 let path = format!("/v1/subscriptions/{}", ops::encode(&name));
                 ops::print_json(&remote(&db)?.get(&path).await?)?;
             }
-            SubscriptionsCommand::Pause { db, name } if db.url.is_some() => {
+            SubscriptionsCommand::Pause { db, name } if db.remote.url.is_some() => {
                 let path = format!("/v1/subscriptions/{}/pause", ops::encode(&name));
                 ops::print_json(&remote(&db)?.post(&path, serde_json::json!({})).await?)?;
             }
-            SubscriptionsCommand::Resume { db, name } if db.url.is_some() => {
+            SubscriptionsCommand::Resume { db, name } if db.remote.url.is_some() => {
                 let path = format!("/v1/subscriptions/{}/resume", ops::encode(&name));
                 ops::print_json(&remote(&db)?.post(&path, serde_json::json!({})).await?)?;
             }
             SubscriptionsCommand::Create { db, .. }
             | SubscriptionsCommand::RemoveTopics { db, .. }
-                if db.url.is_some() =>
+                if db.remote.url.is_some() =>
             {
                 anyhow::bail!(
                     "changing a subscription's topics is not in the HTTP API; \
@@ -680,8 +660,8 @@ async fn publish(args: PublishArgs) -> anyhow::Result<()> {
             "invalid arguments: --tenant and --topic go together (or neither, to read NDJSON)"
         ),
     };
-    if let Some(url) = &args.db.url {
-        return publish_http(url, args.db.token.as_deref(), single).await;
+    if let Some(remote) = args.db.remote()? {
+        return publish_http(&remote, single).await;
     }
     let store = args.db.open().await?;
     match single {
@@ -712,23 +692,7 @@ async fn publish(args: PublishArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn publish_http(
-    url: &str,
-    token: Option<&str>,
-    single: Option<String>,
-) -> anyhow::Result<()> {
-    let client = reqwest::Client::new();
-    let base = url.trim_end_matches('/');
-    let send = |path: &str, body: String| {
-        let mut request = client
-            .post(format!("{base}{path}"))
-            .header("content-type", "application/json")
-            .body(body);
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        request.send()
-    };
+async fn publish_http(remote: &ops::Remote, single: Option<String>) -> anyhow::Result<()> {
     let bodies: Vec<(String, String)> = match single {
         Some(body) => vec![("/v1/messages".to_owned(), body)],
         None => {
@@ -758,15 +722,7 @@ async fn publish_http(
         }
     };
     for (path, body) in bodies {
-        let response = send(&path, body)
-            .await
-            .with_context(|| format!("POST {base}{path}"))?;
-        let status = response.status();
-        let text = response.text().await.unwrap_or_default();
-        if !status.is_success() {
-            anyhow::bail!("the daemon answered {status}: {text}");
-        }
-        println!("{text}");
+        println!("{}", remote.post_text(&path, body).await?);
     }
     Ok(())
 }
@@ -826,7 +782,7 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
             filter,
             limit,
             after,
-        } if db.url.is_some() => {
+        } if db.remote.url.is_some() => {
             let mut query = vec![("limit", limit.to_string())];
             for (key, value) in [
                 ("tenant", &filter.tenant),
@@ -847,7 +803,7 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
             let path = format!("/v1/dead-letters?{}", query.join("&"));
             ops::print_json(&remote(&db)?.get(&path).await?)?;
         }
-        DlqCommand::Show { db, id } if db.url.is_some() => {
+        DlqCommand::Show { db, id } if db.remote.url.is_some() => {
             ops::print_json(&remote(&db)?.get(&format!("/v1/dead-letters/{id}")).await?)?;
         }
         DlqCommand::Retry {
@@ -855,7 +811,7 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
             filter,
             all,
             ids,
-        } if db.url.is_some() => {
+        } if db.remote.url.is_some() => {
             let body = selection(&ids, &filter, all);
             ops::print_json(&remote(&db)?.post("/v1/dead-letters/retry", body).await?)?;
         }
@@ -864,7 +820,7 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
             filter,
             all,
             ids,
-        } if db.url.is_some() => {
+        } if db.remote.url.is_some() => {
             let body = selection(&ids, &filter, all);
             ops::print_json(&remote(&db)?.post("/v1/dead-letters/discard", body).await?)?;
         }

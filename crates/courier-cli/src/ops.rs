@@ -225,6 +225,40 @@ async fn flush(
     Ok(())
 }
 
+/// How a verb reaches a running daemon instead of the database or Redis:
+/// `--url`, `--token` and `--timeout-ms`, the same for every verb.
+#[derive(Debug, clap::Args)]
+pub struct RemoteArgs {
+    /// Talk to a running daemon at this URL instead.
+    #[arg(long, env = "COURIER_URL")]
+    pub url: Option<String>,
+    /// Bearer token for --url. Prefer COURIER_TOKEN: a --token argument
+    /// shows in `ps` to every user of the machine.
+    #[arg(long, env = "COURIER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// How long a call to the daemon given by --url may take, in
+    /// milliseconds (1 to 3,600,000).
+    #[arg(long, env = "COURIER_TIMEOUT_MS", default_value_t = REQUEST_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub timeout_ms: u64,
+}
+
+impl RemoteArgs {
+    /// The daemon `--url` names, if it names one.
+    pub fn remote(&self) -> anyhow::Result<Option<Remote>> {
+        self.url
+            .as_deref()
+            .map(|url| {
+                Remote::new(
+                    url,
+                    self.token.as_deref(),
+                    std::time::Duration::from_millis(self.timeout_ms),
+                )
+            })
+            .transpose()
+    }
+}
+
 /// A running daemon's API, for the verbs given `--url`.
 pub struct Remote {
     client: reqwest::Client,
@@ -271,12 +305,19 @@ impl Remote {
         path: &str,
         body: serde_json::Value,
     ) -> anyhow::Result<serde_json::Value> {
+        let text = self.post_text(path, body.to_string()).await?;
+        parse_answer(&text)
+    }
+
+    /// `POST path` with `body`, JSON text sent as it is (a payload's bytes
+    /// reach the daemon unchanged); the answer's text.
+    pub async fn post_text(&self, path: &str, body: String) -> anyhow::Result<String> {
         let request = self
             .client
             .post(format!("{}{path}", self.base))
             .header("content-type", "application/json")
-            .body(body.to_string());
-        self.send(request, path).await
+            .body(body);
+        self.send_text(request, path).await
     }
 
     /// `PUT path` with a JSON body.
@@ -305,9 +346,19 @@ impl Remote {
 
     async fn send(
         &self,
-        mut request: reqwest::RequestBuilder,
+        request: reqwest::RequestBuilder,
         path: &str,
     ) -> anyhow::Result<serde_json::Value> {
+        parse_answer(&self.send_text(request, path).await?)
+    }
+
+    /// Sends `request` with the token; the answer's text, or an error
+    /// carrying the daemon's message.
+    async fn send_text(
+        &self,
+        mut request: reqwest::RequestBuilder,
+        path: &str,
+    ) -> anyhow::Result<String> {
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
@@ -320,12 +371,16 @@ impl Remote {
         if !status.is_success() {
             bail!("the daemon answered {status}: {text}");
         }
-        if text.trim().is_empty() {
-            return Ok(serde_json::Value::Null);
-        }
-        serde_json::from_str(&text)
-            .with_context(|| format!("the daemon's answer is not JSON: {text}"))
+        Ok(text)
     }
+}
+
+/// A daemon's answer as JSON (`null` for an empty one).
+fn parse_answer(text: &str) -> anyhow::Result<serde_json::Value> {
+    if text.trim().is_empty() {
+        return Ok(serde_json::Value::Null);
+    }
+    serde_json::from_str(text).with_context(|| format!("the daemon's answer is not JSON: {text}"))
 }
 
 /// Prints a JSON value, pretty.

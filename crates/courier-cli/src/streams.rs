@@ -23,7 +23,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::database::Database;
-use crate::ops::{self, encode, Remote};
+use crate::ops::{self, encode, Remote, RemoteArgs};
 
 /// Entries per append when reading payloads from standard input (each
 /// append is all or nothing).
@@ -57,18 +57,9 @@ pub struct TargetArgs {
     /// The key prefix of `--backend redis` (the daemon's `[redis] key_prefix`).
     #[arg(long, env = "COURIER_REDIS__KEY_PREFIX", default_value = "")]
     pub redis_key_prefix: String,
-    /// Talk to a running daemon at this URL instead.
-    #[arg(long, env = "COURIER_URL")]
-    pub url: Option<String>,
-    /// Bearer token for --url. Prefer COURIER_TOKEN: a --token argument
-    /// shows in `ps` to every user of the machine.
-    #[arg(long, env = "COURIER_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    /// How long a call to the daemon given by --url may take, in
-    /// milliseconds (1 to 3,600,000).
-    #[arg(long, env = "COURIER_TIMEOUT_MS", default_value_t = crate::ops::REQUEST_TIMEOUT_MS,
-          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
-    pub timeout_ms: u64,
+    /// `--url`, `--token`, `--timeout-ms`: a running daemon instead.
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 /// The stream a verb works on, and where it goes.
@@ -253,12 +244,8 @@ pub enum StreamsTarget {
 impl StreamsTarget {
     /// The daemon of `--url`, else the backend `--backend` names.
     pub async fn open(args: &TargetArgs) -> anyhow::Result<Self> {
-        if let Some(url) = &args.url {
-            return Ok(Self::Remote(Remote::new(
-                url,
-                args.token.as_deref(),
-                std::time::Duration::from_millis(args.timeout_ms),
-            )?));
+        if let Some(remote) = args.remote.remote()? {
+            return Ok(Self::Remote(remote));
         }
         match args.backend {
             BackendArg::Redis => {

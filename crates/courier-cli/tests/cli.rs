@@ -644,4 +644,25 @@ fn remote_calls_time_out_and_percent_encode_their_path() {
         line.starts_with("POST /v1/subscriptions/a%2Fb%3Fc/pause "),
         "{line}"
     );
+    // Publishing goes through the same client, timeout and all.
+    let started = std::time::Instant::now();
+    let output = courier(
+        dir.path(),
+        &[
+            "publish",
+            "--url",
+            &url,
+            "--timeout-ms",
+            "300",
+            "--tenant",
+            "a",
+            "--topic",
+            "t",
+            "--payload",
+            "1",
+        ],
+    );
+    assert!(!output.status.success());
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert!(stderr(&output).contains("timed out"), "{}", stderr(&output));
 }

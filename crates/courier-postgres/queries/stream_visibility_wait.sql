@@ -3,8 +3,9 @@
 -- Readers hand out only entries of transactions below their snapshot's xmin
 -- (see stream_read_new.sql); an entry this statement can see at or above
 -- that horizon is committed and held back by an older open transaction.
--- Touches: stream_entries (range of its primary key from the horizon; at
--- most 1,000 visible entries looked at). Locks: none.
+-- Touches: stream_entries (range of its primary key from the horizon: the
+-- entries of transactions still open, which it cannot see, and at most the
+-- first 1,000 it can). Locks: none.
 SELECT (extract(epoch FROM statement_timestamp() - min(w.appended_at)) * 1000)::bigint
 FROM (
   SELECT e.appended_at

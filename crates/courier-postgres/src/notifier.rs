@@ -26,7 +26,9 @@ pub struct PgNotifier;
 
 impl PgNotifier {
     /// Spawns the listener task; each notification (and each reconnect) bumps
-    /// `wake`. The task ends when `cancel` fires.
+    /// `wake`. The task ends when `cancel` fires. It first warns, once, when
+    /// the store's pool JIT-compiles (see [`connect_options`](crate::connect_options)):
+    /// the notifier is what every worker on PostgreSQL starts.
     pub fn spawn(
         store: &PgStore,
         wake: watch::Sender<u64>,

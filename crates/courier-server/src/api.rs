@@ -124,10 +124,10 @@ impl ApiState {
             config.max_payload_bytes,
         )
         .with_guard(RequestGuard::with_origins(&config.server));
+        // MAX_HOLD_DAYS days is MAX_HOLD.
         state.max_hold = std::time::Duration::from_secs(
             config.max_hold_days.clamp(1, crate::config::MAX_HOLD_DAYS) * 86_400,
-        )
-        .min(courier::MAX_HOLD);
+        );
         state.targets = Arc::new(
             config
                 .subscriptions
@@ -676,7 +676,7 @@ impl PublishRequest {
     /// does (the CLI's NDJSON publishing uses it too): names, payload size,
     /// headers, RFC 3339 `available_at`. The error names the field.
     pub fn into_message(self, max_payload_bytes: usize) -> Result<NewMessage, ApiError> {
-        build_message(self, "", max_payload_bytes, None)
+        build_message(self, "", max_payload_bytes, courier::MAX_HOLD, None)
     }
 }
 
@@ -1129,6 +1129,7 @@ fn build_message(
     request: PublishRequest,
     prefix: &str,
     max_payload_bytes: usize,
+    max_hold: std::time::Duration,
     header_key: Option<&str>,
 ) -> Result<NewMessage, ApiError> {
     let field = |name: &str| format!("{prefix}{name}");
@@ -1201,6 +1202,7 @@ fn build_message(
     }
     message
         .validate()
+        .and_then(|()| message.validate_hold(max_hold))
         .map_err(|e| ApiError::from_validation(prefix, e))?;
     Ok(message)
 }
@@ -1301,10 +1303,7 @@ async fn publish_message(
 ) -> Result<Response, ApiError> {
     principal.require_tenant(&request.tenant, "tenant")?;
     let key = idempotency_header(&headers)?;
-    let message = build_message(request, "", state.max_payload_bytes, key)?;
-    message
-        .validate_hold(state.max_hold)
-        .map_err(|e| ApiError::from_validation("", e))?;
+    let message = build_message(request, "", state.max_payload_bytes, state.max_hold, key)?;
     let asked = (
         message.topic.clone(),
         message.schema_version,
@@ -1505,11 +1504,13 @@ async fn publish_batch(
             parse_json(item.get().as_bytes()).map_err(|error| in_batch(index, error))?;
         let prefix = format!("messages[{index}].");
         principal.require_tenant(&message.tenant, &format!("{prefix}tenant"))?;
-        let message = build_message(message, &prefix, state.max_payload_bytes, None)?;
-        message
-            .validate_hold(state.max_hold)
-            .map_err(|e| ApiError::from_validation(&prefix, e))?;
-        messages.push(message);
+        messages.push(build_message(
+            message,
+            &prefix,
+            state.max_payload_bytes,
+            state.max_hold,
+            None,
+        )?);
     }
     refuse_reused_keys(&state, &messages).await?;
     let outcomes = state.store.publish(messages).await?;

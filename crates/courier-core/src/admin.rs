@@ -101,6 +101,27 @@ pub struct MessagePage {
     pub next_cursor: Option<Uuid>,
 }
 
+/// What [`AdminStore::cancel_message`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The message is gone, with its `deliveries` (none had started): no
+    /// subscription will see it, and its idempotency key is free again.
+    Cancelled {
+        /// How many deliveries (one per subscription owed it) were removed.
+        deliveries: u64,
+    },
+    /// There is no such message (never stored, pruned, or cancelled before).
+    NotFound,
+    /// A subscription has started on it, so nothing was changed.
+    Started {
+        /// The first such subscription, by name.
+        subscription: String,
+        /// Its delivery's state there: `running`, `retrying` (an attempt
+        /// failed), `dead` or `completed`.
+        state: String,
+    },
+}
+
 /// Open deliveries of one (subscription, topic) by state, and the age of the oldest.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeliveryStats {
@@ -169,6 +190,17 @@ pub trait AdminStore: Send + Sync {
         &self,
         id: Uuid,
     ) -> impl Future<Output = Result<Option<(StoredMessage, Vec<DeliverySummary>)>, StoreError>> + Send;
+
+    /// Cancels message `id` if no subscription has started on it: the message
+    /// and its deliveries are removed together, atomically with respect to
+    /// claims (a claim either finds the delivery first, and the cancel is
+    /// refused, or never sees it). A delivery that is running, has spent an
+    /// attempt, is dead, or has completed refuses the cancel and nothing
+    /// changes. A later message of the same ordering key moves up.
+    fn cancel_message(
+        &self,
+        id: Uuid,
+    ) -> impl Future<Output = Result<CancelOutcome, StoreError>> + Send;
 
     /// The messages stored under these (tenant, idempotency key) pairs, in no
     /// particular order; pairs with none are left out.

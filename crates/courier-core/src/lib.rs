@@ -16,7 +16,7 @@ mod store;
 mod stream;
 
 pub use admin::{
-    AdminStore, DeliveryStats, MessageFilter, MessagePage, RateLimit, StoredMessage,
+    AdminStore, CancelOutcome, DeliveryStats, MessageFilter, MessagePage, RateLimit, StoredMessage,
     SubscriptionInfo, MAX_MESSAGE_PAGE, MESSAGE_FILTER_STATES,
 };
 pub use error::{HandlerError, StoreError, ValidationError};

@@ -3,8 +3,8 @@
 //! their pause switch, and readiness.
 
 use courier_core::{
-    AdminStore, DeadLetterStore, DeliveryStats, DeliverySummary, MessageFilter, MessagePage,
-    RateLimit, StoreError, StoredMessage, SubscriptionInfo,
+    AdminStore, CancelOutcome, DeadLetterStore, DeliveryStats, DeliverySummary, MessageFilter,
+    MessagePage, RateLimit, StoreError, StoredMessage, SubscriptionInfo,
 };
 use sqlx::Row;
 use uuid::Uuid;
@@ -31,6 +31,52 @@ impl AdminStore for PgStore {
         let message = stored_message_from_row(&row)?;
         let deliveries = self.message_deliveries(id).await?;
         Ok(Some((message, deliveries)))
+    }
+
+    async fn cancel_message(&self, id: Uuid) -> Result<CancelOutcome, StoreError> {
+        let mut tx = self.pool().begin().await.map_err(map)?;
+        let deliveries: Vec<(String, Option<String>)> =
+            sqlx::query_as(&self.q().message_cancel_lock)
+                .bind(id)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(map)?;
+        let started = deliveries
+            .into_iter()
+            .find_map(|(subscription, state)| state.map(|state| (subscription, state)));
+        let completed: Option<String> = sqlx::query_scalar(&self.q().message_cancel_receipt)
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map)?;
+        // Receipts name a subscription that finished; a started delivery of
+        // another may sort first: report whichever name is first.
+        let refusal = match (started, completed) {
+            (Some(started), Some(done)) if done < started.0 => Some((done, "completed".into())),
+            (Some(started), _) => Some(started),
+            (None, Some(done)) => Some((done, "completed".into())),
+            (None, None) => None,
+        };
+        if let Some((subscription, state)) = refusal {
+            tx.rollback().await.map_err(map)?;
+            return Ok(CancelOutcome::Started {
+                subscription,
+                state,
+            });
+        }
+        let (existed, removed): (bool, i64) = sqlx::query_as(&self.q().message_cancel)
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map)?;
+        if !existed {
+            tx.rollback().await.map_err(map)?;
+            return Ok(CancelOutcome::NotFound);
+        }
+        tx.commit().await.map_err(map)?;
+        Ok(CancelOutcome::Cancelled {
+            deliveries: u64::try_from(removed).unwrap_or(0),
+        })
     }
 
     async fn messages_by_idempotency_keys<'c>(

@@ -2,9 +2,9 @@
 //! router and its handlers are not generic over the backend.
 
 use courier::{
-    AdminStore, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliveryStats,
-    DeliverySummary, EnqueueOutcome, MessageFilter, MessagePage, NewMessage, OutboxStore,
-    StoreError, StoredMessage, SubscriptionInfo,
+    AdminStore, CancelOutcome, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore,
+    DeliveryStats, DeliverySummary, EnqueueOutcome, MessageFilter, MessagePage, NewMessage,
+    OutboxStore, StoreError, StoredMessage, SubscriptionInfo,
 };
 use futures_util::future::BoxFuture;
 use uuid::Uuid;
@@ -21,6 +21,8 @@ pub trait ApiStore: Send + Sync + 'static {
         &self,
         id: Uuid,
     ) -> StoreFuture<'_, Option<(StoredMessage, Vec<DeliverySummary>)>>;
+    /// Cancels a message no subscription has started on.
+    fn cancel_message(&self, id: Uuid) -> StoreFuture<'_, CancelOutcome>;
     /// The messages stored under these (tenant, idempotency key) pairs.
     fn messages_by_idempotency_keys(
         &self,
@@ -85,6 +87,10 @@ where
         id: Uuid,
     ) -> StoreFuture<'_, Option<(StoredMessage, Vec<DeliverySummary>)>> {
         Box::pin(AdminStore::get_message(self, id))
+    }
+
+    fn cancel_message(&self, id: Uuid) -> StoreFuture<'_, CancelOutcome> {
+        Box::pin(AdminStore::cancel_message(self, id))
     }
 
     fn messages_by_idempotency_keys(

@@ -4,8 +4,8 @@
 //! one snapshot and never waits for the writer (WAL).
 
 use courier_core::{
-    validate_name, AdminStore, DeadLetterStore, DeliveryStats, DeliverySummary, MessageFilter,
-    MessagePage, RateLimit, StoreError, StoredMessage, SubscriptionInfo,
+    validate_name, AdminStore, CancelOutcome, DeadLetterStore, DeliveryStats, DeliverySummary,
+    MessageFilter, MessagePage, RateLimit, StoreError, StoredMessage, SubscriptionInfo,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -38,6 +38,42 @@ impl AdminStore for SqliteStore {
         let message = rows::stored_message(&row)?;
         let deliveries = self.message_deliveries(id).await?;
         Ok(Some((message, deliveries)))
+    }
+
+    async fn cancel_message(&self, id: Uuid) -> Result<CancelOutcome, StoreError> {
+        let id = id.to_string();
+        let mut tx = self.begin().await?;
+        let started: Option<(String, String)> = sqlx::query_as(queries::MESSAGE_CANCEL_CHECK)
+            .bind(&id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map)?;
+        if let Some((subscription, state)) = started {
+            tx.rollback().await.map_err(map)?;
+            return Ok(CancelOutcome::Started {
+                subscription,
+                state,
+            });
+        }
+        let deliveries = sqlx::query(queries::MESSAGE_CANCEL_DELIVERIES)
+            .bind(&id)
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?
+            .rows_affected();
+        let existed = sqlx::query(queries::MESSAGE_CANCEL)
+            .bind(&id)
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?
+            .rows_affected()
+            > 0;
+        if !existed {
+            tx.rollback().await.map_err(map)?;
+            return Ok(CancelOutcome::NotFound);
+        }
+        tx.commit().await.map_err(map)?;
+        Ok(CancelOutcome::Cancelled { deliveries })
     }
 
     async fn messages_by_idempotency_keys<'c>(

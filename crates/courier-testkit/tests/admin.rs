@@ -6,10 +6,10 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use courier::{
-    handler_fn, AdminStore, ClaimParams, HandlerError, Message, MessageFilter, NewMessage,
-    OutboxStore, Route, StoreError, SubscriptionSpec,
+    handler_fn, AdminStore, CancelOutcome, ClaimParams, HandlerError, Message, MessageFilter,
+    NewMessage, OutboxStore, Route, StoreError, SubscriptionSpec,
 };
-use courier_testkit::{backend_tests, events, Backend, CallCounter, Event};
+use courier_testkit::{backend_tests, events, eventually, Backend, CallCounter, Event};
 use uuid::Uuid;
 
 fn counting(counter: CallCounter) -> impl courier::Handler<Payload = Event> {
@@ -582,6 +582,246 @@ async fn ready_is_true_after_migrate_and_false_when_the_schema_is_behind<B: Back
     Ok(())
 }
 
+async fn cancel_removes_a_message_no_subscription_started_on<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let calls = CallCounter::default();
+    let first = backend
+        .courier()
+        .worker("first")
+        .handle("topic", 1, counting(calls.clone()))
+        .maintenance(None)
+        .build()
+        .await?;
+    let second = backend
+        .courier()
+        .worker("second")
+        .handle("topic", 1, counting(calls.clone()))
+        .maintenance(None)
+        .build()
+        .await?;
+    let scheduled = NewMessage::new("acme", "topic", &Event { n: 1 })?
+        .delay(Duration::from_secs(3600))
+        .with_idempotency_key("nightly");
+    let waiting = NewMessage::new("acme", "topic", &Event { n: 2 })?;
+    let kept = NewMessage::new("acme", "topic", &Event { n: 3 })?;
+    backend
+        .enqueue_committed(&[scheduled.clone(), waiting.clone(), kept.clone()])
+        .await?;
+    let store = backend.courier().store();
+
+    // Scheduled or due, a message nobody has tried is cancelled with its
+    // delivery to each subscription.
+    assert_eq!(
+        store.cancel_message(scheduled.id).await?,
+        CancelOutcome::Cancelled { deliveries: 2 }
+    );
+    assert_eq!(
+        store.cancel_message(waiting.id).await?,
+        CancelOutcome::Cancelled { deliveries: 2 }
+    );
+    assert!(store.get_message(scheduled.id).await?.is_none());
+    assert!(store.get_message(waiting.id).await?.is_none());
+    assert_eq!(
+        store.cancel_message(waiting.id).await?,
+        CancelOutcome::NotFound
+    );
+    assert_eq!(
+        store.cancel_message(Uuid::now_v7()).await?,
+        CancelOutcome::NotFound
+    );
+
+    // Only the kept message is delivered, once to each subscription.
+    assert_eq!(first.run_once().await?, 1);
+    assert_eq!(second.run_once().await?, 1);
+    assert_eq!(first.run_once().await? + second.run_once().await?, 0);
+    assert_eq!((calls.calls(kept.id), calls.total()), (2, 2));
+
+    // The idempotency key is free again: the same key stores a new message.
+    let again = NewMessage::new("acme", "topic", &Event { n: 4 })?.with_idempotency_key("nightly");
+    let outcomes = backend
+        .courier()
+        .store()
+        .publish_batch(std::slice::from_ref(&again))
+        .await?;
+    assert_eq!((outcomes[0].id, outcomes[0].duplicate), (again.id, false));
+    Ok(())
+}
+
+async fn cancel_is_refused_once_a_subscription_started_and_changes_nothing<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let done = backend
+        .courier()
+        .worker("done")
+        .handle("topic", 1, counting(CallCounter::default()))
+        .maintenance(None)
+        .build()
+        .await?;
+    let bad = backend
+        .courier()
+        .worker("bad")
+        .handle("topic", 1, rejecting())
+        .maintenance(None)
+        .build()
+        .await?;
+    let store = backend.courier().store();
+
+    // Leased by its one subscription.
+    let completed = NewMessage::new("acme", "completed", &Event { n: 1 })?;
+    // Completed by one subscription, then dead-lettered by another and
+    // leased by a third.
+    let dead = NewMessage::new("acme", "topic", &Event { n: 2 })?;
+    for spec in [
+        SubscriptionSpec::new("late", ["completed"]),
+        SubscriptionSpec::new("held", ["topic"]),
+    ] {
+        store.register_subscription(&spec).await?;
+    }
+    backend
+        .enqueue_committed(&[completed.clone(), dead.clone()])
+        .await?;
+
+    assert_eq!(done.run_once().await?, 1);
+    let refused = store.cancel_message(dead.id).await?;
+    assert_eq!(
+        refused,
+        CancelOutcome::Started {
+            subscription: "done".into(),
+            state: "completed".into()
+        }
+    );
+    assert_eq!(bad.run_once().await?, 1);
+    claim_one(&backend, "held", "topic").await?;
+    let (_, deliveries) = store
+        .get_message(dead.id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("a refused cancel removed the message"))?;
+    assert_eq!(deliveries.len(), 3, "{deliveries:?}");
+    assert_eq!(
+        store.cancel_message(dead.id).await?,
+        CancelOutcome::Started {
+            subscription: "bad".into(),
+            state: "dead".into()
+        }
+    );
+
+    claim_one(&backend, "late", "completed").await?;
+    assert_eq!(
+        store.cancel_message(completed.id).await?,
+        CancelOutcome::Started {
+            subscription: "late".into(),
+            state: "running".into()
+        }
+    );
+    let (_, deliveries) = store
+        .get_message(completed.id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("a refused cancel removed the message"))?;
+    assert_eq!(deliveries.len(), 1, "{deliveries:?}");
+    Ok(())
+}
+
+async fn cancelling_an_ordering_key_s_scheduled_head_lets_the_next_run<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let calls = CallCounter::default();
+    let worker = backend
+        .courier()
+        .worker("ordered")
+        .handle("topic", 1, counting(calls.clone()))
+        .maintenance(None)
+        .build()
+        .await?;
+    let head = NewMessage::new("acme", "topic", &Event { n: 1 })?
+        .with_ordering_key("k")
+        .delay(Duration::from_secs(3600));
+    let next = NewMessage::new("acme", "topic", &Event { n: 2 })?.with_ordering_key("k");
+    backend
+        .enqueue_committed(&[head.clone(), next.clone()])
+        .await?;
+    assert_eq!(
+        worker.run_once().await?,
+        0,
+        "the scheduled head holds its key"
+    );
+    assert_eq!(
+        backend.courier().store().cancel_message(head.id).await?,
+        CancelOutcome::Cancelled { deliveries: 1 }
+    );
+    assert_eq!(worker.run_once().await?, 1);
+    assert_eq!(calls.calls(next.id), 1);
+    Ok(())
+}
+
+async fn cancels_racing_claims_never_both_cancel_and_deliver<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let calls = CallCounter::default();
+    let worker = std::sync::Arc::new(
+        backend
+            .courier()
+            .worker("raced")
+            .handle("topic", 1, counting(calls.clone()))
+            .maintenance(None)
+            .build()
+            .await?,
+    );
+    let messages = events("acme", "topic", 300)?;
+    backend.enqueue_committed(&messages).await?;
+    let drain = {
+        let worker = std::sync::Arc::clone(&worker);
+        tokio::spawn(async move {
+            let mut idle = 0;
+            while idle < 3 {
+                if worker.run_once().await? == 0 {
+                    idle += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                } else {
+                    idle = 0;
+                }
+            }
+            anyhow::Ok(())
+        })
+    };
+    // Cancels walk from the newest while the worker drains from the oldest,
+    // once it has started: they meet somewhere in the middle.
+    let started = eventually(Duration::from_secs(10), || async { calls.total() > 0 }).await;
+    anyhow::ensure!(started, "the worker delivered nothing");
+    let mut cancelled = HashSet::new();
+    for message in messages.iter().rev() {
+        match backend.courier().store().cancel_message(message.id).await? {
+            CancelOutcome::Cancelled { deliveries } => {
+                assert_eq!(deliveries, 1);
+                cancelled.insert(message.id);
+            }
+            CancelOutcome::Started { subscription, .. } => assert_eq!(subscription, "raced"),
+            CancelOutcome::NotFound => anyhow::bail!("message {} vanished", message.id),
+        }
+    }
+    drain.await??;
+    while worker.run_once().await? > 0 {}
+    for message in &messages {
+        let handled = calls.calls(message.id);
+        if cancelled.contains(&message.id) {
+            assert_eq!(handled, 0, "cancelled message {} was delivered", message.id);
+        } else {
+            assert_eq!(
+                handled, 1,
+                "message {} delivered {handled} times",
+                message.id
+            );
+        }
+    }
+    assert!(
+        !cancelled.is_empty() && cancelled.len() < messages.len(),
+        "the race was not run: {} of {} cancelled",
+        cancelled.len(),
+        messages.len()
+    );
+    Ok(())
+}
+
 backend_tests!(
     get_message_shows_each_subscription_s_state,
     list_messages_pages_walk_every_message_once_newest_first,
@@ -592,4 +832,8 @@ backend_tests!(
     a_paused_subscription_claims_nothing_until_resumed,
     pausing_an_unknown_subscription_reports_it_missing,
     ready_is_true_after_migrate_and_false_when_the_schema_is_behind,
+    cancel_removes_a_message_no_subscription_started_on,
+    cancel_is_refused_once_a_subscription_started_and_changes_nothing,
+    cancelling_an_ordering_key_s_scheduled_head_lets_the_next_run,
+    cancels_racing_claims_never_both_cancel_and_deliver,
 );

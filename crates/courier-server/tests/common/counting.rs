@@ -48,6 +48,10 @@ impl<S: ApiStore> ApiStore for CountingStore<S> {
         self.count("get_message");
         self.inner.get_message(id)
     }
+    fn cancel_message(&self, id: Uuid) -> Future<'_, courier::CancelOutcome> {
+        self.count("cancel_message");
+        self.inner.cancel_message(id)
+    }
     fn messages_by_idempotency_keys(
         &self,
         keys: Vec<(String, String)>,

@@ -1,0 +1,19 @@
+-- Why message ?1 cannot be cancelled (AdminStore::cancel_message), if it
+-- cannot: the first subscription, by name, that has started on it, with
+-- 'running' (leased), 'retrying' (an attempt spent), 'dead' or 'completed'
+-- (a receipt). No row: none has. Run inside the cancel's write transaction,
+-- so nothing can start between this check and the delete.
+SELECT subscription, started FROM (
+  SELECT d.subscription,
+         CASE WHEN d.state = 'dead' THEN 'dead'
+              WHEN d.state = 'running' OR d.lease_token IS NOT NULL THEN 'running'
+              WHEN d.attempts > 0 THEN 'retrying'
+         END AS started
+  FROM deliveries d
+  WHERE d.message_id = ?1
+  UNION ALL
+  SELECT r.subscription, 'completed' FROM receipts r WHERE r.message_id = ?1
+)
+WHERE started IS NOT NULL
+ORDER BY subscription
+LIMIT 1

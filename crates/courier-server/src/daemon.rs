@@ -42,10 +42,6 @@ use crate::relay::{NativeRelay, NativeStreamStore, RelayConnections, RelayError}
 use crate::stream_subscriptions::{stop_subscriptions, StreamBackend};
 use crate::webhook::{WebhookError, WebhookHandler};
 
-/// PostgreSQL connections the daemon opens.
-pub const POSTGRES_CONNECTIONS: u32 = 10;
-/// SQLite connections the daemon opens.
-pub const SQLITE_CONNECTIONS: u32 = 8;
 /// How often histogram data is folded for `/metrics`.
 pub const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -155,25 +151,25 @@ pub async fn bind(
     config.validate()?;
     match config.database()? {
         DatabaseKind::Postgres(url) => {
-            let pool = courier::postgres::connect(&url, POSTGRES_CONNECTIONS)
+            let courier = Courier::connect_postgres_with_schema(&url, &config.schema)
                 .await
-                .map_err(ServeError::Connect)?;
-            let courier = Courier::postgres_with_schema(pool, &config.schema).map_err(|e| {
-                ConfigError::Invalid {
-                    key: "schema".into(),
-                    value: Some(format!("{:?}", config.schema)),
-                    reason: e.reason,
-                }
-            })?;
+                .map_err(|error| match error {
+                    StoreError::Invalid(invalid) => ServeError::Config(ConfigError::Invalid {
+                        key: "schema".into(),
+                        value: Some(format!("{:?}", config.schema)),
+                        reason: invalid.reason,
+                    }),
+                    other => ServeError::Connect(other),
+                })?;
             tracing::info!(schema = %config.schema, "using PostgreSQL");
             start(courier, config, shutdown).await
         }
         DatabaseKind::Sqlite(path) => {
-            let pool = courier::sqlite::connect(&path, SQLITE_CONNECTIONS)
+            let courier = Courier::connect_sqlite(&path)
                 .await
                 .map_err(ServeError::Connect)?;
             tracing::info!(database = %path, "using SQLite");
-            start(Courier::sqlite(pool), config, shutdown).await
+            start(courier, config, shutdown).await
         }
     }
 }

@@ -46,14 +46,14 @@ pub use courier_core::{
     StreamStore, TrimBound, DEAD_STREAM_SUFFIX, MAX_STREAM_BATCH, MAX_STREAM_BLOCK,
 };
 pub use courier_core::{
-    truncate_chars, validate_name, AdminStore, Availability, BatchItem, BatchRollback, ClaimBatch,
-    ClaimParams, ClaimedDelivery, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore,
-    DeliveryStats, DeliverySummary, EnqueueOutcome, ErrorEntry, Failure, FailureApplied,
-    HandlerError, LeaseRef, Message, MessageFilter, MessagePage, NewMessage, OutboxStore,
-    PruneReport, RateLimit, Registration, Replay, RescueParams, RetryPolicy, Route, Snooze,
-    StoreError, StoredMessage, SubscriptionInfo, SubscriptionSpec, TransactionalBatchOutcome,
-    TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS, MAX_HOLD, MAX_PAYLOAD_BYTES,
-    MAX_SNOOZES,
+    truncate_chars, validate_name, AdminStore, Availability, BatchItem, BatchRollback,
+    CancelOutcome, ClaimBatch, ClaimParams, ClaimedDelivery, DeadLetter, DeadLetterFilter,
+    DeadLetterPage, DeadLetterStore, DeliveryStats, DeliverySummary, EnqueueOutcome, ErrorEntry,
+    Failure, FailureApplied, HandlerError, LeaseRef, Message, MessageFilter, MessagePage,
+    NewMessage, OutboxStore, PruneReport, RateLimit, Registration, Replay, RescueParams,
+    RetryPolicy, Route, Snooze, StoreError, StoredMessage, SubscriptionInfo, SubscriptionSpec,
+    TransactionalBatchOutcome, TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS,
+    MAX_HOLD, MAX_PAYLOAD_BYTES, MAX_SNOOZES,
 };
 pub use courier_engine::{
     handler_fn, stream_handler_fn, EngineError, Handler, Maintenance, MaintenanceConfig,
@@ -106,6 +106,9 @@ pub const POSTGRES_BATCH_SIZE: usize = 256;
 /// the LISTEN connection, and one per running group of transactional
 /// handlers: 384 / 64 = 6), leaving room for producers.
 pub const POSTGRES_CONNECTIONS: u32 = 16;
+/// Pool size of [`Courier::connect_sqlite`]: SQLite has one writer, so
+/// more connections only add readers waiting on it.
+pub const SQLITE_CONNECTIONS: u32 = 8;
 /// Handlers running at once per worker by default on SQLite: twice the batch
 /// size, so a second full claim can be on its way while the first one's
 /// handlers run. Against the engine's 64 / 100 (one claim in flight, of 64)
@@ -175,6 +178,14 @@ impl Courier<courier_postgres::PgStore> {
         ))
     }
 
+    /// As [`Courier::connect_postgres`], in `schema` (`[a-z_][a-z0-9_]{0,62}`;
+    /// a bad name is [`StoreError::Invalid`], refused before connecting).
+    pub async fn connect_postgres_with_schema(url: &str, schema: &str) -> Result<Self, StoreError> {
+        courier_postgres::validate_schema(schema)?;
+        let pool = courier_postgres::connect(url, POSTGRES_CONNECTIONS).await?;
+        Ok(Self::postgres_with_schema(pool, schema)?)
+    }
+
     /// Courier over an existing PostgreSQL store.
     pub fn from_postgres_store(store: courier_postgres::PgStore) -> Self {
         Self::with_wake(
@@ -196,9 +207,12 @@ impl Courier<courier_sqlite::SqliteStore> {
         Self::from_sqlite_store(courier_sqlite::SqliteStore::new(pool))
     }
 
-    /// Opens (creating it if needed) the SQLite database at `path`, in WAL mode.
+    /// Opens (creating it if needed) the SQLite database at `path`, in WAL
+    /// mode, with [`SQLITE_CONNECTIONS`] connections.
     pub async fn connect_sqlite(path: &str) -> Result<Self, StoreError> {
-        Ok(Self::sqlite(courier_sqlite::connect(path, 8).await?))
+        Ok(Self::sqlite(
+            courier_sqlite::connect(path, SQLITE_CONNECTIONS).await?,
+        ))
     }
 
     /// Courier over an existing SQLite store.

@@ -43,3 +43,10 @@ pub use error::ApiError;
 pub use relay::{NativeRelay, NatsRelay, RedisRelay};
 pub use stream_store::ApiStreams;
 pub use webhook::WebhookHandler;
+
+/// A message payload exactly as it was published: the daemon's targets
+/// (webhooks, relays) take their messages' payloads in this form, so what
+/// they send is the stored JSON text, byte for byte, never a re-encoding of
+/// it (which would turn integers beyond 64 bits into floats, change the last
+/// digit of some floats and collapse duplicate keys).
+pub type RawPayload = Box<serde_json::value::RawValue>;

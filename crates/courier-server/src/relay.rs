@@ -337,10 +337,17 @@ impl RelayCommon {
 }
 
 /// The stream entry that relays `message`: its payload and headers, and its
-/// origin (id, tenant, topic, schema version).
-pub fn entry_for(message: &Message<serde_json::Value>) -> NewStreamEntry {
-    NewStreamEntry {
-        payload: message.payload.clone(),
+/// origin (id, tenant, topic, schema version). Stream entries hold JSON
+/// values, so the payload is decoded; a payload no JSON value can hold (one
+/// nested deeper than the decoder allows) is refused permanently.
+pub fn entry_for(message: &Message<crate::RawPayload>) -> Result<NewStreamEntry, HandlerError> {
+    let payload = serde_json::from_str(message.payload.get()).map_err(|e| {
+        HandlerError::permanent(format!(
+            "the payload cannot be a stream entry's JSON value: {e}"
+        ))
+    })?;
+    Ok(NewStreamEntry {
+        payload,
         headers: message.headers.clone(),
         origin: Some(EntryOrigin {
             message_id: message.id,
@@ -348,7 +355,7 @@ pub fn entry_for(message: &Message<serde_json::Value>) -> NewStreamEntry {
             topic: message.topic.clone(),
             schema_version: message.schema_version,
         }),
-    }
+    })
 }
 
 #[cfg(test)]

@@ -106,7 +106,7 @@ impl StreamHandler for StreamWebhookHandler {
             .post(&message.correlation_id, headers, body)
             .await?
         {
-            Ok(()) => {
+            Ok(_) => {
                 self.endpoint.count("delivered", started);
                 Ok(())
             }

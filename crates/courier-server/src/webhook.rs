@@ -296,13 +296,13 @@ impl Endpoint {
     }
 
     /// POSTs `body` as JSON with `webhook-id: id`, its timestamp and
-    /// signature, and `extra` headers; `Ok` on a 2xx answer.
+    /// signature, and `extra` headers; `Ok` with the status of a 2xx answer.
     pub(crate) async fn post(
         &self,
         id: &str,
         extra: HeaderMap,
         body: Vec<u8>,
-    ) -> Result<Result<(), Refusal>, HandlerError> {
+    ) -> Result<Result<StatusCode, Refusal>, HandlerError> {
         let timestamp = chrono::Utc::now().timestamp();
         let signature = self
             .secrets
@@ -349,7 +349,7 @@ impl Endpoint {
         };
         let status = response.status();
         if status.is_success() {
-            return Ok(Ok(()));
+            return Ok(Ok(status));
         }
         let wait = retry_after(response.headers());
         let text = body_start(response).await;
@@ -417,6 +417,72 @@ impl WebhookHandler {
     fn count(&self, outcome: &'static str, started: Instant) {
         self.inner.endpoint.count(outcome, started);
     }
+
+    /// Sends one signed test request to the endpoint, as a delivery would
+    /// be sent but of no message: the body is the envelope `{"type":
+    /// "courier.ping", "timestamp", "data": {"subscription"}}` whatever the
+    /// format, `webhook-id` is `{subscription}:ping-{uuid}` and
+    /// `courier-topic` is `courier.ping`. Nothing is stored, no attempt or
+    /// throttle changes, and the endpoint's answer (or why there was none)
+    /// is reported, never raised.
+    pub async fn ping(&self) -> PingOutcome {
+        let endpoint = &self.inner.endpoint;
+        let started = Instant::now();
+        let body = serde_json::json!({
+            "type": PING_TOPIC,
+            "timestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+            "data": {"subscription": endpoint.subscription()},
+        })
+        .to_string()
+        .into_bytes();
+        let mut headers = HeaderMap::new();
+        headers.insert("courier-topic", HeaderValue::from_static(PING_TOPIC));
+        let id = format!("{}:ping-{}", endpoint.subscription(), uuid::Uuid::now_v7());
+        let sent = endpoint.post(&id, headers, body).await;
+        let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        match sent {
+            Ok(Ok(status)) => PingOutcome {
+                webhook_id: id,
+                delivered: true,
+                status: Some(status.as_u16()),
+                duration_ms,
+                error: None,
+            },
+            Ok(Err(refusal)) => PingOutcome {
+                webhook_id: id,
+                delivered: false,
+                status: refusal.status.map(|s| s.as_u16()),
+                duration_ms,
+                error: Some(refusal.reason),
+            },
+            Err(error) => PingOutcome {
+                webhook_id: id,
+                delivered: false,
+                status: None,
+                duration_ms,
+                error: Some(error.to_string()),
+            },
+        }
+    }
+}
+
+/// The `courier-topic` (and envelope `type`) of a test ping.
+pub const PING_TOPIC: &str = "courier.ping";
+
+/// What a webhook endpoint made of a test ping ([`WebhookHandler::ping`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct PingOutcome {
+    /// The request's `webhook-id`.
+    pub webhook_id: String,
+    /// Whether the endpoint answered 2xx.
+    pub delivered: bool,
+    /// The status it answered, if it answered.
+    pub status: Option<u16>,
+    /// How long the request took, in milliseconds.
+    pub duration_ms: u64,
+    /// Why it was not delivered: the status and the start of the body, or
+    /// the transport error (naming the subscription, never the URL).
+    pub error: Option<String>,
 }
 
 /// The `webhook-signature` value for a message: `v1,<base64 HMAC-SHA256>` over
@@ -522,32 +588,44 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 /// The `webhook-id` of `message`: `{subscription}:{message id}`, as a stream
 /// entry's is `{subscription}:{stream}:{entry id}` (`:` never occurs in a
 /// name, so no two pairs share an id).
-fn webhook_id(message: &Message<serde_json::Value>) -> String {
+fn webhook_id(message: &Message<crate::RawPayload>) -> String {
     format!("{}:{}", message.subscription, message.id)
 }
 
-/// The request body for `message` in `format`.
+/// The request body for `message` in `format`: the payload's stored JSON
+/// text unchanged, alone or as the envelope's `data`.
 fn encode_body(
     format: WebhookFormat,
-    message: &Message<serde_json::Value>,
+    message: &Message<crate::RawPayload>,
 ) -> Result<Vec<u8>, HandlerError> {
-    let encoded = match format {
-        WebhookFormat::Raw => serde_json::to_vec(&message.payload),
-        WebhookFormat::Envelope => serde_json::to_vec(&serde_json::json!({
-            "type": message.topic,
-            "timestamp": message
-                .occurred_at
-                .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
-            "data": message.payload,
-        })),
-    };
-    encoded
-        .map_err(|e| HandlerError::permanent(format!("the payload cannot be encoded as JSON: {e}")))
+    match format {
+        WebhookFormat::Raw => Ok(message.payload.get().as_bytes().to_vec()),
+        WebhookFormat::Envelope => {
+            /// The Standard Webhooks envelope, `data` being the payload's text.
+            #[derive(serde::Serialize)]
+            struct Envelope<'a> {
+                #[serde(rename = "type")]
+                kind: &'a str,
+                timestamp: String,
+                data: &'a serde_json::value::RawValue,
+            }
+            serde_json::to_vec(&Envelope {
+                kind: &message.topic,
+                timestamp: message
+                    .occurred_at
+                    .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+                data: &message.payload,
+            })
+            .map_err(|e| {
+                HandlerError::permanent(format!("the payload cannot be encoded as JSON: {e}"))
+            })
+        }
+    }
 }
 
 /// The metadata headers of `message`, and those of its own headers that may
 /// be forwarded (see the module's documentation).
-fn message_headers(message: &Message<serde_json::Value>) -> Result<HeaderMap, HandlerError> {
+fn message_headers(message: &Message<crate::RawPayload>) -> Result<HeaderMap, HandlerError> {
     let mut headers = HeaderMap::new();
     for (name, value) in &message.headers {
         let Some((name, value)) = forwardable(name, value) else {
@@ -606,9 +684,9 @@ async fn body_start(mut response: reqwest::Response) -> String {
 }
 
 impl Handler for WebhookHandler {
-    type Payload = serde_json::Value;
+    type Payload = crate::RawPayload;
 
-    async fn handle(&self, message: Message<serde_json::Value>) -> Result<(), HandlerError> {
+    async fn handle(&self, message: Message<crate::RawPayload>) -> Result<(), HandlerError> {
         let inner = &self.inner;
         let started = Instant::now();
         if let Some(tenants) = &inner.tenants {
@@ -636,7 +714,7 @@ impl Handler for WebhookHandler {
             .post(&webhook_id(&message), headers, body)
             .await?
         {
-            Ok(()) => {
+            Ok(_) => {
                 self.count("delivered", started);
                 crate::outcomes::global().succeeded(inner.endpoint.subscription());
                 return Ok(());

@@ -20,6 +20,7 @@ use courier::{
 };
 use courier_server::config::SubscriptionConfig;
 use courier_server::relay::{NativeRelay, NativeStreamStore, NatsRelay, RedisRelay, Relayed};
+use courier_server::RawPayload;
 use relay_support::*;
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -341,26 +342,26 @@ struct PublishThenHang<R> {
 trait PublishStep: Send + Sync + 'static {
     fn publish(
         &self,
-        message: &Message<Value>,
+        message: &Message<RawPayload>,
     ) -> impl std::future::Future<Output = Result<Relayed, HandlerError>> + Send;
 }
 
 impl PublishStep for RedisRelay {
-    async fn publish(&self, message: &Message<Value>) -> Result<Relayed, HandlerError> {
+    async fn publish(&self, message: &Message<RawPayload>) -> Result<Relayed, HandlerError> {
         RedisRelay::publish(self, message).await
     }
 }
 
 impl PublishStep for NatsRelay {
-    async fn publish(&self, message: &Message<Value>) -> Result<Relayed, HandlerError> {
+    async fn publish(&self, message: &Message<RawPayload>) -> Result<Relayed, HandlerError> {
         NatsRelay::publish(self, message).await
     }
 }
 
 impl<R: PublishStep> Handler for PublishThenHang<R> {
-    type Payload = Value;
+    type Payload = RawPayload;
 
-    async fn handle(&self, message: Message<Value>) -> Result<(), HandlerError> {
+    async fn handle(&self, message: Message<RawPayload>) -> Result<(), HandlerError> {
         let relayed = self.relay.publish(&message).await?;
         assert!(matches!(relayed, Relayed::Stored(_)), "{relayed:?}");
         self.published.fetch_add(1, Ordering::SeqCst);
@@ -377,11 +378,11 @@ struct AppendThenHang<S> {
 }
 
 impl<S: NativeStreamStore> TransactionalHandler<S::Connection> for AppendThenHang<S> {
-    type Payload = Value;
+    type Payload = RawPayload;
 
     async fn handle(
         &self,
-        message: &Message<Value>,
+        message: &Message<RawPayload>,
         conn: &mut S::Connection,
     ) -> Result<(), HandlerError> {
         let relayed = self.relay.publish(message, conn).await?;

@@ -11,6 +11,7 @@ use courier::{
     StreamStore, TransactionalHandler,
 };
 use courier_server::relay::NativeStreamStore;
+use courier_server::RawPayload;
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -32,8 +33,8 @@ struct OrderPlaced {
 pub(crate) struct Contract<R>(pub(crate) R);
 
 impl<R> Contract<R> {
-    fn check(message: &Message<serde_json::Value>) -> Result<(), HandlerError> {
-        serde_json::from_value::<OrderPlaced>(message.payload.clone())
+    fn check(message: &Message<RawPayload>) -> Result<(), HandlerError> {
+        serde_json::from_str::<OrderPlaced>(message.payload.get())
             .map(|_| ())
             .map_err(|error| {
                 HandlerError::permanent(format!(
@@ -44,23 +45,23 @@ impl<R> Contract<R> {
     }
 }
 
-impl<R: Handler<Payload = serde_json::Value>> Handler for Contract<R> {
-    type Payload = serde_json::Value;
+impl<R: Handler<Payload = RawPayload>> Handler for Contract<R> {
+    type Payload = RawPayload;
 
-    async fn handle(&self, message: Message<serde_json::Value>) -> Result<(), HandlerError> {
+    async fn handle(&self, message: Message<RawPayload>) -> Result<(), HandlerError> {
         Self::check(&message)?;
         self.0.handle(message).await
     }
 }
 
-impl<C: Send + 'static, R: TransactionalHandler<C, Payload = serde_json::Value>>
+impl<C: Send + 'static, R: TransactionalHandler<C, Payload = RawPayload>>
     TransactionalHandler<C> for Contract<R>
 {
-    type Payload = serde_json::Value;
+    type Payload = RawPayload;
 
     async fn handle(
         &self,
-        message: &Message<serde_json::Value>,
+        message: &Message<RawPayload>,
         conn: &mut C,
     ) -> Result<(), HandlerError> {
         Self::check(message)?;

@@ -134,7 +134,7 @@ impl<S: NativeStreamStore> NativeRelay<S> {
     /// already holds an entry of it.
     pub async fn publish(
         &self,
-        message: &Message<serde_json::Value>,
+        message: &Message<crate::RawPayload>,
         conn: &mut S::Connection,
     ) -> Result<Relayed, HandlerError> {
         let inner = &self.inner;
@@ -156,7 +156,7 @@ impl<S: NativeStreamStore> NativeRelay<S> {
         }
         let ids = inner
             .store
-            .append_entries(conn, &key, &[entry_for(message)])
+            .append_entries(conn, &key, &[entry_for(message)?])
             .await
             .map_err(|e| classify(&key, e))?;
         let id = ids.first().map(ToString::to_string).unwrap_or_default();
@@ -176,11 +176,11 @@ fn classify(key: &StreamKey, error: StoreError) -> HandlerError {
 }
 
 impl<S: NativeStreamStore> TransactionalHandler<S::Connection> for NativeRelay<S> {
-    type Payload = serde_json::Value;
+    type Payload = crate::RawPayload;
 
     async fn handle(
         &self,
-        message: &Message<serde_json::Value>,
+        message: &Message<crate::RawPayload>,
         conn: &mut S::Connection,
     ) -> Result<(), HandlerError> {
         let started = Instant::now();

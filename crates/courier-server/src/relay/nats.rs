@@ -1,7 +1,8 @@
 //! The NATS JetStream relay: publish with `Nats-Msg-Id` = the message id and
 //! wait for the stream's acknowledgement (see the `relay` module).
 //!
-//! The message's payload is the JSON payload; its headers are the message's
+//! The NATS message's payload is the message's payload, the JSON text as it
+//! was published, byte for byte; its headers are the message's
 //! own headers plus `Courier-Message-Id`, `Courier-Tenant`, `Courier-Topic`
 //! and `Courier-Schema-Version`. Message headers named `Nats-…` (which steer
 //! JetStream: expected sequences, rollups, TTLs) or `Courier-…` (which would
@@ -155,7 +156,7 @@ impl NatsRelay {
     }
 
     /// The headers `message` is published with (see the module doc).
-    pub fn headers(message: &Message<serde_json::Value>) -> Result<HeaderMap, HandlerError> {
+    pub fn headers(message: &Message<crate::RawPayload>) -> Result<HeaderMap, HandlerError> {
         let mut headers = HeaderMap::new();
         for (name, value) in &message.headers {
             let lower = name.to_ascii_lowercase();
@@ -197,7 +198,7 @@ impl NatsRelay {
     /// write a delivery waits for before it completes.
     pub async fn publish(
         &self,
-        message: &Message<serde_json::Value>,
+        message: &Message<crate::RawPayload>,
     ) -> Result<Relayed, HandlerError> {
         let inner = &self.inner;
         if !inner.common.relays(&message.tenant) {
@@ -207,9 +208,7 @@ impl NatsRelay {
             .template
             .subject(&message.tenant, &message.topic)
             .map_err(HandlerError::permanent)?;
-        let body = serde_json::to_vec(&message.payload).map_err(|e| {
-            HandlerError::permanent(format!("the payload cannot be encoded as JSON: {e}"))
-        })?;
+        let body = message.payload.get().as_bytes().to_vec();
         let publish = PublishMessage::build()
             .payload(body.into())
             .headers(Self::headers(message)?)
@@ -273,9 +272,9 @@ fn classify(subject: &str, error: &jetstream::context::PublishError) -> HandlerE
 }
 
 impl Handler for NatsRelay {
-    type Payload = serde_json::Value;
+    type Payload = crate::RawPayload;
 
-    async fn handle(&self, message: Message<serde_json::Value>) -> Result<(), HandlerError> {
+    async fn handle(&self, message: Message<crate::RawPayload>) -> Result<(), HandlerError> {
         let started = Instant::now();
         let outcome = self.publish(&message).await;
         self.inner.common.record(&outcome, started);

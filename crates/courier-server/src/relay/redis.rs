@@ -92,7 +92,7 @@ impl RedisRelay {
     }
 
     /// The stream `message` goes to: `{tenant}` / the rendered name.
-    pub fn stream_key(&self, message: &Message<serde_json::Value>) -> Result<StreamKey, String> {
+    pub fn stream_key(&self, message: &Message<crate::RawPayload>) -> Result<StreamKey, String> {
         let name = self
             .inner
             .template
@@ -101,7 +101,7 @@ impl RedisRelay {
     }
 
     /// The dedupe key of `message` in the stream at Redis key `stream_key`.
-    pub fn dedupe_key(stream_key: &str, message: &Message<serde_json::Value>) -> String {
+    pub fn dedupe_key(stream_key: &str, message: &Message<crate::RawPayload>) -> String {
         format!("{stream_key}{DEDUPE_KEY_INFIX}{}", message.id)
     }
 
@@ -109,14 +109,14 @@ impl RedisRelay {
     /// downstream write a delivery waits for before it completes.
     pub async fn publish(
         &self,
-        message: &Message<serde_json::Value>,
+        message: &Message<crate::RawPayload>,
     ) -> Result<Relayed, HandlerError> {
         let inner = &self.inner;
         if !inner.common.relays(&message.tenant) {
             return Ok(Relayed::Skipped);
         }
         let key = self.stream_key(message).map_err(HandlerError::permanent)?;
-        let fields = entry_fields(&entry_for(message)).map_err(|e| {
+        let fields = entry_fields(&entry_for(message)?).map_err(|e| {
             HandlerError::permanent(format!("the message cannot be a Redis stream entry: {e}"))
         })?;
         let redis_key = inner.store.redis_key(&key);
@@ -155,9 +155,9 @@ fn classify(redis_key: &str, error: RedisError) -> HandlerError {
 }
 
 impl Handler for RedisRelay {
-    type Payload = serde_json::Value;
+    type Payload = crate::RawPayload;
 
-    async fn handle(&self, message: Message<serde_json::Value>) -> Result<(), HandlerError> {
+    async fn handle(&self, message: Message<crate::RawPayload>) -> Result<(), HandlerError> {
         let started = Instant::now();
         let outcome = self.publish(&message).await;
         self.inner.common.record(&outcome, started);

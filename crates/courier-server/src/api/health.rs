@@ -1,0 +1,289 @@
+//! Operations: the probes `/healthz` (the process is up) and `/readyz` (the
+//! database answers with the schema this build expects, and a Redis stream
+//! backend answers), delivery statistics (`/v1/stats`) and Prometheus
+//! metrics (`/metrics`, or a listener of its own, [`metrics_router`]).
+//!
+//! The probes are public, and the public answer of `/readyz` is only ready
+//! or not ready (503 with `Retry-After`): why is told only to an `admin`
+//! token (or an open API), since a database error may name hosts, users and
+//! schemas; an unreachable backend is logged as well. `/metrics` counts every tenant's deliveries, so it needs
+//! `admin`; when the database does not answer it still serves the counters,
+//! without fresh queue depths.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::extract::ApiQuery;
+use super::{body_limit, listing_tenants, method_not_allowed, ApiState, SMALL_BODY_BYTES};
+use crate::auth::{Admin, Reader};
+use crate::config::Role;
+use crate::error::{ApiError, ErrorBody};
+use crate::guard::guard_requests;
+use crate::metrics::{OLDEST_PENDING_AGE, QUEUE_DEPTH};
+
+/// The routes tagged `operations` (`/v1/openapi.json` is added by the router).
+pub(super) fn routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(delivery_stats))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics_text))
+        .layer(body_limit(SMALL_BODY_BYTES))
+}
+
+/// A health answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok` (`/healthz`), `ready` or `not_ready` (`/readyz`).
+    pub status: String,
+    /// Why the daemon is not ready: only to an `admin` token (the database's
+    /// error text may name hosts, users and schemas).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// Filters of `GET /v1/stats`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct StatsQuery {
+    /// Only this tenant's (it must be one of the token's).
+    pub tenant: Option<String>,
+}
+
+/// Open deliveries of one (subscription, topic).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StatsRow {
+    /// The subscription.
+    pub subscription: String,
+    /// The topic.
+    pub topic: String,
+    /// Waiting (including backoff and delayed).
+    pub available: i64,
+    /// Under a lease.
+    pub running: i64,
+    /// Dead letters.
+    pub dead: i64,
+    /// Seconds since the oldest open delivery was enqueued.
+    pub oldest_pending_age_seconds: Option<f64>,
+}
+
+/// Counts by state overall and per (subscription, topic).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StatsView {
+    /// Waiting deliveries, in all.
+    pub available: i64,
+    /// Running deliveries, in all.
+    pub running: i64,
+    /// Dead letters, in all.
+    pub dead: i64,
+    /// The oldest open delivery's age, in seconds.
+    pub oldest_pending_age_seconds: Option<f64>,
+    /// Per (subscription, topic).
+    pub by_subscription: Vec<StatsRow>,
+}
+
+/// The process is up.
+#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, body = Health)))]
+async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        detail: None,
+    })
+}
+
+/// The database answers and its schema is the one this build expects (and,
+/// with `[streams] backend = "redis"`, Redis answers a `PING`).
+///
+/// Public, and the public answer is only the status: 200 `{"status":
+/// "ready"}` or 503 `{"status": "not_ready"}`. An `admin` token (or an open
+/// API) also gets `detail`, why it is not ready; the log always has it.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    responses(
+        (status = 200, body = Health),
+        (status = 503, description = "Database unreachable, schema not current, or a Redis stream backend unreachable (`detail` only for an `admin` token)", body = Health),
+    )
+)]
+async fn readyz(State(state): State<ApiState>, headers: HeaderMap) -> Response {
+    let mut problem = match state.store.ready().await {
+        Ok(true) => None,
+        Ok(false) => {
+            Some("the database schema is not the one this build expects; run migrations".to_owned())
+        }
+        Err(error) => {
+            let detail =
+                crate::redact::redact_urls(&format!("the database is unreachable: {error}"));
+            tracing::warn!(%detail, "readiness check failed");
+            Some(detail)
+        }
+    };
+    if let (None, Some((backend, check))) = (&problem, &state.streams_ready) {
+        if let Err(error) = check().await {
+            let detail = crate::redact::redact_urls(&format!(
+                "the stream backend ({backend}) is unreachable: {error}"
+            ));
+            tracing::warn!(%detail, "readiness check failed");
+            problem = Some(detail);
+        }
+    }
+    let Some(problem) = problem else {
+        return Json(Health {
+            status: "ready".into(),
+            detail: None,
+        })
+        .into_response();
+    };
+    // A bad or missing token is not refused here: it gets the public answer.
+    let admin = state
+        .auth
+        .authenticate(&headers)
+        .is_ok_and(|principal| principal.has(Role::Admin));
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::RETRY_AFTER, crate::error::RETRY_AFTER_SECONDS)],
+        Json(Health {
+            status: "not_ready".into(),
+            detail: admin.then_some(problem),
+        }),
+    )
+        .into_response()
+}
+
+/// Prometheus metrics (text format 0.0.4): every subscription's counts over
+/// every tenant, so only for `admin` tokens (or on `server.metrics_listen`).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `admin` role", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn metrics_text(State(state): State<ApiState>, Admin(_principal): Admin) -> Response {
+    render_metrics(&state).await
+}
+
+/// A router serving only `GET /metrics`, without tokens: for
+/// `server.metrics_listen`, an address of its own that only the scraper
+/// reaches (loopback, or a network the operator controls).
+pub fn metrics_router(state: ApiState) -> Router {
+    let guard = Arc::clone(&state.guard);
+    Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(|State(state): State<ApiState>| async move {
+                render_metrics(&state).await
+            }),
+        )
+        .fallback(|| async { ApiError::not_found("only /metrics is served here", None) })
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(guard, guard_requests))
+}
+
+/// The metrics text, with the queue depths of every subscription set first.
+async fn render_metrics(state: &ApiState) -> Response {
+    match state.store.delivery_stats(None).await {
+        Ok(rows) => {
+            let mut by_subscription: BTreeMap<String, (i64, i64, i64, Option<f64>)> =
+                BTreeMap::new();
+            for row in rows {
+                let entry = by_subscription.entry(row.subscription).or_default();
+                entry.0 += row.available;
+                entry.1 += row.running;
+                entry.2 += row.dead;
+                entry.3 = match (entry.3, row.oldest_pending_age_seconds) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            for (subscription, (available, running, dead, oldest)) in by_subscription {
+                for (label, count) in [
+                    ("available", available),
+                    ("running", running),
+                    ("dead", dead),
+                ] {
+                    metrics::gauge!(QUEUE_DEPTH, "subscription" => subscription.clone(), "state" => label)
+                        .set(count as f64);
+                }
+                metrics::gauge!(OLDEST_PENDING_AGE, "subscription" => subscription)
+                    .set(oldest.unwrap_or(0.0));
+            }
+        }
+        Err(error) => tracing::warn!(%error, "queue depth unavailable for /metrics"),
+    }
+    state.metrics.run_upkeep();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+/// Open deliveries by state: overall and per (subscription, topic).
+#[utoipa::path(
+    get,
+    path = "/v1/stats",
+    tag = "operations",
+    params(StatsQuery),
+    responses(
+        (status = 200, body = StatsView),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `read` role, or another tenant", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn delivery_stats(
+    State(state): State<ApiState>,
+    Reader(principal): Reader,
+    ApiQuery(query): ApiQuery<StatsQuery>,
+) -> Result<Json<StatsView>, ApiError> {
+    let tenants = listing_tenants(&principal, query.tenant)?;
+    let rows = state.store.delivery_stats(tenants).await?;
+    let mut view = StatsView {
+        available: 0,
+        running: 0,
+        dead: 0,
+        oldest_pending_age_seconds: None,
+        by_subscription: Vec::with_capacity(rows.len()),
+    };
+    for row in rows {
+        view.available += row.available;
+        view.running += row.running;
+        view.dead += row.dead;
+        view.oldest_pending_age_seconds = match (
+            view.oldest_pending_age_seconds,
+            row.oldest_pending_age_seconds,
+        ) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        view.by_subscription.push(StatsRow {
+            subscription: row.subscription,
+            topic: row.topic,
+            available: row.available,
+            running: row.running,
+            dead: row.dead,
+            oldest_pending_age_seconds: row.oldest_pending_age_seconds,
+        });
+    }
+    Ok(Json(view))
+}

@@ -1,0 +1,647 @@
+//! Messages, under `/v1/messages`: publish one (`POST /v1/messages`) or a
+//! batch, all or nothing (`POST /v1/messages/batch`), list them and show one
+//! with its state in each subscription.
+//!
+//! A message is validated whole before anything is stored (names, payload
+//! size, headers, `available_at` within `max_hold_days`), and a refusal names
+//! the field, under `messages[i].` in a batch. A repeated (tenant,
+//! idempotency key) stores nothing and answers the first id, unless the
+//! earlier message has another topic, schema version or payload: then 409
+//! `idempotency_key_reused`. A batch item's key is checked against earlier
+//! items and stored messages before the batch's transaction; a message
+//! stored under the key by a concurrent request in between is only marked
+//! `duplicate`.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use courier::{validate_name, DeliverySummary, NewMessage, StoredMessage};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use super::extract::{batch_items, in_batch, parse_json, read_body, ApiJson, ApiPath, ApiQuery};
+use super::{
+    body_limit, check_name, json_or_text, listing_tenants, page_limit, ApiState, ErrorView,
+    MAX_BATCH_MESSAGES, SMALL_BODY_BYTES,
+};
+use crate::auth::{Publisher, Reader};
+use crate::error::{ApiError, ErrorBody};
+use crate::metrics::PUBLISHED;
+
+/// The routes under `/v1/messages`: publishing one and listing under the
+/// single-message cap `single_limit`, a batch under `batch_limit`.
+pub(super) fn routes(single_limit: usize, batch_limit: usize) -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(publish_message, list_messages))
+        .layer(body_limit(single_limit))
+        .merge(
+            OpenApiRouter::new()
+                .routes(routes!(publish_batch))
+                .layer(body_limit(batch_limit)),
+        )
+        .merge(
+            OpenApiRouter::new()
+                .routes(routes!(get_message))
+                .layer(body_limit(SMALL_BODY_BYTES)),
+        )
+}
+
+/// A message to publish.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PublishRequest {
+    /// The owner: `[A-Za-z0-9][A-Za-z0-9._-]{0,127}`.
+    pub tenant: String,
+    /// The event type, same grammar.
+    pub topic: String,
+    /// The payload's schema version (≥ 1, default 1).
+    pub schema_version: Option<i32>,
+    /// The payload: any JSON value, at most `max_payload_bytes` as compact text.
+    #[schema(value_type = Object)]
+    pub payload: serde_json::Value,
+    /// String headers: a JSON object of strings (at most 64).
+    #[schema(value_type = Option<BTreeMap<String, String>>)]
+    pub headers: Option<serde_json::Value>,
+    /// Messages sharing (tenant, ordering key) are delivered one at a time, in order.
+    pub ordering_key: Option<String>,
+    /// A repeated (tenant, idempotency key) stores nothing and returns the first id.
+    /// The `Idempotency-Key` header does the same.
+    pub idempotency_key: Option<String>,
+    /// Hold the message until this RFC 3339 time.
+    #[schema(format = DateTime)]
+    pub available_at: Option<String>,
+}
+
+impl PublishRequest {
+    /// Validates the request into a message, exactly as `POST /v1/messages`
+    /// does (the CLI's NDJSON publishing uses it too): names, payload size,
+    /// headers, RFC 3339 `available_at`. The error names the field.
+    pub fn into_message(self, max_payload_bytes: usize) -> Result<NewMessage, ApiError> {
+        build_message(self, "", max_payload_bytes, courier::MAX_HOLD, None)
+    }
+}
+
+/// A published (or already published) message.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PublishResponse {
+    /// The message id (the first message's, for a duplicate).
+    pub id: Uuid,
+    /// Present and `true` when an earlier message had the same idempotency key.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub duplicate: bool,
+}
+
+/// Messages to publish together, all or nothing.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRequest {
+    /// 1 to 1000 messages.
+    pub messages: Vec<PublishRequest>,
+}
+
+/// The outcome of each message of a batch, in order.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BatchResponse {
+    /// One entry per message.
+    pub messages: Vec<PublishResponse>,
+}
+
+/// The state of a message for one subscription.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeliveryView {
+    /// The subscription.
+    pub subscription: String,
+    /// The open delivery's id: what dead-letter retry and discard take;
+    /// `null` once completed (only its receipt is left).
+    pub delivery_id: Option<i64>,
+    /// `available`, `running`, `dead` or `completed`.
+    pub state: String,
+    /// Attempts spent.
+    pub attempts: i32,
+    /// The error history, oldest first.
+    pub errors: Vec<ErrorView>,
+}
+
+impl From<DeliverySummary> for DeliveryView {
+    fn from(summary: DeliverySummary) -> Self {
+        Self {
+            subscription: summary.subscription,
+            delivery_id: summary.delivery_id,
+            state: summary.state,
+            attempts: summary.attempts,
+            errors: summary.errors.into_iter().map(ErrorView::from).collect(),
+        }
+    }
+}
+
+/// A stored message.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MessageView {
+    /// The id.
+    pub id: Uuid,
+    /// The tenant.
+    pub tenant: String,
+    /// The topic.
+    pub topic: String,
+    /// The schema version.
+    pub schema_version: i32,
+    /// The payload.
+    #[schema(value_type = Object)]
+    pub payload: serde_json::Value,
+    /// The headers.
+    pub headers: BTreeMap<String, String>,
+    /// The ordering key.
+    pub ordering_key: Option<String>,
+    /// The idempotency key.
+    pub idempotency_key: Option<String>,
+    /// When the event happened (producer clock).
+    pub occurred_at: DateTime<Utc>,
+    /// When it first became deliverable.
+    pub available_at: DateTime<Utc>,
+    /// When it was enqueued (database clock).
+    pub enqueued_at: DateTime<Utc>,
+    /// Its state in each subscription (only on `GET /v1/messages/{id}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deliveries: Option<Vec<DeliveryView>>,
+}
+
+impl From<StoredMessage> for MessageView {
+    fn from(message: StoredMessage) -> Self {
+        Self {
+            id: message.id,
+            tenant: message.tenant,
+            topic: message.topic,
+            schema_version: message.schema_version,
+            payload: json_or_text(message.payload),
+            headers: message.headers,
+            ordering_key: message.ordering_key,
+            idempotency_key: message.idempotency_key,
+            occurred_at: message.occurred_at,
+            available_at: message.available_at,
+            enqueued_at: message.enqueued_at,
+            deliveries: None,
+        }
+    }
+}
+
+/// A page of messages, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MessagePageView {
+    /// The messages.
+    pub items: Vec<MessageView>,
+    /// Pass as `cursor` for the next page; `null` on the last.
+    pub next_cursor: Option<Uuid>,
+}
+
+/// Filters of `GET /v1/messages`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct MessageQuery {
+    /// Only this tenant's (it must be one of the token's).
+    pub tenant: Option<String>,
+    /// Only this topic's.
+    pub topic: Option<String>,
+    /// Only messages with a delivery in this state: `available`, `running`, `dead`, `completed`.
+    pub state: Option<String>,
+    /// Only messages owed to this subscription (with `state`: its delivery's state).
+    pub subscription: Option<String>,
+    /// Page size, 1 to 500 (default 50).
+    pub limit: Option<usize>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<Uuid>,
+}
+
+/// Validates `request` into a message; fields are named under `prefix`
+/// (`messages[3].`), an `Idempotency-Key` header is `header_key`.
+fn build_message(
+    request: PublishRequest,
+    prefix: &str,
+    max_payload_bytes: usize,
+    max_hold: std::time::Duration,
+    header_key: Option<&str>,
+) -> Result<NewMessage, ApiError> {
+    let field = |name: &str| format!("{prefix}{name}");
+    validate_name("tenant", &request.tenant).map_err(|e| ApiError::from_validation(prefix, e))?;
+    validate_name("topic", &request.topic).map_err(|e| ApiError::from_validation(prefix, e))?;
+    let payload = serde_json::to_string(&request.payload)
+        .map_err(|e| ApiError::invalid(field("payload"), format!("cannot be encoded: {e}")))?;
+    if payload.len() > max_payload_bytes {
+        return Err(ApiError::too_large(
+            field("payload"),
+            format!(
+                "is {} bytes of JSON; the limit is {max_payload_bytes}",
+                payload.len()
+            ),
+        ));
+    }
+    let mut message = NewMessage::from_json_text(request.tenant, request.topic, payload)
+        .map_err(|e| ApiError::from_validation(prefix, e))?;
+    if let Some(version) = request.schema_version {
+        message = message.with_schema_version(version);
+    }
+    match request.headers {
+        None | Some(serde_json::Value::Null) => {}
+        Some(serde_json::Value::Object(headers)) => {
+            for (name, value) in headers {
+                match value {
+                    serde_json::Value::String(value) => {
+                        message = message.with_header(name, value);
+                    }
+                    other => {
+                        return Err(ApiError::invalid(
+                            format!("{}.{name}", field("headers")),
+                            format!("header values must be strings, got {other}"),
+                        ))
+                    }
+                }
+            }
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
+                field("headers"),
+                format!("must be a JSON object of string values, got {other}"),
+            ))
+        }
+    }
+    if let Some(key) = request.ordering_key {
+        message = message.with_ordering_key(key);
+    }
+    let key = match (request.idempotency_key, header_key) {
+        (Some(body), Some(header)) if body != header => {
+            return Err(ApiError::invalid(
+                field("idempotency_key"),
+                "differs from the Idempotency-Key header; send one or make them equal",
+            ))
+        }
+        (Some(body), _) => Some(body),
+        (None, header) => header.map(str::to_owned),
+    };
+    if let Some(key) = key {
+        message = message.with_idempotency_key(key);
+    }
+    if let Some(at) = request.available_at {
+        let at = DateTime::parse_from_rfc3339(&at).map_err(|e| {
+            ApiError::invalid(
+                field("available_at"),
+                format!("{at:?} is not an RFC 3339 time such as 2026-01-02T03:04:05Z: {e}"),
+            )
+        })?;
+        message = message.available_at(at.with_timezone(&Utc));
+    }
+    message
+        .validate()
+        .and_then(|()| message.validate_hold(max_hold))
+        .map_err(|e| ApiError::from_validation(prefix, e))?;
+    Ok(message)
+}
+
+fn idempotency_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    match headers.get("idempotency-key") {
+        None => Ok(None),
+        Some(value) => value
+            .to_str()
+            .map(Some)
+            .map_err(|_| ApiError::invalid("Idempotency-Key", "the header must be visible ASCII")),
+    }
+}
+
+/// Publish one message.
+#[utoipa::path(
+    post,
+    path = "/v1/messages",
+    tag = "messages",
+    request_body = PublishRequest,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Same as the body's `idempotency_key`")),
+    responses(
+        (status = 201, description = "Stored", body = PublishResponse),
+        (status = 200, description = "A message with this idempotency key exists; nothing stored", body = PublishResponse),
+        (status = 409, description = "The idempotency key names an earlier message with another topic, schema version or payload (`idempotency_key_reused`); nothing stored", body = ErrorBody),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `publish` role, or another tenant", body = ErrorBody),
+        (status = 413, description = "Body or payload over the limit", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
+        (status = 422, description = "A field is refused", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn publish_message(
+    State(state): State<ApiState>,
+    Publisher(principal): Publisher,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<PublishRequest>,
+) -> Result<Response, ApiError> {
+    principal.require_tenant(&request.tenant, "tenant")?;
+    let key = idempotency_header(&headers)?;
+    let message = build_message(request, "", state.max_payload_bytes, state.max_hold, key)?;
+    let asked = (
+        message.topic.clone(),
+        message.schema_version,
+        message.payload.clone(),
+    );
+    let outcome = state
+        .store
+        .publish(vec![message])
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::internal("the store returned no outcome"))?;
+    if outcome.duplicate {
+        // Nothing was stored; a key reused for another message is refused
+        // rather than answered with the first message's id.
+        if let Some((stored, _)) = state.store.get_message(outcome.id).await? {
+            let (topic, schema_version, payload) = &asked;
+            if stored.topic != *topic
+                || stored.schema_version != *schema_version
+                || !same_json(&stored.payload, payload)
+            {
+                return Err(ApiError::idempotency_key_reused(format!(
+                    "message {} was published with this idempotency key and another topic, \
+                     schema version or payload; use a new key for a new message",
+                    outcome.id
+                )));
+            }
+        }
+    }
+    count_published(std::slice::from_ref(&outcome));
+    let status = if outcome.duplicate {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((
+        status,
+        Json(PublishResponse {
+            id: outcome.id,
+            duplicate: outcome.duplicate,
+        }),
+    )
+        .into_response())
+}
+
+/// Whether two JSON texts hold the same value: objects compared as maps,
+/// numbers by value (PostgreSQL's `jsonb` stores `1e2` as `100`).
+fn same_json(stored: &str, asked: &str) -> bool {
+    match (
+        serde_json::from_str::<serde_json::Value>(stored),
+        serde_json::from_str::<serde_json::Value>(asked),
+    ) {
+        (Ok(a), Ok(b)) => same_value(&a, &b),
+        _ => stored == asked,
+    }
+}
+
+fn same_value(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            x == y || matches!((x.as_f64(), y.as_f64()), (Some(p), Some(q)) if p == q)
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same_value(p, q))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(name, p)| y.get(name).is_some_and(|q| same_value(p, q)))
+        }
+        _ => a == b,
+    }
+}
+
+/// 409 `idempotency_key_reused` (field `messages[i].idempotency_key`) when an
+/// item's key names an earlier message, stored or earlier in the batch, with
+/// another topic, schema version or payload; checked before anything is
+/// stored. A message stored under the key by a concurrent request between
+/// this check and the batch's own transaction is only marked `duplicate`.
+async fn refuse_reused_keys(state: &ApiState, messages: &[NewMessage]) -> Result<(), ApiError> {
+    let reused = |index: usize, id: String| {
+        let mut error = ApiError::idempotency_key_reused(format!(
+            "message {id} was published with this idempotency key and another topic, \
+             schema version or payload; use a new key for a new message; nothing was stored"
+        ));
+        error.field = Some(format!("messages[{index}].idempotency_key"));
+        error
+    };
+    let differs = |a: &NewMessage, topic: &str, schema_version: i32, payload: &str| {
+        a.topic != topic || a.schema_version != schema_version || !same_json(payload, &a.payload)
+    };
+    let mut first_of: std::collections::HashMap<(&str, &str), &NewMessage> =
+        std::collections::HashMap::new();
+    for (index, message) in messages.iter().enumerate() {
+        let Some(key) = message.idempotency_key.as_deref() else {
+            continue;
+        };
+        match first_of.entry((message.tenant.as_str(), key)) {
+            std::collections::hash_map::Entry::Occupied(first) => {
+                let first = first.get();
+                if differs(message, &first.topic, first.schema_version, &first.payload) {
+                    return Err(reused(index, format!("{} of this batch", first.id)));
+                }
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(message);
+            }
+        }
+    }
+    if first_of.is_empty() {
+        return Ok(());
+    }
+    let keys = first_of
+        .keys()
+        .map(|(tenant, key)| ((*tenant).to_owned(), (*key).to_owned()))
+        .collect();
+    let stored = state.store.messages_by_idempotency_keys(keys).await?;
+    let stored: std::collections::HashMap<(&str, &str), &StoredMessage> = stored
+        .iter()
+        .filter_map(|m| Some(((m.tenant.as_str(), m.idempotency_key.as_deref()?), m)))
+        .collect();
+    for (index, message) in messages.iter().enumerate() {
+        let Some(key) = message.idempotency_key.as_deref() else {
+            continue;
+        };
+        if let Some(earlier) = stored.get(&(message.tenant.as_str(), key)) {
+            if differs(
+                message,
+                &earlier.topic,
+                earlier.schema_version,
+                &earlier.payload,
+            ) {
+                return Err(reused(index, earlier.id.to_string()));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn count_published(outcomes: &[courier::EnqueueOutcome]) {
+    let duplicates = outcomes.iter().filter(|o| o.duplicate).count() as u64;
+    let stored = outcomes.len() as u64 - duplicates;
+    metrics::counter!(PUBLISHED, "outcome" => "stored").increment(stored);
+    metrics::counter!(PUBLISHED, "outcome" => "duplicate").increment(duplicates);
+}
+
+/// Publish up to 1000 messages, all or nothing.
+#[utoipa::path(
+    post,
+    path = "/v1/messages/batch",
+    tag = "messages",
+    request_body = BatchRequest,
+    responses(
+        (status = 201, description = "Stored (entries with `duplicate` stored nothing)", body = BatchResponse),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `publish` role, or another tenant", body = ErrorBody),
+        (status = 413, description = "Body or a payload over the limit", body = ErrorBody),
+        (status = 409, description = "An item's idempotency key names an earlier message (stored, or earlier in the batch) with another topic, schema version or payload (`idempotency_key_reused`, field `messages[i].idempotency_key`); nothing stored", body = ErrorBody),
+        (status = 422, description = "A field is refused (`messages[i].field`); nothing stored", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn publish_batch(
+    State(state): State<ApiState>,
+    Publisher(principal): Publisher,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<(StatusCode, Json<BatchResponse>), ApiError> {
+    if headers.contains_key("idempotency-key") {
+        return Err(ApiError::invalid(
+            "Idempotency-Key",
+            "a batch takes idempotency keys per message (`messages[i].idempotency_key`), not as a header",
+        ));
+    }
+    let bytes = read_body(request, &state).await?;
+    let items = batch_items(&bytes)?;
+    if items.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            format!("must hold 1 to {MAX_BATCH_MESSAGES} messages, got none"),
+        ));
+    }
+    // One item at a time: only its own JSON values exist at once.
+    let item_limit = state.single_body_limit();
+    let mut messages = Vec::with_capacity(items.len());
+    for (index, item) in items.into_iter().enumerate() {
+        if item.get().len() > item_limit {
+            return Err(ApiError::too_large(
+                format!("messages[{index}]"),
+                format!(
+                    "is {} bytes as sent; one message may be at most {item_limit}",
+                    item.get().len()
+                ),
+            ));
+        }
+        let message: PublishRequest =
+            parse_json(item.get().as_bytes()).map_err(|error| in_batch(index, error))?;
+        let prefix = format!("messages[{index}].");
+        principal.require_tenant(&message.tenant, &format!("{prefix}tenant"))?;
+        messages.push(build_message(
+            message,
+            &prefix,
+            state.max_payload_bytes,
+            state.max_hold,
+            None,
+        )?);
+    }
+    refuse_reused_keys(&state, &messages).await?;
+    let outcomes = state.store.publish(messages).await?;
+    count_published(&outcomes);
+    Ok((
+        StatusCode::CREATED,
+        Json(BatchResponse {
+            messages: outcomes
+                .into_iter()
+                .map(|o| PublishResponse {
+                    id: o.id,
+                    duplicate: o.duplicate,
+                })
+                .collect(),
+        }),
+    ))
+}
+
+/// One message with its state in each subscription and their error histories.
+#[utoipa::path(
+    get,
+    path = "/v1/messages/{id}",
+    tag = "messages",
+    params(("id" = Uuid, Path, description = "The message id")),
+    responses(
+        (status = 200, body = MessageView),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `read` role", body = ErrorBody),
+        (status = 404, description = "No such message, or another tenant's", body = ErrorBody),
+        (status = 422, description = "The id is not a UUID", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn get_message(
+    State(state): State<ApiState>,
+    Reader(principal): Reader,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<MessageView>, ApiError> {
+    let id: Uuid = id
+        .parse()
+        .map_err(|e| ApiError::invalid("id", format!("{id:?} is not a UUID: {e}")))?;
+    let not_found = || ApiError::not_found(format!("no message {id}"), Some("id".into()));
+    let (message, deliveries) = state.store.get_message(id).await?.ok_or_else(not_found)?;
+    if !principal.tenants.allows(&message.tenant) {
+        return Err(not_found());
+    }
+    let mut view = MessageView::from(message);
+    view.deliveries = Some(deliveries.into_iter().map(DeliveryView::from).collect());
+    Ok(Json(view))
+}
+
+/// Messages, newest first, of the token's tenants.
+#[utoipa::path(
+    get,
+    path = "/v1/messages",
+    tag = "messages",
+    params(MessageQuery),
+    responses(
+        (status = 200, body = MessagePageView),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `read` role, or another tenant", body = ErrorBody),
+        (status = 422, description = "A parameter is refused", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn list_messages(
+    State(state): State<ApiState>,
+    Reader(principal): Reader,
+    ApiQuery(query): ApiQuery<MessageQuery>,
+) -> Result<Json<MessagePageView>, ApiError> {
+    check_name("topic", query.topic.as_ref())?;
+    check_name("subscription", query.subscription.as_ref())?;
+    if let Some(wanted) = &query.state {
+        if !["available", "running", "dead", "completed"].contains(&wanted.as_str()) {
+            return Err(ApiError::invalid(
+                "state",
+                format!("must be available, running, dead or completed, got {wanted:?}"),
+            ));
+        }
+    }
+    let limit = page_limit(query.limit)?;
+    let filter = courier::MessageFilter {
+        tenants: listing_tenants(&principal, query.tenant)?,
+        topic: query.topic,
+        state: query.state,
+        subscription: query.subscription,
+    };
+    let page = state
+        .store
+        .list_messages(filter, query.cursor, limit)
+        .await?;
+    Ok(Json(MessagePageView {
+        items: page.items.into_iter().map(MessageView::from).collect(),
+        next_cursor: page.next_cursor,
+    }))
+}

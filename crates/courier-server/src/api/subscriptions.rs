@@ -1,0 +1,328 @@
+//! Subscriptions, under `/v1/subscriptions`: every subscription with its
+//! pause state, one with its backlog, target and this daemon's recent
+//! outcomes, and pause/resume.
+//!
+//! The backlog is exact and comes from the database, counted over the
+//! token's tenants; the target comes from this daemon's config with URLs
+//! redacted; the recent outcomes are kept in this process's memory, so they
+//! are per daemon and empty after a restart. Pausing stops claiming for
+//! every tenant, so it needs an `admin` token scoped to `*`; a paused
+//! subscription's messages wait and nothing is lost.
+
+use axum::extract::State;
+use axum::Json;
+use chrono::{DateTime, Utc};
+use courier::validate_name;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::extract::ApiPath;
+use super::{body_limit, ApiState, SMALL_BODY_BYTES};
+use crate::auth::{Admin, Principal, Reader, TenantScope};
+use crate::error::{ApiError, ErrorBody};
+
+/// The routes under `/v1/subscriptions`.
+pub(super) fn routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_subscriptions))
+        .routes(routes!(get_subscription))
+        .routes(routes!(pause_subscription))
+        .routes(routes!(resume_subscription))
+        .layer(body_limit(SMALL_BODY_BYTES))
+}
+
+/// A subscription.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SubscriptionView {
+    /// The name.
+    pub name: String,
+    /// Its topic patterns.
+    pub topics: Vec<String>,
+    /// Whether claiming is paused.
+    pub paused: bool,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+}
+
+/// Every subscription.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SubscriptionList {
+    /// By name.
+    pub subscriptions: Vec<SubscriptionView>,
+}
+
+/// Open deliveries by state.
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct Backlog {
+    /// Waiting (including backoff and delayed).
+    pub available: i64,
+    /// Under a lease.
+    pub running: i64,
+    /// Dead letters.
+    pub dead: i64,
+}
+
+/// Where a subscription of this daemon's config delivers: URLs with their
+/// credentials and query values redacted, never a secret.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TargetView {
+    /// `webhook`, `redis_stream`, `nats` or `stream`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A webhook's URL, redacted (`https://***@host/path?token=***`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The stream's name template (`redis_stream`, `stream`), or the
+    /// JetStream stream (`nats`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<String>,
+    /// The subject template (`nats`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+}
+
+impl TargetView {
+    /// The view of `target`.
+    pub fn of(target: &crate::config::TargetConfig) -> Self {
+        use crate::config::TargetConfig;
+        let mut view = Self {
+            kind: target.kind().to_owned(),
+            url: None,
+            stream: None,
+            subject: None,
+        };
+        match target {
+            TargetConfig::Webhook(webhook) => {
+                view.url = Some(crate::redact::redact_urls(&webhook.url));
+            }
+            TargetConfig::RedisStream(redis) => view.stream = Some(redis.stream.clone()),
+            TargetConfig::Nats(nats) => {
+                view.stream = Some(nats.stream.clone());
+                view.subject = Some(nats.subject.clone());
+            }
+            TargetConfig::Stream(native) => view.stream = Some(native.stream.clone()),
+        }
+        view
+    }
+}
+
+/// The last failed delivery this daemon saw.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LastErrorView {
+    /// When.
+    pub at: DateTime<Utc>,
+    /// What happened, without URL, answer body or secret.
+    pub message: String,
+}
+
+/// One subscription with its backlog, as the token's tenants see it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SubscriptionDetail {
+    /// The name.
+    pub name: String,
+    /// Its topic patterns.
+    pub topics: Vec<String>,
+    /// `active` or `paused`.
+    pub state: String,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// Its open deliveries of the token's tenants, by state (database, exact).
+    pub backlog: Backlog,
+    /// Seconds since the oldest of those waiting or running was enqueued.
+    pub oldest_pending_age_seconds: Option<f64>,
+    /// Where this daemon delivers it; `null` when its config has no such
+    /// subscription (a library worker's, or the built-in demo).
+    pub target: Option<TargetView>,
+    /// When this daemon last delivered one of its messages (every tenant's;
+    /// kept in this process's memory, empty after a restart).
+    pub last_success_at: Option<DateTime<Utc>>,
+    /// This daemon's last failed delivery (in memory, like `last_success_at`).
+    pub last_error: Option<LastErrorView>,
+    /// Deliveries this daemon attempted in the last 5 minutes.
+    pub deliveries_5m: u64,
+    /// The share of those that failed, 0 to 1; `null` without deliveries.
+    pub failure_rate_5m: Option<f64>,
+}
+
+/// A subscription's pause state after a change.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PauseState {
+    /// The subscription.
+    pub name: String,
+    /// Whether it is paused now.
+    pub paused: bool,
+}
+
+/// Every subscription with its topics and pause state.
+#[utoipa::path(
+    get,
+    path = "/v1/subscriptions",
+    tag = "subscriptions",
+    responses(
+        (status = 200, body = SubscriptionList),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `read` role", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn list_subscriptions(
+    State(state): State<ApiState>,
+    Reader(_principal): Reader,
+) -> Result<Json<SubscriptionList>, ApiError> {
+    let subscriptions = state.store.list_subscriptions().await?;
+    Ok(Json(SubscriptionList {
+        subscriptions: subscriptions
+            .into_iter()
+            .map(|s| SubscriptionView {
+                name: s.name,
+                topics: s.topics,
+                paused: s.paused,
+                created_at: s.created_at,
+            })
+            .collect(),
+    }))
+}
+
+/// One subscription: its topics, state and backlog of the token's tenants
+/// (from the database), its target in this daemon's config (URLs redacted),
+/// and this daemon's recent outcomes delivering it (kept in its memory, so
+/// per process and empty after a restart).
+#[utoipa::path(
+    get,
+    path = "/v1/subscriptions/{name}",
+    tag = "subscriptions",
+    params(("name" = String, Path, description = "The subscription")),
+    responses(
+        (status = 200, body = SubscriptionDetail),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `read` role", body = ErrorBody),
+        (status = 404, description = "No such subscription", body = ErrorBody),
+        (status = 422, description = "The name is not a subscription name", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn get_subscription(
+    State(state): State<ApiState>,
+    Reader(principal): Reader,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<SubscriptionDetail>, ApiError> {
+    validate_name("name", &name)?;
+    let subscription = state
+        .store
+        .list_subscriptions()
+        .await?
+        .into_iter()
+        .find(|s| s.name == name)
+        .ok_or_else(|| {
+            ApiError::not_found(format!("no subscription {name:?}"), Some("name".into()))
+        })?;
+    let rows = state
+        .store
+        .delivery_stats(principal.tenants.filter())
+        .await?;
+    let mut backlog = Backlog::default();
+    let mut oldest: Option<f64> = None;
+    for row in rows.into_iter().filter(|row| row.subscription == name) {
+        backlog.available += row.available;
+        backlog.running += row.running;
+        backlog.dead += row.dead;
+        oldest = match (oldest, row.oldest_pending_age_seconds) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    let recent = crate::outcomes::global().recent(&name);
+    let (deliveries, failures) = recent.as_ref().map_or((0, 0), |r| (r.attempts, r.failures));
+    Ok(Json(SubscriptionDetail {
+        target: state.targets.get(&name).cloned(),
+        last_success_at: recent.as_ref().and_then(|r| r.last_success_at),
+        last_error: recent
+            .and_then(|r| r.last_error)
+            .map(|(at, message)| LastErrorView { at, message }),
+        deliveries_5m: deliveries,
+        failure_rate_5m: (deliveries > 0).then(|| failures as f64 / deliveries as f64),
+        name: subscription.name,
+        topics: subscription.topics,
+        state: if subscription.paused {
+            "paused"
+        } else {
+            "active"
+        }
+        .to_owned(),
+        created_at: subscription.created_at,
+        backlog,
+        oldest_pending_age_seconds: oldest,
+    }))
+}
+
+async fn set_paused(
+    state: &ApiState,
+    principal: &Principal,
+    name: String,
+    paused: bool,
+) -> Result<Json<PauseState>, ApiError> {
+    if principal.tenants != TenantScope::All {
+        return Err(ApiError::forbidden(
+            "pausing or resuming a subscription affects every tenant; it needs a token scoped to \"*\"",
+            None,
+        ));
+    }
+    validate_name("name", &name)?;
+    if !state
+        .store
+        .set_subscription_paused(name.clone(), paused)
+        .await?
+    {
+        return Err(ApiError::not_found(
+            format!("no subscription {name:?}"),
+            Some("name".into()),
+        ));
+    }
+    Ok(Json(PauseState { name, paused }))
+}
+
+/// Stop claiming for a subscription: its messages wait, nothing is lost.
+#[utoipa::path(
+    post,
+    path = "/v1/subscriptions/{name}/pause",
+    tag = "subscriptions",
+    params(("name" = String, Path, description = "The subscription")),
+    responses(
+        (status = 200, body = PauseState),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `admin` role for every tenant", body = ErrorBody),
+        (status = 404, description = "No such subscription", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn pause_subscription(
+    State(state): State<ApiState>,
+    Admin(principal): Admin,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<PauseState>, ApiError> {
+    set_paused(&state, &principal, name, true).await
+}
+
+/// Resume claiming for a subscription.
+#[utoipa::path(
+    post,
+    path = "/v1/subscriptions/{name}/resume",
+    tag = "subscriptions",
+    params(("name" = String, Path, description = "The subscription")),
+    responses(
+        (status = 200, body = PauseState),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `admin` role for every tenant", body = ErrorBody),
+        (status = 404, description = "No such subscription", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn resume_subscription(
+    State(state): State<ApiState>,
+    Admin(principal): Admin,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<PauseState>, ApiError> {
+    set_paused(&state, &principal, name, false).await
+}

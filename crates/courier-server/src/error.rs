@@ -143,6 +143,27 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, "conflict", message, field)
     }
 
+    /// 409 `already_started`: a message a subscription has started on
+    /// cannot be cancelled.
+    pub fn already_started(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "already_started",
+            message,
+            Some("id".to_owned()),
+        )
+    }
+
+    /// 409 `not_a_webhook`: a webhook-only action on another kind of target.
+    pub fn not_a_webhook(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "not_a_webhook",
+            message,
+            Some("name".to_owned()),
+        )
+    }
+
     /// 409 `idempotency_key_reused`: the key names an earlier message whose
     /// topic, schema version or payload differ from this request's.
     pub fn idempotency_key_reused(message: impl Into<String>) -> Self {

@@ -209,6 +209,36 @@ impl Daemon {
         body["id"].as_str().unwrap().to_owned()
     }
 
+    /// POSTs `text` as a `POST /v1/messages` body exactly; the new message's id.
+    async fn publish_text(&self, text: &str) -> String {
+        let response = self
+            .client
+            .post(format!("http://{}/v1/messages", self.address))
+            .header("content-type", "application/json")
+            .body(text.to_owned())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+        let body: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        body["id"].as_str().unwrap().to_owned()
+    }
+
+    /// POSTs an empty JSON object to `path`: its status and body.
+    async fn post_empty(&self, path: &str) -> (u16, Value) {
+        let response = self
+            .client
+            .post(format!("http://{}{path}", self.address))
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let body = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap_or(Value::Null);
+        (status, body)
+    }
+
     async fn get(&self, path: &str) -> Value {
         let response = self
             .client
@@ -789,6 +819,192 @@ async fn the_daemon_refuses_an_open_non_loopback_listener() {
     assert!(error.to_string().contains("listen"), "{error}");
 }
 
+/// Numbers no `f64` holds, float digits a re-encoding changes, and (on
+/// SQLite, which stores the text) spacing and a duplicate key.
+const EXACT_PAYLOAD: &str = r#"{"big": 123456789012345678901234567890, "f": 0.1000000000000000055511151231257827, "dup": 1, "dup": 2}"#;
+
+async fn payloads_reach_the_webhook_as_they_were_published(database: Database) {
+    let on_sqlite = !database.url.starts_with("postgres");
+    let (receiver, address) = start_receiver().await;
+    let raw = webhook("raw", &["*"], format!("http://{address}/raw"));
+    let mut enveloped = webhook("enveloped", &["*"], format!("http://{address}/envelope"));
+    let TargetConfig::Webhook(target) = &mut enveloped.target else {
+        panic!("not a webhook");
+    };
+    target.format = WebhookFormat::Envelope;
+    let daemon = Daemon::start(&database, vec![raw, enveloped], 5_000).await;
+    let id = daemon
+        .publish_text(&format!(
+            r#"{{"tenant": "acme", "topic": "exact", "payload": {EXACT_PAYLOAD}}}"#
+        ))
+        .await;
+    daemon.wait_for_state(&id, "raw", "completed").await;
+    daemon.wait_for_state(&id, "enveloped", "completed").await;
+
+    let raw = String::from_utf8(receiver.requests("/raw")[0].body.to_vec()).unwrap();
+    let envelope = String::from_utf8(receiver.requests("/envelope")[0].body.to_vec()).unwrap();
+    let shown = daemon.text(&format!("/v1/messages/{id}")).await;
+    if on_sqlite {
+        // The text itself, byte for byte.
+        assert_eq!(raw, EXACT_PAYLOAD);
+        assert!(
+            envelope.contains(&format!(r#""data":{EXACT_PAYLOAD}"#)),
+            "{envelope}"
+        );
+        assert!(
+            shown.contains(&format!(r#""payload":{EXACT_PAYLOAD}"#)),
+            "{shown}"
+        );
+    } else {
+        // jsonb keeps every number's digits, and normalises spacing, key
+        // order and duplicate keys (the last one wins).
+        for text in [&raw, &envelope, &shown] {
+            for digits in [
+                "123456789012345678901234567890",
+                "0.1000000000000000055511151231257827",
+                r#""dup": 2"#,
+            ] {
+                assert!(text.contains(digits), "{digits} lost in {text}");
+            }
+            assert!(!text.contains(r#""dup": 1"#), "{text}");
+        }
+    }
+    // Never through an f64: no float form of the big integer anywhere.
+    for text in [&raw, &envelope, &shown] {
+        assert!(!text.contains("e+29") && !text.contains("e29"), "{text}");
+    }
+    daemon.shutdown().await;
+}
+
+async fn a_test_ping_reaches_the_endpoint_signed_and_stores_nothing(database: Database) {
+    let (receiver, address) = start_receiver().await;
+    receiver.script("/down", &[Answer::Status(503, None, "maintenance")]);
+    let hooks = webhook(
+        "hooks",
+        &["*"],
+        format!("http://{address}/hooks?token=hidden"),
+    );
+    let down = webhook("down", &["*"], format!("http://{address}/down"));
+    let mut relay = webhook("relay", &["*"], String::new());
+    relay.target = TargetConfig::Stream(courier_server::config::NativeStreamTargetConfig {
+        stream: "{topic}".into(),
+    });
+    let daemon = Daemon::start(&database, vec![hooks, down, relay], 5_000).await;
+
+    let (status, ping) = daemon.post_empty("/v1/subscriptions/hooks/ping").await;
+    assert_eq!(status, 200, "{ping}");
+    assert_eq!(ping["delivered"], json!(true), "{ping}");
+    assert_eq!(ping["status"], json!(200), "{ping}");
+    assert_eq!(ping["error"], Value::Null, "{ping}");
+    let requests = receiver.requests("/hooks");
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    let request = &requests[0];
+    let header = |name: &str| request.headers[name].to_str().unwrap().to_owned();
+    let webhook_id = header("webhook-id");
+    assert_eq!(json!(webhook_id), ping["webhook_id"]);
+    assert!(webhook_id.starts_with("hooks:ping-"), "{webhook_id}");
+    assert_eq!(header("courier-topic"), "courier.ping");
+    let secret = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        SECRET.trim_start_matches("whsec_"),
+    )
+    .unwrap();
+    assert!(verify(
+        &secret,
+        &webhook_id,
+        header("webhook-timestamp").parse().unwrap(),
+        &request.body,
+        &header("webhook-signature"),
+        DEFAULT_TOLERANCE,
+    ));
+    let body: Value = serde_json::from_slice(&request.body).unwrap();
+    assert_eq!(body["type"], json!("courier.ping"));
+    assert_eq!(body["data"], json!({"subscription": "hooks"}));
+
+    // The endpoint's refusal is reported, not raised, and names no URL.
+    let (status, ping) = daemon.post_empty("/v1/subscriptions/down/ping").await;
+    assert_eq!(status, 200, "{ping}");
+    assert_eq!(
+        (ping["delivered"].clone(), ping["status"].clone()),
+        (json!(false), json!(503))
+    );
+    let error = ping["error"].as_str().unwrap();
+    assert!(
+        error.contains("503") && error.contains("maintenance"),
+        "{error}"
+    );
+    assert!(!error.contains("127.0.0.1"), "{error}");
+
+    let (status, refused) = daemon.post_empty("/v1/subscriptions/relay/ping").await;
+    assert_eq!(
+        (status, refused["error"]["code"].clone()),
+        (409, json!("not_a_webhook")),
+        "{refused}"
+    );
+    let (status, refused) = daemon.post_empty("/v1/subscriptions/nobody/ping").await;
+    assert_eq!(status, 404, "{refused}");
+
+    // Nothing was stored: no message, no delivery, no dead letter.
+    assert_eq!(daemon.get("/v1/messages").await["items"], json!([]));
+    assert_eq!(daemon.get("/v1/dead-letters").await["items"], json!([]));
+    daemon.shutdown().await;
+}
+
+async fn a_scheduled_message_is_cancelled_before_any_delivery(database: Database) {
+    let (receiver, address) = start_receiver().await;
+    let hooks = webhook("hooks", &["*"], format!("http://{address}/hooks"));
+    let daemon = Daemon::start(&database, vec![hooks], 5_000).await;
+    let later = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    let scheduled = daemon
+        .publish_request(
+            json!({"tenant": "acme", "topic": "t", "payload": {"n": 1}, "available_at": later}),
+        )
+        .await;
+    let now = daemon.publish("acme", "t", json!({"n": 2})).await;
+    daemon.wait_for_state(&now, "hooks", "completed").await;
+
+    let (status, cancelled) = daemon
+        .post_empty(&format!("/v1/messages/{scheduled}/cancel"))
+        .await;
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(
+        cancelled,
+        json!({"id": scheduled, "cancelled": true, "deliveries": 1})
+    );
+    let (status, gone) = daemon
+        .post_empty(&format!("/v1/messages/{scheduled}/cancel"))
+        .await;
+    assert_eq!(status, 404, "{gone}");
+    let (status, _) = daemon
+        .post_empty(&format!("/v1/messages/{scheduled}"))
+        .await;
+    assert_eq!(status, 405);
+    assert_eq!(
+        daemon.get(&format!("/v1/messages/{scheduled}")).await["error"]["code"],
+        json!("not_found")
+    );
+
+    // A delivered message is not cancellable, and stays as it was.
+    let (status, refused) = daemon
+        .post_empty(&format!("/v1/messages/{now}/cancel"))
+        .await;
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(refused["error"]["code"], json!("already_started"));
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("hooks"),
+        "{refused}"
+    );
+    assert_eq!(
+        daemon.state(&now, "hooks").await.as_deref(),
+        Some("completed")
+    );
+    assert_eq!(receiver.requests("/hooks").len(), 1);
+    daemon.shutdown().await;
+}
+
 macro_rules! webhook_tests {
     ($($name:ident),* $(,)?) => {
         mod on_sqlite {
@@ -823,4 +1039,7 @@ webhook_tests!(
     a_429_throttles_the_whole_subscription_without_spending_attempts,
     a_down_endpoint_does_not_delay_a_healthy_subscription,
     timeouts_are_retried_then_dead_lettered,
+    payloads_reach_the_webhook_as_they_were_published,
+    a_test_ping_reaches_the_endpoint_signed_and_stores_nothing,
+    a_scheduled_message_is_cancelled_before_any_delivery,
 );

@@ -54,8 +54,8 @@ impl<R: Handler<Payload = RawPayload>> Handler for Contract<R> {
     }
 }
 
-impl<C: Send + 'static, R: TransactionalHandler<C, Payload = RawPayload>>
-    TransactionalHandler<C> for Contract<R>
+impl<C: Send + 'static, R: TransactionalHandler<C, Payload = RawPayload>> TransactionalHandler<C>
+    for Contract<R>
 {
     type Payload = RawPayload;
 

@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::{
-    body_limit, check_name, json_or_text, page_limit, single_tenant, ApiState, ErrorView,
+    body_limit, check_name, page_limit, single_tenant, stored_json, ApiState, ErrorView,
     DRY_RUN_IDS, MAX_IDS, SMALL_BODY_BYTES,
 };
 use crate::auth::{Admin, Principal, Reader};
@@ -69,9 +69,9 @@ pub struct DeadLetterView {
     pub topic: String,
     /// The schema version.
     pub schema_version: i32,
-    /// The payload.
+    /// The payload, as published (on PostgreSQL, as `jsonb` keeps it).
     #[schema(value_type = Object)]
-    pub payload: serde_json::Value,
+    pub payload: Box<serde_json::value::RawValue>,
     /// Attempts spent.
     pub attempts: i32,
     /// The error history, oldest first.
@@ -91,7 +91,7 @@ impl From<DeadLetter> for DeadLetterView {
             tenant: dead.tenant,
             topic: dead.topic,
             schema_version: dead.schema_version,
-            payload: json_or_text(dead.payload),
+            payload: stored_json(dead.payload),
             attempts: dead.attempts,
             errors: dead.errors.into_iter().map(ErrorView::from).collect(),
             dead_at: dead.dead_at,

@@ -28,7 +28,7 @@ use uuid::Uuid;
 
 use super::extract::{batch_items, in_batch, parse_json, read_body, ApiJson, ApiPath, ApiQuery};
 use super::{
-    body_limit, check_name, json_or_text, listing_tenants, page_limit, ApiState, ErrorView,
+    body_limit, check_name, listing_tenants, page_limit, stored_json, ApiState, ErrorView,
     MAX_BATCH_MESSAGES, SMALL_BODY_BYTES,
 };
 use crate::auth::{Publisher, Reader};
@@ -49,6 +49,7 @@ pub(super) fn routes(single_limit: usize, batch_limit: usize) -> OpenApiRouter<A
         .merge(
             OpenApiRouter::new()
                 .routes(routes!(get_message))
+                .routes(routes!(cancel_message))
                 .layer(body_limit(SMALL_BODY_BYTES)),
         )
 }
@@ -63,9 +64,12 @@ pub struct PublishRequest {
     pub topic: String,
     /// The payload's schema version (≥ 1, default 1).
     pub schema_version: Option<i32>,
-    /// The payload: any JSON value, at most `max_payload_bytes` as compact text.
+    /// The payload: any JSON value, at most `max_payload_bytes` of JSON
+    /// text as sent. It is stored and delivered as sent, byte for byte (on
+    /// PostgreSQL as `jsonb` keeps it: every number's digits, but not
+    /// spacing, key order or duplicate keys).
     #[schema(value_type = Object)]
-    pub payload: serde_json::Value,
+    pub payload: Box<serde_json::value::RawValue>,
     /// String headers: a JSON object of strings (at most 64).
     #[schema(value_type = Option<BTreeMap<String, String>>)]
     pub headers: Option<serde_json::Value>,
@@ -152,9 +156,10 @@ pub struct MessageView {
     pub topic: String,
     /// The schema version.
     pub schema_version: i32,
-    /// The payload.
+    /// The payload, as published (on PostgreSQL, as `jsonb` keeps it: see
+    /// the README).
     #[schema(value_type = Object)]
-    pub payload: serde_json::Value,
+    pub payload: Box<serde_json::value::RawValue>,
     /// The headers.
     pub headers: BTreeMap<String, String>,
     /// The ordering key.
@@ -179,7 +184,7 @@ impl From<StoredMessage> for MessageView {
             tenant: message.tenant,
             topic: message.topic,
             schema_version: message.schema_version,
-            payload: json_or_text(message.payload),
+            payload: stored_json(message.payload),
             headers: message.headers,
             ordering_key: message.ordering_key,
             idempotency_key: message.idempotency_key,
@@ -231,8 +236,7 @@ fn build_message(
     let field = |name: &str| format!("{prefix}{name}");
     validate_name("tenant", &request.tenant).map_err(|e| ApiError::from_validation(prefix, e))?;
     validate_name("topic", &request.topic).map_err(|e| ApiError::from_validation(prefix, e))?;
-    let payload = serde_json::to_string(&request.payload)
-        .map_err(|e| ApiError::invalid(field("payload"), format!("cannot be encoded: {e}")))?;
+    let payload = String::from(Box::<str>::from(request.payload));
     if payload.len() > max_payload_bytes {
         return Err(ApiError::too_large(
             field("payload"),
@@ -598,6 +602,71 @@ async fn get_message(
     let mut view = MessageView::from(message);
     view.deliveries = Some(deliveries.into_iter().map(DeliveryView::from).collect());
     Ok(Json(view))
+}
+
+/// A cancelled message.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CancelView {
+    /// The message id.
+    pub id: Uuid,
+    /// Always `true`: the message and its deliveries are gone.
+    pub cancelled: bool,
+    /// How many deliveries (one per subscription owed it) were removed.
+    pub deliveries: u64,
+}
+
+/// Cancel a message no subscription has started on (scheduled for later, or
+/// waiting): it and its deliveries are removed at once, no subscription will
+/// see it, and its idempotency key is free again. Once a delivery runs,
+/// fails an attempt, is dead-lettered or completes, the cancel is 409
+/// `already_started` naming the subscription, and nothing changes.
+#[utoipa::path(
+    post,
+    path = "/v1/messages/{id}/cancel",
+    tag = "messages",
+    params(("id" = Uuid, Path, description = "The message id")),
+    responses(
+        (status = 200, body = CancelView),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `publish` role", body = ErrorBody),
+        (status = 404, description = "No such message (or cancelled before), or another tenant's", body = ErrorBody),
+        (status = 409, description = "`already_started`: a subscription has started on it", body = ErrorBody),
+        (status = 422, description = "The id is not a UUID", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn cancel_message(
+    State(state): State<ApiState>,
+    Publisher(principal): Publisher,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<CancelView>, ApiError> {
+    let id: Uuid = id
+        .parse()
+        .map_err(|e| ApiError::invalid("id", format!("{id:?} is not a UUID: {e}")))?;
+    let not_found = || ApiError::not_found(format!("no message {id}"), Some("id".into()));
+    // The tenant never changes, so checking it before the cancel is as good
+    // as checking it inside.
+    let (message, _) = state.store.get_message(id).await?.ok_or_else(not_found)?;
+    if !principal.tenants.allows(&message.tenant) {
+        return Err(not_found());
+    }
+    match state.store.cancel_message(id).await? {
+        courier::CancelOutcome::Cancelled { deliveries } => {
+            tracing::info!(message_id = %id, tenant = %message.tenant, deliveries, "message cancelled");
+            Ok(Json(CancelView {
+                id,
+                cancelled: true,
+                deliveries,
+            }))
+        }
+        courier::CancelOutcome::NotFound => Err(not_found()),
+        courier::CancelOutcome::Started {
+            subscription,
+            state,
+        } => Err(ApiError::already_started(format!(
+            "message {id} cannot be cancelled: subscription {subscription} has started on it ({state})"
+        ))),
+    }
 }
 
 /// Messages, newest first, of the token's tenants.

@@ -66,8 +66,8 @@ pub use dead_letters::{
 pub use extract::{ApiJson, ApiPath, ApiQuery};
 pub use health::{metrics_router, Health, StatsQuery, StatsRow, StatsView};
 pub use messages::{
-    BatchRequest, BatchResponse, DeliveryView, MessagePageView, MessageQuery, MessageView,
-    PublishRequest, PublishResponse,
+    BatchRequest, BatchResponse, CancelView, DeliveryView, MessagePageView, MessageQuery,
+    MessageView, PublishRequest, PublishResponse,
 };
 pub use subscriptions::{
     Backlog, LastErrorView, PauseState, SubscriptionDetail, SubscriptionList, SubscriptionView,
@@ -107,6 +107,8 @@ pub struct ApiState {
     shutdown: tokio_util::sync::CancellationToken,
     guard: Arc<RequestGuard>,
     targets: Arc<BTreeMap<String, TargetView>>,
+    /// The configured webhook subscriptions' endpoints, for test pings.
+    webhooks: Arc<BTreeMap<String, crate::webhook::WebhookHandler>>,
 }
 
 /// A check of a server the daemon depends on besides its database: `Ok`
@@ -145,6 +147,20 @@ impl ApiState {
         state.max_hold = std::time::Duration::from_secs(
             config.max_hold_days.clamp(1, crate::config::MAX_HOLD_DAYS) * 86_400,
         );
+        // A webhook the daemon cannot build stops it at start, before it serves.
+        state.webhooks = Arc::new(
+            config
+                .subscriptions
+                .iter()
+                .filter(|subscription| {
+                    matches!(subscription.target, crate::config::TargetConfig::Webhook(_))
+                })
+                .filter_map(|subscription| {
+                    let handler = crate::webhook::WebhookHandler::from_config(subscription).ok()?;
+                    Some((subscription.name.clone(), handler))
+                })
+                .collect(),
+        );
         state.targets = Arc::new(
             config
                 .subscriptions
@@ -178,6 +194,7 @@ impl ApiState {
             shutdown: tokio_util::sync::CancellationToken::new(),
             guard: Arc::new(RequestGuard::any_host()),
             targets: Arc::default(),
+            webhooks: Arc::default(),
         }
     }
 
@@ -414,8 +431,15 @@ impl From<ErrorEntry> for ErrorView {
     }
 }
 
-fn json_or_text(text: String) -> serde_json::Value {
-    serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
+/// A stored payload as it goes out: its JSON text unchanged (a text that
+/// is not JSON, which no backend stores, goes out as a JSON string).
+fn stored_json(text: String) -> Box<serde_json::value::RawValue> {
+    use serde_json::value::RawValue;
+    if serde_json::from_str::<serde::de::IgnoredAny>(&text).is_err() {
+        return serde_json::value::to_raw_value(&text)
+            .unwrap_or_else(|_| RawValue::NULL.to_owned());
+    }
+    RawValue::from_string(text).unwrap_or_else(|_| RawValue::NULL.to_owned())
 }
 
 fn check_name(field: &'static str, value: Option<&String>) -> Result<(), ApiError> {

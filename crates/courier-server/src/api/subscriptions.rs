@@ -29,6 +29,7 @@ pub(super) fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(list_subscriptions))
         .routes(routes!(get_subscription))
         .routes(routes!(pause_subscription))
+        .routes(routes!(ping_subscription))
         .routes(routes!(resume_subscription))
         .layer(body_limit(SMALL_BODY_BYTES))
 }
@@ -325,4 +326,59 @@ async fn resume_subscription(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<PauseState>, ApiError> {
     set_paused(&state, &principal, name, false).await
+}
+
+/// Send a signed test request to a webhook subscription's endpoint, as its
+/// deliveries are sent but carrying no message: the body is `{"type":
+/// "courier.ping", "timestamp", "data": {"subscription"}}`, `webhook-id` is
+/// `{subscription}:ping-{uuid}` and `courier-topic` is `courier.ping`.
+/// Nothing is stored and no delivery, attempt or throttle changes; the
+/// answer says what the endpoint made of it (a 200 here whatever the
+/// endpoint answered; `delivered` is whether it answered 2xx).
+#[utoipa::path(
+    post,
+    path = "/v1/subscriptions/{name}/ping",
+    tag = "subscriptions",
+    params(("name" = String, Path, description = "The subscription")),
+    responses(
+        (status = 200, body = crate::webhook::PingOutcome),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `admin` role for every tenant", body = ErrorBody),
+        (status = 404, description = "No such subscription in this daemon's config", body = ErrorBody),
+        (status = 409, description = "`not_a_webhook`: the subscription's target is not a webhook", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn ping_subscription(
+    State(state): State<ApiState>,
+    Admin(principal): Admin,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<crate::webhook::PingOutcome>, ApiError> {
+    if principal.tenants != TenantScope::All {
+        return Err(ApiError::forbidden(
+            "a subscription's endpoint serves every tenant; pinging it needs a token scoped to \"*\"",
+            None,
+        ));
+    }
+    validate_name("name", &name)?;
+    let Some(webhook) = state.webhooks.get(&name) else {
+        return Err(match state.targets.get(&name) {
+            Some(target) => ApiError::not_a_webhook(format!(
+                "subscription {name:?} delivers to a {} target, not a webhook",
+                target.kind
+            )),
+            None => ApiError::not_found(
+                format!("no subscription {name:?} in this daemon's config"),
+                Some("name".into()),
+            ),
+        });
+    };
+    let outcome = webhook.ping().await;
+    tracing::info!(
+        subscription = %name,
+        delivered = outcome.delivered,
+        status = outcome.status,
+        "webhook test ping sent"
+    );
+    Ok(Json(outcome))
 }

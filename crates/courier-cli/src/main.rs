@@ -6,6 +6,7 @@ use std::io::BufRead;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use courier_api::{DeadLetterFilterBody, DeadLetterSelection, PublishRequest};
 use courier_cli::bench::{self, BenchOptions, Scenario};
 use courier_cli::database::{self, Database};
 use courier_cli::ops;
@@ -640,20 +641,20 @@ async fn shutdown_signal() {
 async fn publish(args: PublishArgs) -> anyhow::Result<()> {
     let single = match (&args.tenant, &args.topic) {
         (Some(tenant), Some(topic)) => {
-            let payload: serde_json::Value = serde_json::from_str(&args.payload)
+            // Kept as written, byte for byte, as the API keeps it.
+            let payload = serde_json::value::RawValue::from_string(args.payload.clone())
                 .map_err(|e| anyhow::anyhow!("invalid payload: not JSON: {e}"))?;
-            let mut body =
-                serde_json::json!({"tenant": tenant, "topic": topic, "payload": payload});
-            if let Some(version) = args.schema_version {
-                body["schema_version"] = version.into();
-            }
-            if let Some(key) = &args.ordering_key {
-                body["ordering_key"] = key.clone().into();
-            }
-            if let Some(key) = &args.idempotency_key {
-                body["idempotency_key"] = key.clone().into();
-            }
-            Some(body.to_string())
+            let body = PublishRequest {
+                tenant: tenant.clone(),
+                topic: topic.clone(),
+                schema_version: args.schema_version,
+                payload,
+                headers: None,
+                ordering_key: args.ordering_key.clone(),
+                idempotency_key: args.idempotency_key.clone(),
+                available_at: None,
+            };
+            Some(serde_json::to_string(&body)?)
         }
         (None, None) => None,
         _ => anyhow::bail!(
@@ -754,16 +755,27 @@ fn check_selection(
     Ok(())
 }
 
-fn selection(ids: &[i64], filter: &DlqFilterArgs, all: bool) -> serde_json::Value {
-    if !ids.is_empty() {
-        serde_json::json!({ "ids": ids })
+/// The body of `POST /v1/dead-letters/{retry,discard}`: the ids, or else
+/// every dead letter (`--all`), or else the filter.
+fn selection(ids: &[i64], filter: &DlqFilterArgs, all: bool) -> anyhow::Result<serde_json::Value> {
+    let (ids, filter, all) = if !ids.is_empty() {
+        (Some(ids.to_vec()), None, None)
     } else if all {
-        serde_json::json!({"filter": {}, "all": true})
+        (None, Some(DeadLetterFilterBody::default()), Some(true))
     } else {
-        serde_json::json!({"filter": {
-            "tenant": filter.tenant, "topic": filter.topic, "subscription": filter.subscription
-        }})
-    }
+        let filter = DeadLetterFilterBody {
+            tenant: filter.tenant.clone(),
+            topic: filter.topic.clone(),
+            subscription: filter.subscription.clone(),
+        };
+        (None, Some(filter), None)
+    };
+    Ok(serde_json::to_value(DeadLetterSelection {
+        ids,
+        filter,
+        all,
+        dry_run: None,
+    })?)
 }
 
 async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
@@ -812,7 +824,7 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
             all,
             ids,
         } if db.remote.url.is_some() => {
-            let body = selection(&ids, &filter, all);
+            let body = selection(&ids, &filter, all)?;
             ops::print_json(&remote(&db)?.post("/v1/dead-letters/retry", body).await?)?;
         }
         DlqCommand::Discard {
@@ -821,7 +833,7 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
             all,
             ids,
         } if db.remote.url.is_some() => {
-            let body = selection(&ids, &filter, all);
+            let body = selection(&ids, &filter, all)?;
             ops::print_json(&remote(&db)?.post("/v1/dead-letters/discard", body).await?)?;
         }
         DlqCommand::List {

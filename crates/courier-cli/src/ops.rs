@@ -157,11 +157,10 @@ pub fn parse_line(
     number: usize,
     max_payload_bytes: usize,
 ) -> anyhow::Result<NewMessage> {
-    let request: courier_server::api::PublishRequest = serde_json::from_str(line)
+    let request: courier_api::PublishRequest = serde_json::from_str(line)
         .with_context(|| format!("line {number}: not a valid message object"))?;
     request.into_message(max_payload_bytes).map_err(|error| {
-        let field = error.field.unwrap_or_else(|| "body".to_owned());
-        anyhow::anyhow!("line {number}: invalid {field}: {}", error.message)
+        anyhow::anyhow!("line {number}: invalid {}: {}", error.field, error.message)
     })
 }
 

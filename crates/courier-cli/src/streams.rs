@@ -14,10 +14,11 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use courier::StreamKey;
-use courier_server::stream_api::{
-    self, AckRequest, AppendEntry, AppendRequest, ClaimRequest, GroupRequest, PendingParams,
-    RangeQuery, ReadRequest, TrimRequest,
+use courier_api::{
+    AckRequest, AppendEntry, AppendRequest, ClaimRequest, GroupRequest, PendingParams, RangeQuery,
+    ReadRequest, TrimRequest,
 };
+use courier_server::stream_api;
 use courier_server::{ApiError, ApiStreams};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;

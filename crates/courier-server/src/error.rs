@@ -223,6 +223,16 @@ impl From<ValidationError> for ApiError {
     }
 }
 
+impl From<courier_api::RequestError> for ApiError {
+    /// 422 (`invalid_field`) or 413 (`too_large`), naming the same field.
+    fn from(error: courier_api::RequestError) -> Self {
+        match error.kind {
+            courier_api::RequestErrorKind::TooLarge => Self::too_large(error.field, error.message),
+            _ => Self::invalid(error.field, error.message),
+        }
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
         match error {

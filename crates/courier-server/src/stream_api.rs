@@ -45,10 +45,15 @@ use courier::{
 };
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
-use utoipa::{IntoParams, ToSchema};
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
+
+pub use courier_api::{
+    AckRequest, AppendEntry, AppendRequest, ClaimRequest, GroupRequest, PendingParams, RangeQuery,
+    ReadRequest, TrimRequest,
+};
 
 use crate::api::{ApiJson, ApiQuery, ApiState};
 use crate::auth::{Admin, Consumer, Principal, Publisher, Reader};
@@ -67,26 +72,6 @@ pub const MAX_HEADER_VALUE_BYTES: usize = 4096;
 pub const MAX_MIN_IDLE_MS: u64 = 365 * 24 * 3600 * 1000;
 
 // ---------------------------------------------------------------- types
-
-/// An entry to append.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AppendEntry {
-    /// Any JSON value, at most `max_payload_bytes` as compact text.
-    #[schema(value_type = Object)]
-    pub payload: serde_json::Value,
-    /// String headers (at most 64; names 1 to 128 bytes, values at most 4 KiB).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub headers: BTreeMap<String, String>,
-}
-
-/// Entries to append, in order, all or nothing.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AppendRequest {
-    /// 1 to 10,000 entries.
-    pub entries: Vec<AppendEntry>,
-}
 
 /// The ids the appended entries got, in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -192,27 +177,6 @@ pub struct DeliveredList {
     pub entries: Vec<DeliveredView>,
 }
 
-/// `GET …/entries`: entries above `after`, outside any group.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct RangeQuery {
-    /// Only entries above this id (default `0-0`: from the start).
-    #[param(value_type = Option<String>)]
-    pub after: Option<StreamEntryId>,
-    /// At most this many, 1 to 10,000 (default 100).
-    pub count: Option<usize>,
-}
-
-/// `PUT …/groups/{group}`: where a new group starts.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct GroupRequest {
-    /// `end` (default: only entries appended from now), `beginning`, or an
-    /// entry id (the entries after it).
-    pub start: Option<String>,
-}
-
 /// A group after `PUT`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct GroupView {
@@ -222,49 +186,11 @@ pub struct GroupView {
     pub created: bool,
 }
 
-/// `POST …/groups/{group}/read`: new entries for a consumer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ReadRequest {
-    /// The consumer reading (created on first use).
-    pub consumer: String,
-    /// At most this many, 1 to 10,000 (default 100).
-    pub count: Option<usize>,
-    /// Wait up to this long (at most 30,000) for an entry when none is ready;
-    /// returns as soon as one arrives. Absent or 0: answer at once.
-    pub block_ms: Option<u64>,
-}
-
-/// `POST …/groups/{group}/ack`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AckRequest {
-    /// 1 to 10,000 entry ids.
-    #[schema(value_type = Vec<String>)]
-    pub ids: Vec<StreamEntryId>,
-}
-
 /// How many acked ids were pending.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Acked {
     /// Ids not pending (or unknown) count 0.
     pub acked: u64,
-}
-
-/// `POST …/groups/{group}/claim`: take over entries idle in the group.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ClaimRequest {
-    /// The consumer taking the entries over (created on first use).
-    pub consumer: String,
-    /// Only entries not delivered for at least this long (backend clock; at
-    /// most a year).
-    pub min_idle_ms: u64,
-    /// Scan from this id (default `0-0`: the start); pass the answer's `next`.
-    #[schema(value_type = Option<String>)]
-    pub cursor: Option<StreamEntryId>,
-    /// At most this many, 1 to 10,000 (default 100).
-    pub count: Option<usize>,
 }
 
 /// What a claim took over.
@@ -278,22 +204,6 @@ pub struct ClaimView {
     /// The cursor of the next claim; `0-0` when the scan reached the end.
     #[schema(value_type = String)]
     pub next: StreamEntryId,
-}
-
-/// `GET …/groups/{group}/pending`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct PendingParams {
-    /// Only entries above this id (default `0-0`).
-    #[param(value_type = Option<String>)]
-    pub after: Option<StreamEntryId>,
-    /// At most this many, 1 to 10,000 (default 100).
-    pub count: Option<usize>,
-    /// Only this consumer's.
-    pub consumer: Option<String>,
-    /// Only entries idle at least this long.
-    pub min_idle_ms: Option<u64>,
 }
 
 /// A group's pending entries, summed up.
@@ -371,17 +281,6 @@ impl From<ConsumerInfo> for ConsumerView {
 pub struct ConsumerList {
     /// The consumers.
     pub consumers: Vec<ConsumerView>,
-}
-
-/// `POST …/trim`: exactly one of `max_len` and `min_id`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TrimRequest {
-    /// Keep the newest this many entries.
-    pub max_len: Option<u64>,
-    /// Keep the entries at or above this id.
-    #[schema(value_type = Option<String>)]
-    pub min_id: Option<StreamEntryId>,
 }
 
 /// How many entries a trim removed.

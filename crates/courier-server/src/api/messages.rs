@@ -19,7 +19,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
-use courier::{validate_name, DeliverySummary, NewMessage, StoredMessage};
+use courier::{DeliverySummary, NewMessage, StoredMessage};
+pub use courier_api::{BatchRequest, BatchResponse, PublishRequest, PublishResponse};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -52,69 +53,6 @@ pub(super) fn routes(single_limit: usize, batch_limit: usize) -> OpenApiRouter<A
                 .routes(routes!(cancel_message))
                 .layer(body_limit(SMALL_BODY_BYTES)),
         )
-}
-
-/// A message to publish.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PublishRequest {
-    /// The owner: `[A-Za-z0-9][A-Za-z0-9._-]{0,127}`.
-    pub tenant: String,
-    /// The event type, same grammar.
-    pub topic: String,
-    /// The payload's schema version (≥ 1, default 1).
-    pub schema_version: Option<i32>,
-    /// The payload: any JSON value, at most `max_payload_bytes` of JSON
-    /// text as sent. It is stored and delivered as sent, byte for byte (on
-    /// PostgreSQL as `jsonb` keeps it: every number's digits, but not
-    /// spacing, key order or duplicate keys).
-    #[schema(value_type = Object)]
-    pub payload: Box<serde_json::value::RawValue>,
-    /// String headers: a JSON object of strings (at most 64).
-    #[schema(value_type = Option<BTreeMap<String, String>>)]
-    pub headers: Option<serde_json::Value>,
-    /// Messages sharing (tenant, ordering key) are delivered one at a time, in order.
-    pub ordering_key: Option<String>,
-    /// A repeated (tenant, idempotency key) stores nothing and returns the first id.
-    /// The `Idempotency-Key` header does the same.
-    pub idempotency_key: Option<String>,
-    /// Hold the message until this RFC 3339 time.
-    #[schema(format = DateTime)]
-    pub available_at: Option<String>,
-}
-
-impl PublishRequest {
-    /// Validates the request into a message, exactly as `POST /v1/messages`
-    /// does (the CLI's NDJSON publishing uses it too): names, payload size,
-    /// headers, RFC 3339 `available_at`. The error names the field.
-    pub fn into_message(self, max_payload_bytes: usize) -> Result<NewMessage, ApiError> {
-        build_message(self, "", max_payload_bytes, courier::MAX_HOLD, None)
-    }
-}
-
-/// A published (or already published) message.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct PublishResponse {
-    /// The message id (the first message's, for a duplicate).
-    pub id: Uuid,
-    /// Present and `true` when an earlier message had the same idempotency key.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub duplicate: bool,
-}
-
-/// Messages to publish together, all or nothing.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct BatchRequest {
-    /// 1 to 1000 messages.
-    pub messages: Vec<PublishRequest>,
-}
-
-/// The outcome of each message of a batch, in order.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct BatchResponse {
-    /// One entry per message.
-    pub messages: Vec<PublishResponse>,
 }
 
 /// The state of a message for one subscription.
@@ -224,89 +162,6 @@ pub struct MessageQuery {
     pub cursor: Option<Uuid>,
 }
 
-/// Validates `request` into a message; fields are named under `prefix`
-/// (`messages[3].`), an `Idempotency-Key` header is `header_key`.
-fn build_message(
-    request: PublishRequest,
-    prefix: &str,
-    max_payload_bytes: usize,
-    max_hold: std::time::Duration,
-    header_key: Option<&str>,
-) -> Result<NewMessage, ApiError> {
-    let field = |name: &str| format!("{prefix}{name}");
-    validate_name("tenant", &request.tenant).map_err(|e| ApiError::from_validation(prefix, e))?;
-    validate_name("topic", &request.topic).map_err(|e| ApiError::from_validation(prefix, e))?;
-    let payload = String::from(Box::<str>::from(request.payload));
-    if payload.len() > max_payload_bytes {
-        return Err(ApiError::too_large(
-            field("payload"),
-            format!(
-                "is {} bytes of JSON; the limit is {max_payload_bytes}",
-                payload.len()
-            ),
-        ));
-    }
-    let mut message = NewMessage::from_json_text(request.tenant, request.topic, payload)
-        .map_err(|e| ApiError::from_validation(prefix, e))?;
-    if let Some(version) = request.schema_version {
-        message = message.with_schema_version(version);
-    }
-    match request.headers {
-        None | Some(serde_json::Value::Null) => {}
-        Some(serde_json::Value::Object(headers)) => {
-            for (name, value) in headers {
-                match value {
-                    serde_json::Value::String(value) => {
-                        message = message.with_header(name, value);
-                    }
-                    other => {
-                        return Err(ApiError::invalid(
-                            format!("{}.{name}", field("headers")),
-                            format!("header values must be strings, got {other}"),
-                        ))
-                    }
-                }
-            }
-        }
-        Some(other) => {
-            return Err(ApiError::invalid(
-                field("headers"),
-                format!("must be a JSON object of string values, got {other}"),
-            ))
-        }
-    }
-    if let Some(key) = request.ordering_key {
-        message = message.with_ordering_key(key);
-    }
-    let key = match (request.idempotency_key, header_key) {
-        (Some(body), Some(header)) if body != header => {
-            return Err(ApiError::invalid(
-                field("idempotency_key"),
-                "differs from the Idempotency-Key header; send one or make them equal",
-            ))
-        }
-        (Some(body), _) => Some(body),
-        (None, header) => header.map(str::to_owned),
-    };
-    if let Some(key) = key {
-        message = message.with_idempotency_key(key);
-    }
-    if let Some(at) = request.available_at {
-        let at = DateTime::parse_from_rfc3339(&at).map_err(|e| {
-            ApiError::invalid(
-                field("available_at"),
-                format!("{at:?} is not an RFC 3339 time such as 2026-01-02T03:04:05Z: {e}"),
-            )
-        })?;
-        message = message.available_at(at.with_timezone(&Utc));
-    }
-    message
-        .validate()
-        .and_then(|()| message.validate_hold(max_hold))
-        .map_err(|e| ApiError::from_validation(prefix, e))?;
-    Ok(message)
-}
-
 fn idempotency_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     match headers.get("idempotency-key") {
         None => Ok(None),
@@ -345,7 +200,7 @@ async fn publish_message(
 ) -> Result<Response, ApiError> {
     principal.require_tenant(&request.tenant, "tenant")?;
     let key = idempotency_header(&headers)?;
-    let message = build_message(request, "", state.max_payload_bytes, state.max_hold, key)?;
+    let message = request.validate_into("", state.max_payload_bytes, state.max_hold, key)?;
     let asked = (
         message.topic.clone(),
         message.schema_version,
@@ -546,8 +401,7 @@ async fn publish_batch(
             parse_json(item.get().as_bytes()).map_err(|error| in_batch(index, error))?;
         let prefix = format!("messages[{index}].");
         principal.require_tenant(&message.tenant, &format!("{prefix}tenant"))?;
-        messages.push(build_message(
-            message,
+        messages.push(message.validate_into(
             &prefix,
             state.max_payload_bytes,
             state.max_hold,

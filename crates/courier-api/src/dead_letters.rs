@@ -1,0 +1,46 @@
+//! The bodies of dead-letter retry and discard
+//! (`POST /v1/dead-letters/retry`, `POST /v1/dead-letters/discard`).
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Which dead letters to retry or discard: `ids`, or a `filter`, not both.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterSelection {
+    /// Delivery ids (at most 1000); ids not visible to the token are skipped.
+    pub ids: Option<Vec<i64>>,
+    /// Every dead letter matching. An empty filter (`{}`, every dead letter
+    /// the token may see) is refused unless `all` is `true`.
+    pub filter: Option<DeadLetterFilterBody>,
+    /// With an empty `filter`: yes, every dead letter the token may see.
+    pub all: Option<bool>,
+    /// With a `filter`: change nothing, answer how many match and the first
+    /// 100 ids.
+    pub dry_run: Option<bool>,
+}
+
+/// A dead-letter filter.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterFilterBody {
+    /// Only this tenant's; required for a token scoped to several tenants.
+    pub tenant: Option<String>,
+    /// Only this topic's.
+    pub topic: Option<String>,
+    /// Only this subscription's.
+    pub subscription: Option<String>,
+}
+
+/// How many were affected (or, in a dry run, would be).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Affected {
+    /// The count.
+    pub affected: u64,
+    /// Present and `true` for a dry run: nothing was changed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
+    /// In a dry run, the first 100 matching delivery ids, ascending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ids: Option<Vec<i64>>,
+}

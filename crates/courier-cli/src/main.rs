@@ -80,6 +80,15 @@ enum Command {
     /// Publish one message, or NDJSON from standard input (one `POST
     /// /v1/messages` body per line), to the database or a running daemon.
     Publish(PublishArgs),
+    /// Cancel a message no subscription has started on (scheduled, or still
+    /// waiting): it and its deliveries are removed; refused once a delivery
+    /// ran, failed, died or completed.
+    Cancel {
+        #[command(flatten)]
+        db: DbArgs,
+        /// The message id.
+        id: uuid::Uuid,
+    },
     /// Open deliveries per subscription and topic, and the oldest waiting one.
     Status {
         #[command(flatten)]
@@ -240,6 +249,14 @@ enum SubscriptionsCommand {
     /// Show one subscription: topics, state, backlog and recent outcomes
     /// (through the daemon's API: needs --url).
     Show {
+        #[command(flatten)]
+        db: DbArgs,
+        /// The subscription.
+        name: String,
+    },
+    /// Send a signed test request to a webhook subscription's endpoint and
+    /// show its answer; nothing is stored (through the daemon's API: needs --url).
+    Ping {
         #[command(flatten)]
         db: DbArgs,
         /// The subscription.
@@ -455,6 +472,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             courier_server::run(config, shutdown_signal()).await?;
         }
         Command::Publish(args) => publish(args).await?,
+        Command::Cancel { db, id } if db.remote.url.is_some() => {
+            let path = format!("/v1/messages/{id}/cancel");
+            ops::print_json(&remote(&db)?.post(&path, serde_json::json!({})).await?)?;
+        }
+        Command::Cancel { db, id } => match db.open().await?.cancel(id).await? {
+            courier::CancelOutcome::Cancelled { deliveries } => ops::print_json(
+                &serde_json::json!({"id": id, "cancelled": true, "deliveries": deliveries}),
+            )?,
+            courier::CancelOutcome::NotFound => anyhow::bail!("no message {id}"),
+            courier::CancelOutcome::Started {
+                subscription,
+                state,
+            } => anyhow::bail!(
+                "message {id} cannot be cancelled: subscription {subscription} has started on it ({state})"
+            ),
+        },
         Command::Status { db, json: _ } if db.remote.url.is_some() => {
             ops::print_json(&remote(&db)?.get("/v1/stats").await?)?;
         }
@@ -505,6 +538,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             SubscriptionsCommand::Show { db, name } => {
                 let path = format!("/v1/subscriptions/{}", ops::encode(&name));
                 ops::print_json(&remote(&db)?.get(&path).await?)?;
+            }
+            SubscriptionsCommand::Ping { db, name } => {
+                let path = format!("/v1/subscriptions/{}/ping", ops::encode(&name));
+                ops::print_json(&remote(&db)?.post(&path, serde_json::json!({})).await?)?;
             }
             SubscriptionsCommand::Pause { db, name } if db.remote.url.is_some() => {
                 let path = format!("/v1/subscriptions/{}/pause", ops::encode(&name));

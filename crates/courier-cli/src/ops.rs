@@ -127,6 +127,11 @@ impl Store {
         Ok(with_store!(self, courier => courier.dead_letters(filter, after, limit).await)?)
     }
 
+    /// Cancels a message no subscription has started on.
+    pub async fn cancel(&self, id: uuid::Uuid) -> anyhow::Result<courier::CancelOutcome> {
+        Ok(with_store!(self, courier => courier.store().cancel_message(id).await)?)
+    }
+
     /// One dead letter.
     pub async fn dead_letter(&self, id: i64) -> anyhow::Result<Option<DeadLetter>> {
         Ok(with_store!(self, courier => courier.store().get_dead_letter(id).await)?)

@@ -666,3 +666,54 @@ fn remote_calls_time_out_and_percent_encode_their_path() {
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
     assert!(stderr(&output).contains("timed out"), "{}", stderr(&output));
 }
+
+#[test]
+fn cancel_removes_a_waiting_message_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("courier.db");
+    let db = db.to_str().expect("utf-8 path");
+    let ok = |args: &[&str]| {
+        let output = courier(dir.path(), args);
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+        stdout(&output)
+    };
+    ok(&["migrate", "--database-url", db]);
+    ok(&[
+        "subscriptions",
+        "create",
+        "audit",
+        "--topic",
+        "invoice.*",
+        "--database-url",
+        db,
+    ]);
+    let published = ok(&[
+        "publish",
+        "--database-url",
+        db,
+        "--tenant",
+        "acme",
+        "--topic",
+        "invoice.paid",
+        "--payload",
+        "{\"n\":1}",
+    ]);
+    let id = published
+        .split(|c: char| !(c.is_ascii_hexdigit() || c == '-'))
+        .find(|word| uuid::Uuid::parse_str(word).is_ok())
+        .unwrap_or_else(|| panic!("no id in {published:?}"))
+        .to_owned();
+    let cancelled: serde_json::Value =
+        serde_json::from_str(&ok(&["cancel", &id, "--database-url", db])).expect("JSON");
+    assert_eq!(
+        cancelled,
+        serde_json::json!({"id": id, "cancelled": true, "deliveries": 1})
+    );
+    let again = courier(dir.path(), &["cancel", &id, "--database-url", db]);
+    assert!(!again.status.success());
+    assert!(
+        stderr(&again).contains(&format!("no message {id}")),
+        "{}",
+        stderr(&again)
+    );
+}

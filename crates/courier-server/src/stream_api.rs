@@ -73,7 +73,7 @@ pub const MAX_MIN_IDLE_MS: u64 = 365 * 24 * 3600 * 1000;
 #[serde(deny_unknown_fields)]
 pub struct AppendEntry {
     /// Any JSON value, at most `max_payload_bytes` as compact text.
-    #[schema(value_type = Object)]
+    #[schema(schema_with = crate::api::any_json_value)]
     pub payload: serde_json::Value,
     /// String headers (at most 64; names 1 to 128 bytes, values at most 4 KiB).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -127,7 +127,7 @@ pub struct EntryView {
     #[schema(value_type = String)]
     pub id: StreamEntryId,
     /// Its payload.
-    #[schema(value_type = Object)]
+    #[schema(schema_with = crate::api::any_json_value)]
     pub payload: serde_json::Value,
     /// Its headers.
     pub headers: BTreeMap<String, String>,
@@ -161,7 +161,7 @@ pub struct DeliveredView {
     #[schema(value_type = String)]
     pub id: StreamEntryId,
     /// Its payload.
-    #[schema(value_type = Object)]
+    #[schema(schema_with = crate::api::any_json_value)]
     pub payload: serde_json::Value,
     /// Its headers.
     pub headers: BTreeMap<String, String>,

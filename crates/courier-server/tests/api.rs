@@ -1535,6 +1535,28 @@ fn the_openapi_document_lists_the_refusals_given_before_any_handler() {
     assert!(operations > 20);
 }
 
+/// A payload is any JSON value, and so is every schema of one (the fuzz run,
+/// `scripts/fuzz-api`, found `GET /v1/messages` answering an array where the
+/// document said object).
+#[test]
+fn every_payload_is_documented_as_any_json_value() {
+    let document = serde_json::to_value(courier_server::openapi()).unwrap();
+    let mut payloads = Vec::new();
+    for (name, schema) in document["components"]["schemas"].as_object().unwrap() {
+        if let Some(payload) = schema["properties"].get("payload") {
+            let types = payload["type"].as_array().cloned().unwrap_or_default();
+            for kind in ["object", "array", "string", "number", "boolean", "null"] {
+                assert!(
+                    types.contains(&json!(kind)),
+                    "{name}.payload is documented as {payload}, without {kind}"
+                );
+            }
+            payloads.push(name.clone());
+        }
+    }
+    assert!(payloads.len() >= 6, "{payloads:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscription_shows_its_redacted_target_and_this_daemon_s_recent_outcomes() {
     use courier_server::config::{Config, Secret, SubscriptionConfig, TargetConfig, WebhookConfig};

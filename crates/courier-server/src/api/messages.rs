@@ -68,7 +68,7 @@ pub struct PublishRequest {
     /// text as sent. It is stored and delivered as sent, byte for byte (on
     /// PostgreSQL as `jsonb` keeps it: every number's digits, but not
     /// spacing, key order or duplicate keys).
-    #[schema(value_type = Object)]
+    #[schema(schema_with = super::any_json_value)]
     pub payload: Box<serde_json::value::RawValue>,
     /// String headers: a JSON object of strings (at most 64).
     #[schema(value_type = Option<BTreeMap<String, String>>)]
@@ -158,7 +158,7 @@ pub struct MessageView {
     pub schema_version: i32,
     /// The payload, as published (on PostgreSQL, as `jsonb` keeps it: see
     /// the README).
-    #[schema(value_type = Object)]
+    #[schema(schema_with = super::any_json_value)]
     pub payload: Box<serde_json::value::RawValue>,
     /// The headers.
     pub headers: BTreeMap<String, String>,

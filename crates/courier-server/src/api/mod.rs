@@ -278,6 +278,24 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
     ))
 }
 
+/// The documented schema of a payload: any JSON value, spelled as the list
+/// of every JSON type (utoipa's own any-value schema, `{}`, does not read
+/// back as a [`utoipa::openapi::OpenApi`]).
+pub(crate) fn any_json_value() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+    ObjectBuilder::new()
+        .description(Some("Any JSON value."))
+        .schema_type(SchemaType::Array(vec![
+            Type::Object,
+            Type::Array,
+            Type::String,
+            Type::Number,
+            Type::Boolean,
+            Type::Null,
+        ]))
+        .build()
+}
+
 /// The OpenAPI 3 document of the API (what `/v1/openapi.json` serves).
 pub fn openapi() -> utoipa::openapi::OpenApi {
     with_document_route(api_routes(0, 0).split_for_parts().1)

@@ -1137,6 +1137,7 @@ async fn list_pending(
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "No `read` role", body = ErrorBody),
         (status = 404, description = "No such group, or another tenant's stream", body = ErrorBody),
+        (status = 422, description = "A bad tenant, stream or group name (named)", body = ErrorBody),
         (status = 503, description = "The stream backend is unreachable; see Retry-After", body = ErrorBody),
     ),
     security(("bearer" = []))

@@ -22,6 +22,24 @@ pub use streams::{
     ReadRequest, TrimRequest,
 };
 
+/// The documented schema of a payload: any JSON value, spelled as the list
+/// of every JSON type (utoipa's own any-value schema, `{}`, does not read
+/// back as a [`utoipa::openapi::OpenApi`]).
+pub fn any_json_value() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+    ObjectBuilder::new()
+        .description(Some("Any JSON value."))
+        .schema_type(SchemaType::Array(vec![
+            Type::Object,
+            Type::Array,
+            Type::String,
+            Type::Number,
+            Type::Boolean,
+            Type::Null,
+        ]))
+        .build()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

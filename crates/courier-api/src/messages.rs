@@ -23,7 +23,7 @@ pub struct PublishRequest {
     /// text as sent. It is stored and delivered as sent, byte for byte (on
     /// PostgreSQL as `jsonb` keeps it: every number's digits, but not
     /// spacing, key order or duplicate keys).
-    #[schema(value_type = Object)]
+    #[schema(schema_with = crate::any_json_value)]
     pub payload: Box<serde_json::value::RawValue>,
     /// String headers: a JSON object of strings (at most 64).
     #[schema(value_type = Option<BTreeMap<String, String>>)]

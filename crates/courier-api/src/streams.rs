@@ -13,7 +13,7 @@ use utoipa::{IntoParams, ToSchema};
 #[serde(deny_unknown_fields)]
 pub struct AppendEntry {
     /// Any JSON value, at most `max_payload_bytes` as compact text.
-    #[schema(value_type = Object)]
+    #[schema(schema_with = crate::any_json_value)]
     pub payload: serde_json::Value,
     /// String headers (at most 64; names 1 to 128 bytes, values at most 4 KiB).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

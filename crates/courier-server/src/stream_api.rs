@@ -112,7 +112,7 @@ pub struct EntryView {
     #[schema(value_type = String)]
     pub id: StreamEntryId,
     /// Its payload.
-    #[schema(value_type = Object)]
+    #[schema(schema_with = crate::api::any_json_value)]
     pub payload: serde_json::Value,
     /// Its headers.
     pub headers: BTreeMap<String, String>,
@@ -146,7 +146,7 @@ pub struct DeliveredView {
     #[schema(value_type = String)]
     pub id: StreamEntryId,
     /// Its payload.
-    #[schema(value_type = Object)]
+    #[schema(schema_with = crate::api::any_json_value)]
     pub payload: serde_json::Value,
     /// Its headers.
     pub headers: BTreeMap<String, String>,
@@ -1036,6 +1036,7 @@ async fn list_pending(
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "No `read` role", body = ErrorBody),
         (status = 404, description = "No such group, or another tenant's stream", body = ErrorBody),
+        (status = 422, description = "A bad tenant, stream or group name (named)", body = ErrorBody),
         (status = 503, description = "The stream backend is unreachable; see Retry-After", body = ErrorBody),
     ),
     security(("bearer" = []))

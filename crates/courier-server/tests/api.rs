@@ -1535,6 +1535,55 @@ fn the_openapi_document_lists_the_refusals_given_before_any_handler() {
     assert!(operations > 20);
 }
 
+/// A path or query parameter is checked before the handler runs, and a bad
+/// one is 422 naming it: every operation taking one documents that 422 (the
+/// fuzz run found it missing on `GET /v1/stats`, the consumer list and
+/// pause/resume).
+#[test]
+fn every_operation_with_path_or_query_parameters_documents_422() {
+    let document = serde_json::to_value(courier_server::openapi()).unwrap();
+    let mut checked = 0;
+    for (path, item) in document["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let takes_parameters = operation["parameters"]
+                .as_array()
+                .is_some_and(|all| all.iter().any(|p| p["in"] == "path" || p["in"] == "query"));
+            if !takes_parameters {
+                continue;
+            }
+            assert_eq!(
+                operation["responses"]["422"]["content"]["application/json"]["schema"]["$ref"],
+                json!("#/components/schemas/ErrorBody"),
+                "{method} {path} does not document 422"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 15, "{checked}");
+}
+
+/// A payload is any JSON value, and so is every schema of one (the fuzz run,
+/// `scripts/fuzz-api`, found `GET /v1/messages` answering an array where the
+/// document said object).
+#[test]
+fn every_payload_is_documented_as_any_json_value() {
+    let document = serde_json::to_value(courier_server::openapi()).unwrap();
+    let mut payloads = Vec::new();
+    for (name, schema) in document["components"]["schemas"].as_object().unwrap() {
+        if let Some(payload) = schema["properties"].get("payload") {
+            let types = payload["type"].as_array().cloned().unwrap_or_default();
+            for kind in ["object", "array", "string", "number", "boolean", "null"] {
+                assert!(
+                    types.contains(&json!(kind)),
+                    "{name}.payload is documented as {payload}, without {kind}"
+                );
+            }
+            payloads.push(name.clone());
+        }
+    }
+    assert!(payloads.len() >= 6, "{payloads:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscription_shows_its_redacted_target_and_this_daemon_s_recent_outcomes() {
     use courier_server::config::{Config, Secret, SubscriptionConfig, TargetConfig, WebhookConfig};

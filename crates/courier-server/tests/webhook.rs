@@ -871,7 +871,7 @@ async fn payloads_reach_the_webhook_as_they_were_published(database: Database) {
     }
     // Never through an f64: no float form of the big integer anywhere.
     for text in [&raw, &envelope, &shown] {
-        assert!(!text.contains("e+29") && !text.contains("e29"), "{text}");
+        assert!(!text.contains("1.2345678901234568e"), "{text}");
     }
     daemon.shutdown().await;
 }

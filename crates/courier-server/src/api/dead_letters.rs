@@ -71,7 +71,7 @@ pub struct DeadLetterView {
     /// The schema version.
     pub schema_version: i32,
     /// The payload, as published (on PostgreSQL, as `jsonb` keeps it).
-    #[schema(value_type = Object)]
+    #[schema(schema_with = super::any_json_value)]
     pub payload: Box<serde_json::value::RawValue>,
     /// Attempts spent.
     pub attempts: i32,

@@ -248,6 +248,7 @@ async fn render_metrics(state: &ApiState) -> Response {
         (status = 200, body = StatsView),
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "No `read` role, or another tenant", body = ErrorBody),
+        (status = 422, description = "A bad query parameter (named)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]

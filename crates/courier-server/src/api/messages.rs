@@ -96,7 +96,7 @@ pub struct MessageView {
     pub schema_version: i32,
     /// The payload, as published (on PostgreSQL, as `jsonb` keeps it: see
     /// the README).
-    #[schema(value_type = Object)]
+    #[schema(schema_with = super::any_json_value)]
     pub payload: Box<serde_json::value::RawValue>,
     /// The headers.
     pub headers: BTreeMap<String, String>,

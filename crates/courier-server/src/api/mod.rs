@@ -278,6 +278,8 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
     ))
 }
 
+pub(crate) use courier_api::any_json_value;
+
 /// The OpenAPI 3 document of the API (what `/v1/openapi.json` serves).
 pub fn openapi() -> utoipa::openapi::OpenApi {
     with_document_route(api_routes(0, 0).split_for_parts().1)

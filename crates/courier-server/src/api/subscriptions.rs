@@ -295,6 +295,7 @@ async fn set_paused(
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "No `admin` role for every tenant", body = ErrorBody),
         (status = 404, description = "No such subscription", body = ErrorBody),
+        (status = 422, description = "Not a valid subscription name", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -317,6 +318,7 @@ async fn pause_subscription(
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "No `admin` role for every tenant", body = ErrorBody),
         (status = 404, description = "No such subscription", body = ErrorBody),
+        (status = 422, description = "Not a valid subscription name", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -346,6 +348,7 @@ async fn resume_subscription(
         (status = 403, description = "No `admin` role for every tenant", body = ErrorBody),
         (status = 404, description = "No such subscription in this daemon's config", body = ErrorBody),
         (status = 409, description = "`not_a_webhook`: the subscription's target is not a webhook", body = ErrorBody),
+        (status = 422, description = "Not a valid subscription name", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]

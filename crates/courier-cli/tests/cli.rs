@@ -303,7 +303,7 @@ async fn explain_prints_the_hot_queries_plans_and_indexes() {
         "Buffers: shared hit=",
         "Execution Time:",
         "deliveries_ready",
-        "messages_created_at",
+        "messages_enqueued",
         "receipts_completed_at",
     ] {
         assert!(table.contains(needle), "{needle} missing from:\n{table}");

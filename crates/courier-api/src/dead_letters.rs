@@ -1,8 +1,10 @@
 //! The bodies of dead-letter retry and discard
 //! (`POST /v1/dead-letters/retry`, `POST /v1/dead-letters/discard`).
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+use uuid::Uuid;
 
 /// Which dead letters to retry or discard: `ids`, or a `filter`, not both.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -30,6 +32,16 @@ pub struct DeadLetterFilterBody {
     pub topic: Option<String>,
     /// Only this subscription's.
     pub subscription: Option<String>,
+    /// Only this message's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<Uuid>,
+    /// Only those dead-lettered at or after this instant (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_after: Option<DateTime<Utc>>,
+    /// Only those dead-lettered before this instant (RFC 3339); after
+    /// `dead_after` when both are given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_before: Option<DateTime<Utc>>,
 }
 
 /// How many were affected (or, in a dry run, would be).
@@ -40,7 +52,8 @@ pub struct Affected {
     /// Present and `true` for a dry run: nothing was changed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dry_run: bool,
-    /// In a dry run, the first 100 matching delivery ids, ascending.
+    /// In a dry run, the first 100 matching delivery ids, oldest dead letter
+    /// first (the listing's order).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ids: Option<Vec<i64>>,
 }

@@ -179,6 +179,15 @@ struct DlqFilterArgs {
     /// Only this subscription's.
     #[arg(long)]
     subscription: Option<String>,
+    /// Only this message's.
+    #[arg(long)]
+    message_id: Option<uuid::Uuid>,
+    /// Only those dead-lettered at or after this RFC 3339 time (2026-12-01T10:00:00Z).
+    #[arg(long)]
+    since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only those dead-lettered before this RFC 3339 time.
+    #[arg(long)]
+    until: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl DlqFilterArgs {
@@ -187,7 +196,28 @@ impl DlqFilterArgs {
             tenant: self.tenant.clone(),
             topic: self.topic.clone(),
             subscription: self.subscription.clone(),
+            message_id: self.message_id,
+            dead_after: self.since,
+            dead_before: self.until,
         }
+    }
+
+    /// The filter as the API's query parameters or body fields (given ones only).
+    fn fields(&self) -> Vec<(&'static str, String)> {
+        let time = |at: &chrono::DateTime<chrono::Utc>| {
+            at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+        };
+        [
+            ("tenant", self.tenant.clone()),
+            ("topic", self.topic.clone()),
+            ("subscription", self.subscription.clone()),
+            ("message_id", self.message_id.map(|id| id.to_string())),
+            ("dead_after", self.since.as_ref().map(time)),
+            ("dead_before", self.until.as_ref().map(time)),
+        ]
+        .into_iter()
+        .filter_map(|(key, value)| value.map(|value| (key, value)))
+        .collect()
     }
 }
 
@@ -202,9 +232,9 @@ enum DlqCommand {
         /// Page size.
         #[arg(long, default_value_t = 50)]
         limit: usize,
-        /// Start after this delivery id (the previous page's cursor).
+        /// Where the page starts: the cursor the previous page printed.
         #[arg(long)]
-        after: Option<i64>,
+        cursor: Option<String>,
     },
     /// Show one dead letter with its payload and error history.
     Show {
@@ -220,7 +250,7 @@ enum DlqCommand {
         #[command(flatten)]
         filter: DlqFilterArgs,
         /// Every dead letter (the token may see): needed without ids and filter.
-        #[arg(long, conflicts_with_all = ["ids", "tenant", "topic", "subscription"])]
+        #[arg(long, conflicts_with_all = ["ids", "tenant", "topic", "subscription", "message_id", "since", "until"])]
         all: bool,
         /// Delivery ids; without ids, every dead letter matching the filter.
         ids: Vec<i64>,
@@ -232,7 +262,7 @@ enum DlqCommand {
         #[command(flatten)]
         filter: DlqFilterArgs,
         /// Every dead letter (the token may see): needed without ids and filter.
-        #[arg(long, conflicts_with_all = ["ids", "tenant", "topic", "subscription"])]
+        #[arg(long, conflicts_with_all = ["ids", "tenant", "topic", "subscription", "message_id", "since", "until"])]
         all: bool,
         /// Delivery ids; without ids, every dead letter matching the filter.
         ids: Vec<i64>,
@@ -489,12 +519,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             ),
         },
         Command::Status { db, json: _ } if db.remote.url.is_some() => {
-            ops::print_json(&remote(&db)?.get("/v1/stats").await?)?;
+            ops::print_json(&remote(&db)?.get_all("/v1/stats?limit=500").await?)?;
         }
         Command::Status { db, json } => {
-            let stats = db.open().await?.status().await?;
+            let (totals, stats) = db.open().await?.status().await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&stats)?);
+                // The shape of `GET /v1/stats`, every row on one page.
+                let mut document = serde_json::to_value(&totals)?;
+                document["items"] = serde_json::to_value(&stats)?;
+                document["next_cursor"] = serde_json::Value::Null;
+                println!("{}", serde_json::to_string_pretty(&document)?);
             } else {
                 let rows: Vec<Vec<String>> = stats
                     .iter()
@@ -533,7 +567,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Streams(command) => streams::run(command).await?,
         Command::Subscriptions(command) => match command {
             SubscriptionsCommand::List { db } if db.remote.url.is_some() => {
-                ops::print_json(&remote(&db)?.get("/v1/subscriptions").await?)?;
+                ops::print_json(&remote(&db)?.get_all("/v1/subscriptions?limit=500").await?)?;
             }
             SubscriptionsCommand::Show { db, name } => {
                 let path = format!("/v1/subscriptions/{}", ops::encode(&name));
@@ -772,7 +806,7 @@ fn remote(db: &DbArgs) -> anyhow::Result<ops::Remote> {
 
 impl DlqFilterArgs {
     fn is_empty(&self) -> bool {
-        self.tenant.is_none() && self.topic.is_none() && self.subscription.is_none()
+        self.filter().is_empty()
     }
 }
 
@@ -785,7 +819,8 @@ fn check_selection(
 ) -> anyhow::Result<()> {
     if ids.is_empty() && filter.is_empty() && !all {
         anyhow::bail!(
-            "invalid arguments: without ids or --tenant/--topic/--subscription this would {verb} \
+            "invalid arguments: without ids or a filter (--tenant, --topic, --subscription, \
+             --message-id, --since, --until) this would {verb} \
              every dead letter; pass --all to mean that"
         );
     }
@@ -804,6 +839,9 @@ fn selection(ids: &[i64], filter: &DlqFilterArgs, all: bool) -> anyhow::Result<s
             tenant: filter.tenant.clone(),
             topic: filter.topic.clone(),
             subscription: filter.subscription.clone(),
+            message_id: filter.message_id,
+            dead_after: filter.since,
+            dead_before: filter.until,
         };
         (None, Some(filter), None)
     };
@@ -830,20 +868,12 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
             db,
             filter,
             limit,
-            after,
+            cursor,
         } if db.remote.url.is_some() => {
             let mut query = vec![("limit", limit.to_string())];
-            for (key, value) in [
-                ("tenant", &filter.tenant),
-                ("topic", &filter.topic),
-                ("subscription", &filter.subscription),
-            ] {
-                if let Some(value) = value {
-                    query.push((key, value.clone()));
-                }
-            }
-            if let Some(after) = after {
-                query.push(("cursor", after.to_string()));
+            query.extend(filter.fields());
+            if let Some(cursor) = cursor {
+                query.push(("cursor", cursor));
             }
             let query: Vec<String> = query
                 .iter()
@@ -877,8 +907,13 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
             db,
             filter,
             limit,
-            after,
+            cursor,
         } => {
+            let after = cursor
+                .as_deref()
+                .map(courier_server::cursor::decode::<courier::DeadLetterKey>)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("invalid arguments: --cursor: {}", e.message))?;
             let page = db
                 .open()
                 .await?
@@ -915,8 +950,8 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
                     &rows
                 )
             );
-            if let Some(cursor) = page.next_cursor {
-                println!("more: --after {cursor}");
+            if let Some(key) = page.next_cursor {
+                println!("more: --cursor {}", courier_server::cursor::encode(&key));
             }
         }
         DlqCommand::Show { db, id } => {

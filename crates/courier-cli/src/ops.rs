@@ -9,8 +9,9 @@ use anyhow::{bail, Context};
 use courier::postgres::PgStore;
 use courier::sqlite::SqliteStore;
 use courier::{
-    AdminStore, Courier, DeadLetter, DeadLetterFilter, DeadLetterStore, DeliveryStats,
-    EnqueueOutcome, NewMessage, OutboxStore, SubscriptionInfo,
+    AdminStore, Courier, DeadLetter, DeadLetterFilter, DeadLetterKey, DeadLetterStore,
+    DeliveryStats, DeliveryTotals, EnqueueOutcome, NewMessage, OutboxStore, SubscriptionInfo,
+    MAX_LIST_PAGE,
 };
 
 use crate::database::{validate_schema, Database};
@@ -74,14 +75,34 @@ impl Store {
         Ok(with_store!(self, courier => courier.publish(messages).await)?)
     }
 
-    /// Open deliveries per subscription and topic.
-    pub async fn status(&self) -> anyhow::Result<Vec<DeliveryStats>> {
-        Ok(with_store!(self, courier => courier.store().delivery_stats(None).await)?)
+    /// Open deliveries in total and per subscription and topic (every page).
+    pub async fn status(&self) -> anyhow::Result<(DeliveryTotals, Vec<DeliveryStats>)> {
+        let totals =
+            with_store!(self, courier => courier.store().delivery_totals(None, None).await)?;
+        let mut rows = Vec::new();
+        let mut after = None;
+        loop {
+            let page = with_store!(self, courier => courier.store().delivery_stats(None, after.as_ref(), MAX_LIST_PAGE).await)?;
+            rows.extend(page.items);
+            match page.next_cursor {
+                Some(key) => after = Some(key),
+                None => return Ok((totals, rows)),
+            }
+        }
     }
 
-    /// Registered subscriptions.
+    /// Registered subscriptions, by name (every page).
     pub async fn subscriptions(&self) -> anyhow::Result<Vec<SubscriptionInfo>> {
-        Ok(with_store!(self, courier => courier.store().list_subscriptions().await)?)
+        let mut subscriptions = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = with_store!(self, courier => courier.store().list_subscriptions(after.as_deref(), MAX_LIST_PAGE).await)?;
+            subscriptions.extend(page.items);
+            match page.next_cursor {
+                Some(name) => after = Some(name),
+                None => return Ok(subscriptions),
+            }
+        }
     }
 
     /// Pauses or resumes a subscription; fails if it does not exist.
@@ -104,12 +125,8 @@ impl Store {
 
     /// Removes topic patterns from a subscription; fails if it does not exist.
     pub async fn remove_topics(&self, name: &str, patterns: &[String]) -> anyhow::Result<u64> {
-        let known = self
-            .subscriptions()
-            .await?
-            .into_iter()
-            .any(|s| s.name == name);
-        if !known {
+        let known = with_store!(self, courier => courier.store().get_subscription(name).await)?;
+        if known.is_none() {
             bail!("no subscription named {name:?}");
         }
         Ok(
@@ -121,7 +138,7 @@ impl Store {
     pub async fn dead_letters(
         &self,
         filter: &DeadLetterFilter,
-        after: Option<i64>,
+        after: Option<DeadLetterKey>,
         limit: usize,
     ) -> anyhow::Result<courier::DeadLetterPage> {
         Ok(with_store!(self, courier => courier.dead_letters(filter, after, limit).await)?)
@@ -301,6 +318,26 @@ impl Remote {
     pub async fn get(&self, path: &str) -> anyhow::Result<serde_json::Value> {
         self.send(self.client.get(format!("{}{path}", self.base)), path)
             .await
+    }
+
+    /// `GET path` for every page of a list: follows `next_cursor` until the
+    /// last page and answers the first page's document with every page's
+    /// `items` and `next_cursor: null`.
+    pub async fn get_all(&self, path: &str) -> anyhow::Result<serde_json::Value> {
+        let separator = if path.contains('?') { '&' } else { '?' };
+        let mut document = self.get(path).await?;
+        let mut items = document["items"].as_array().cloned().unwrap_or_default();
+        let mut cursor = document["next_cursor"].as_str().map(str::to_owned);
+        while let Some(next) = cursor {
+            let page = self
+                .get(&format!("{path}{separator}cursor={}", encode(&next)))
+                .await?;
+            items.extend(page["items"].as_array().cloned().unwrap_or_default());
+            cursor = page["next_cursor"].as_str().map(str::to_owned);
+        }
+        document["items"] = serde_json::Value::Array(items);
+        document["next_cursor"] = serde_json::Value::Null;
+        Ok(document)
     }
 
     /// `POST path` with a JSON body.

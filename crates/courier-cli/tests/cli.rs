@@ -303,7 +303,7 @@ async fn explain_prints_the_hot_queries_plans_and_indexes() {
         "Buffers: shared hit=",
         "Execution Time:",
         "deliveries_ready",
-        "messages_created_at",
+        "messages_enqueued",
         "receipts_completed_at",
     ] {
         assert!(table.contains(needle), "{needle} missing from:\n{table}");
@@ -593,7 +593,62 @@ fn dlq_retry_and_discard_of_every_dead_letter_need_all() {
             &["dlq", verb, "--all", "--topic", "t", "--database-url", db],
         );
         assert!(!both.status.success(), "--all with a filter ran");
+        let ranged = courier(
+            dir.path(),
+            &[
+                "dlq",
+                verb,
+                "--all",
+                "--since",
+                "2026-12-01T00:00:00Z",
+                "--database-url",
+                db,
+            ],
+        );
+        assert!(!ranged.status.success(), "--all with --since ran");
     }
+    // The time filters reach the store's check; the cursor is the API's.
+    let empty_range = courier(
+        dir.path(),
+        &[
+            "dlq",
+            "list",
+            "--since",
+            "2026-12-02T00:00:00Z",
+            "--until",
+            "2026-12-01T00:00:00Z",
+            "--database-url",
+            db,
+        ],
+    );
+    assert!(!empty_range.status.success());
+    assert!(
+        stderr(&empty_range).contains("dead_before"),
+        "{}",
+        stderr(&empty_range)
+    );
+    let bad_cursor = courier(
+        dir.path(),
+        &["dlq", "list", "--cursor", "nope", "--database-url", db],
+    );
+    assert!(!bad_cursor.status.success());
+    assert!(
+        stderr(&bad_cursor).contains("--cursor"),
+        "{}",
+        stderr(&bad_cursor)
+    );
+    let listed = courier(
+        dir.path(),
+        &[
+            "dlq",
+            "list",
+            "--message-id",
+            "01a233fa-3687-703b-a9c7-6083e8afef53",
+            "--database-url",
+            db,
+        ],
+    );
+    assert!(listed.status.success(), "{}", stderr(&listed));
 }
 
 /// A call to a daemon that never answers ends at `--timeout-ms` with an

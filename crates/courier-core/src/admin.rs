@@ -50,6 +50,14 @@ pub struct MessageFilter {
     /// Only messages owed to (or applied by) this subscription; with `state`,
     /// the state of this subscription's delivery.
     pub subscription: Option<String>,
+    /// Only the message with this id.
+    pub message_id: Option<Uuid>,
+    /// Only messages enqueued at or after this instant (`enqueued_at`, the
+    /// database clock).
+    pub enqueued_after: Option<DateTime<Utc>>,
+    /// Only messages enqueued before this instant: with `enqueued_after`, the
+    /// half-open range `[enqueued_after, enqueued_before)`.
+    pub enqueued_before: Option<DateTime<Utc>>,
 }
 
 /// The most messages one page of [`AdminStore::list_messages`] holds.
@@ -59,15 +67,87 @@ pub const MAX_MESSAGE_PAGE: usize = 1000;
 pub const MESSAGE_FILTER_STATES: [&str; 4] = ["available", "running", "dead", "completed"];
 
 impl MessageFilter {
-    /// Refuses a `state` other than the four a delivery can show, naming the field.
+    /// Refuses a `state` other than the four a delivery can show, and a time
+    /// range whose `enqueued_after` is not before its `enqueued_before`,
+    /// naming the field.
     pub fn validate(&self) -> Result<(), ValidationError> {
         match self.state.as_deref() {
-            Some(state) if !MESSAGE_FILTER_STATES.contains(&state) => Err(ValidationError::new(
-                "state",
-                format!("{state:?} is not one of available, running, dead, completed"),
-            )),
-            _ => Ok(()),
+            Some(state) if !MESSAGE_FILTER_STATES.contains(&state) => {
+                return Err(ValidationError::new(
+                    "state",
+                    format!("{state:?} is not one of available, running, dead, completed"),
+                ))
+            }
+            _ => {}
         }
+        validate_time_range(
+            ("enqueued_after", self.enqueued_after),
+            ("enqueued_before", self.enqueued_before),
+        )
+    }
+}
+
+impl MessageFilter {
+    /// The bounds a store scans its (enqueued_at, id) index between for this
+    /// filter: the lowest `enqueued_at` (inclusive) and the key the scan
+    /// starts below (exclusive; `None`: from the newest). The start is the
+    /// cursor `before` or the end of the `enqueued_before` range, whichever
+    /// is lower, so the scan starts where the page does instead of walking
+    /// down to it. With a `message_id`, the store passes that message's
+    /// `enqueued_at` (looked up by id) as `message_enqueued_at`, and the scan
+    /// covers only its key: an index seek, whatever else the filter says.
+    pub fn scan_bounds(
+        &self,
+        before: Option<MessageKey>,
+        message_enqueued_at: Option<DateTime<Utc>>,
+    ) -> (Option<DateTime<Utc>>, Option<MessageKey>) {
+        let order = |k: &MessageKey| (k.enqueued_at, k.id);
+        // (enqueued_before, nil) is below every key at enqueued_before.
+        let range_end = self.enqueued_before.map(|enqueued_at| MessageKey {
+            enqueued_at,
+            id: Uuid::nil(),
+        });
+        let just_above_message = self
+            .message_id
+            .zip(message_enqueued_at)
+            .map(|(id, at)| match id.as_u128().checked_add(1) {
+                Some(next) => MessageKey {
+                    enqueued_at: at,
+                    id: Uuid::from_u128(next),
+                },
+                None => MessageKey {
+                    enqueued_at: at + chrono::TimeDelta::microseconds(1),
+                    id: Uuid::nil(),
+                },
+            });
+        let start = [before, range_end, just_above_message]
+            .into_iter()
+            .flatten()
+            .min_by_key(order);
+        let lowest = [self.enqueued_after, message_enqueued_at]
+            .into_iter()
+            .flatten()
+            .max();
+        (lowest, start)
+    }
+}
+
+/// Refuses a half-open range `[after, before)` that holds no instant: both
+/// bounds given and `after` not before `before`. Names the `before` field.
+pub(crate) fn validate_time_range(
+    (after_field, after): (&'static str, Option<DateTime<Utc>>),
+    (before_field, before): (&'static str, Option<DateTime<Utc>>),
+) -> Result<(), ValidationError> {
+    match (after, before) {
+        (Some(after), Some(before)) if after >= before => Err(ValidationError::new(
+            before_field,
+            format!(
+                "must be after {after_field} ({}), got {}",
+                after.to_rfc3339(),
+                before.to_rfc3339()
+            ),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -90,15 +170,94 @@ mod tests {
             assert_eq!(error.map(|e| e.field), Some("state"), "{bad:?}");
         }
     }
+
+    #[test]
+    fn the_scan_starts_at_the_lowest_of_cursor_range_end_and_message() {
+        let at = |ms: i64| DateTime::from_timestamp_millis(ms).unwrap_or_default();
+        let id = Uuid::from_u128(7);
+        let key = |ms: i64, id: Uuid| MessageKey {
+            enqueued_at: at(ms),
+            id,
+        };
+        let filter = MessageFilter {
+            enqueued_after: Some(at(10)),
+            enqueued_before: Some(at(50)),
+            ..MessageFilter::default()
+        };
+        assert_eq!(
+            filter.scan_bounds(None, None),
+            (Some(at(10)), Some(key(50, Uuid::nil())))
+        );
+        assert_eq!(
+            filter.scan_bounds(Some(key(40, id)), None),
+            (Some(at(10)), Some(key(40, id)))
+        );
+        assert_eq!(
+            filter.scan_bounds(Some(key(60, id)), None).1,
+            Some(key(50, Uuid::nil()))
+        );
+        let one = MessageFilter {
+            message_id: Some(id),
+            ..MessageFilter::default()
+        };
+        assert_eq!(
+            one.scan_bounds(None, Some(at(20))),
+            (Some(at(20)), Some(key(20, Uuid::from_u128(8))))
+        );
+        assert_eq!(
+            MessageFilter::default().scan_bounds(None, None),
+            (None, None)
+        );
+    }
+
+    #[test]
+    fn an_empty_enqueued_range_is_refused_naming_enqueued_before() {
+        let at = |seconds: i64| DateTime::from_timestamp(seconds, 0);
+        let range = |after: Option<DateTime<Utc>>, before: Option<DateTime<Utc>>| MessageFilter {
+            enqueued_after: after,
+            enqueued_before: before,
+            ..MessageFilter::default()
+        };
+        assert!(range(at(10), at(11)).validate().is_ok());
+        assert!(range(at(10), None).validate().is_ok());
+        assert!(range(None, at(10)).validate().is_ok());
+        for (after, before) in [(10, 10), (11, 10)] {
+            let error = range(at(after), at(before)).validate().err();
+            assert_eq!(error.map(|e| e.field), Some("enqueued_before"));
+        }
+    }
+}
+
+/// Where a message listing stands: a message's place in the listing order,
+/// `enqueued_at` then `id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MessageKey {
+    /// When the message was enqueued (database clock).
+    pub enqueued_at: DateTime<Utc>,
+    /// The message id, breaking ties between messages of one transaction.
+    pub id: Uuid,
+}
+
+impl MessageKey {
+    /// The key of `message`.
+    pub fn of(message: &StoredMessage) -> Self {
+        Self {
+            enqueued_at: message.enqueued_at,
+            id: message.id,
+        }
+    }
 }
 
 /// One page of messages, newest first.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct MessagePage {
-    /// The messages, by id descending (UUIDv7 ids descend in time).
+    /// The messages, by (`enqueued_at`, `id`) descending: the order an index
+    /// serves for every filter, time ranges included. (Ids alone would not
+    /// do: producers may supply their own, so an id's time need not be its
+    /// enqueue time.)
     pub items: Vec<StoredMessage>,
     /// Pass as `before` to get the next page; `None` on the last page.
-    pub next_cursor: Option<Uuid>,
+    pub next_cursor: Option<MessageKey>,
 }
 
 /// What [`AdminStore::cancel_message`] did.
@@ -121,6 +280,44 @@ pub enum CancelOutcome {
         state: String,
     },
 }
+
+/// Where a page of [`AdminStore::delivery_stats`] continues: after this
+/// (subscription, topic), in byte order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StatsKey {
+    /// The subscription of the last row shown.
+    pub subscription: String,
+    /// The topic of the last row shown.
+    pub topic: String,
+}
+
+/// One page of delivery stats, by (subscription, topic) in byte order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeliveryStatsPage {
+    /// The rows.
+    pub items: Vec<DeliveryStats>,
+    /// Pass as `after` to get the next page; `None` on the last page.
+    pub next_cursor: Option<StatsKey>,
+}
+
+/// Open deliveries by state over every (subscription, topic) a query covers,
+/// and the age of the oldest.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct DeliveryTotals {
+    /// Deliveries waiting (including those in backoff or delayed).
+    pub available: i64,
+    /// Deliveries under a lease.
+    pub running: i64,
+    /// Dead letters.
+    pub dead: i64,
+    /// Seconds since the oldest waiting or running delivery was enqueued
+    /// (database clock); `None` when none is open.
+    pub oldest_pending_age_seconds: Option<f64>,
+}
+
+/// The most rows one page of [`AdminStore::delivery_stats`] or
+/// [`AdminStore::list_subscriptions`] holds.
+pub const MAX_LIST_PAGE: usize = 1000;
 
 /// Open deliveries of one (subscription, topic) by state, and the age of the oldest.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -151,6 +348,16 @@ pub struct SubscriptionInfo {
     pub paused: bool,
     /// When it was created.
     pub created_at: DateTime<Utc>,
+}
+
+/// One page of subscriptions, by name in byte order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SubscriptionPage {
+    /// The subscriptions.
+    pub items: Vec<SubscriptionInfo>,
+    /// Pass as `after` to get the next page (the last name shown); `None` on
+    /// the last page.
+    pub next_cursor: Option<String>,
 }
 
 /// A per-tenant rate limit: a token bucket of `burst` tokens refilled at
@@ -209,24 +416,50 @@ pub trait AdminStore: Send + Sync {
         keys: &'c [(String, String)],
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send + 'c;
 
-    /// Messages matching `filter` with id below `before`, newest first.
+    /// Messages matching `filter` that come after `before` in the listing
+    /// order (newest first, see [`MessagePage`]), at most `limit` (clamped to
+    /// 1..=[`MAX_MESSAGE_PAGE`]). A filter [`MessageFilter::validate`]
+    /// refuses is an [`StoreError::Invalid`].
     fn list_messages<'c>(
         &'c self,
         filter: &'c MessageFilter,
-        before: Option<Uuid>,
+        before: Option<MessageKey>,
         limit: usize,
     ) -> impl Future<Output = Result<MessagePage, StoreError>> + Send + 'c;
 
-    /// Open deliveries per (subscription, topic), for the given tenants (`None`: all).
+    /// Open deliveries per (subscription, topic) of the given tenants
+    /// (`None`: all), after the key `after`, in byte order of (subscription,
+    /// topic), at most `limit` (clamped to 1..=[`MAX_LIST_PAGE`]). Pairs with
+    /// nothing open or dead have no row.
     fn delivery_stats<'c>(
         &'c self,
         tenants: Option<&'c [String]>,
-    ) -> impl Future<Output = Result<Vec<DeliveryStats>, StoreError>> + Send + 'c;
+        after: Option<&'c StatsKey>,
+        limit: usize,
+    ) -> impl Future<Output = Result<DeliveryStatsPage, StoreError>> + Send + 'c;
 
-    /// Every subscription, by name.
-    fn list_subscriptions(
-        &self,
-    ) -> impl Future<Output = Result<Vec<SubscriptionInfo>, StoreError>> + Send;
+    /// Open deliveries by state summed over every row
+    /// [`AdminStore::delivery_stats`] shows for these tenants (`None`: all),
+    /// or only `subscription`'s rows; the oldest age is the oldest of them.
+    fn delivery_totals<'c>(
+        &'c self,
+        tenants: Option<&'c [String]>,
+        subscription: Option<&'c str>,
+    ) -> impl Future<Output = Result<DeliveryTotals, StoreError>> + Send + 'c;
+
+    /// Subscriptions with a name after `after`, by name in byte order, at
+    /// most `limit` (clamped to 1..=[`MAX_LIST_PAGE`]).
+    fn list_subscriptions<'c>(
+        &'c self,
+        after: Option<&'c str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<SubscriptionPage, StoreError>> + Send + 'c;
+
+    /// One subscription, if it exists.
+    fn get_subscription<'c>(
+        &'c self,
+        name: &'c str,
+    ) -> impl Future<Output = Result<Option<SubscriptionInfo>, StoreError>> + Send + 'c;
 
     /// Pauses or resumes claiming for a subscription; returns whether it exists.
     /// A paused subscription's deliveries wait; running ones finish.

@@ -16,8 +16,9 @@ mod store;
 mod stream;
 
 pub use admin::{
-    AdminStore, CancelOutcome, DeliveryStats, MessageFilter, MessagePage, RateLimit, StoredMessage,
-    SubscriptionInfo, MAX_MESSAGE_PAGE, MESSAGE_FILTER_STATES,
+    AdminStore, CancelOutcome, DeliveryStats, DeliveryStatsPage, DeliveryTotals, MessageFilter,
+    MessageKey, MessagePage, RateLimit, StatsKey, StoredMessage, SubscriptionInfo,
+    SubscriptionPage, MAX_LIST_PAGE, MAX_MESSAGE_PAGE, MESSAGE_FILTER_STATES,
 };
 pub use error::{HandlerError, StoreError, ValidationError};
 pub use message::{
@@ -28,9 +29,10 @@ pub use names::{validate_name, NAME_MAX_LEN};
 pub use retry::RetryPolicy;
 pub use store::{
     single_transactional_outcome, BatchItem, BatchRollback, ClaimBatch, ClaimParams, Completion,
-    DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliverySummary, Failure,
-    FailureApplied, LeaseRef, OutboxStore, PruneReport, Registration, Replay, RescueParams, Route,
-    Snooze, SubscriptionSpec, TransactionalBatchOutcome, TransactionalOutcome, TxWork, MAX_SNOOZES,
+    DeadLetter, DeadLetterFilter, DeadLetterKey, DeadLetterPage, DeadLetterStore, DeliverySummary,
+    Failure, FailureApplied, LeaseRef, OutboxStore, PruneReport, Registration, Replay,
+    RescueParams, Route, Snooze, SubscriptionSpec, TransactionalBatchOutcome, TransactionalOutcome,
+    TxWork, MAX_SNOOZES,
 };
 pub use stream::{
     dead_letter_entry, group_not_found, validate_block, validate_count, ClaimIdle, ClaimedEntries,

@@ -462,7 +462,7 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'c;
 }
 
-/// Which dead letters an operation concerns.
+/// Which dead letters an operation concerns. Every field narrows; `None` is any.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeadLetterFilter {
     /// Only this tenant's.
@@ -471,6 +471,67 @@ pub struct DeadLetterFilter {
     pub topic: Option<String>,
     /// Only this subscription's.
     pub subscription: Option<String>,
+    /// Only this message's.
+    pub message_id: Option<Uuid>,
+    /// Only those dead-lettered at or after this instant (`dead_at`, the
+    /// database clock).
+    pub dead_after: Option<DateTime<Utc>>,
+    /// Only those dead-lettered before this instant: with `dead_after`, the
+    /// half-open range `[dead_after, dead_before)`.
+    pub dead_before: Option<DateTime<Utc>>,
+}
+
+impl DeadLetterFilter {
+    /// Whether the filter names nothing, so it matches every dead letter.
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+
+    /// The bounds a store scans its (dead_at, id) index between for this
+    /// filter: the key the scan starts above (exclusive; `None`: from the
+    /// oldest) and the `dead_at` it stops before (`None`: the newest). The
+    /// start is the cursor `after` or the start of the `dead_after` range,
+    /// whichever is higher, so the scan starts where the page does. With a
+    /// `message_id`, the store passes the oldest and newest `dead_at` of that
+    /// message's dead letters (looked up by id) as `message_dead_at`, and the
+    /// scan covers only them.
+    pub fn scan_bounds(
+        &self,
+        after: Option<DeadLetterKey>,
+        message_dead_at: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    ) -> (Option<DeadLetterKey>, Option<DateTime<Utc>>) {
+        let from = |dead_at: DateTime<Utc>| DeadLetterKey {
+            // Delivery ids start at 1: (t, 0) is below every key at t.
+            dead_at,
+            delivery_id: 0,
+        };
+        let message = message_dead_at.filter(|_| self.message_id.is_some());
+        let start = [
+            after,
+            self.dead_after.map(from),
+            message.map(|(oldest, _)| from(oldest)),
+        ]
+        .into_iter()
+        .flatten()
+        .max_by_key(|k| (k.dead_at, k.delivery_id));
+        let end = [
+            self.dead_before,
+            message.map(|(_, newest)| newest + chrono::TimeDelta::microseconds(1)),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        (start, end)
+    }
+
+    /// Refuses a time range whose `dead_after` is not before its
+    /// `dead_before`, naming `dead_before`.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        crate::admin::validate_time_range(
+            ("dead_after", self.dead_after),
+            ("dead_before", self.dead_before),
+        )
+    }
 }
 
 /// A dead-lettered delivery with what an operator needs to decide on it.
@@ -500,13 +561,24 @@ pub struct DeadLetter {
     pub enqueued_at: DateTime<Utc>,
 }
 
-/// One page of dead letters.
+/// Where a dead-letter listing stands: a dead letter's place in the listing
+/// order, `dead_at` then delivery id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeadLetterKey {
+    /// When the delivery was dead-lettered (database clock).
+    pub dead_at: DateTime<Utc>,
+    /// The delivery id, breaking ties between deliveries that died together.
+    pub delivery_id: i64,
+}
+
+/// One page of dead letters, oldest first.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DeadLetterPage {
-    /// The dead letters, by delivery id ascending.
+    /// The dead letters, by (`dead_at`, delivery id) ascending: the order an
+    /// index serves with or without a `dead_at` range.
     pub items: Vec<DeadLetter>,
     /// Pass as `after` to get the next page; `None` on the last page.
-    pub next_cursor: Option<i64>,
+    pub next_cursor: Option<DeadLetterKey>,
 }
 
 /// The state of one (message, subscription) pair, for inspection.
@@ -527,13 +599,26 @@ pub struct DeliverySummary {
 
 /// Operators' dead-letter work: list, inspect, retry, discard.
 pub trait DeadLetterStore: Send + Sync {
-    /// Lists dead letters matching `filter` with delivery id above `after`.
+    /// Lists dead letters matching `filter` that come after `after` in the
+    /// listing order (oldest first, see [`DeadLetterPage`]), at most `limit`
+    /// (clamped to 1..=1000). A filter [`DeadLetterFilter::validate`]
+    /// refuses is an [`StoreError::Invalid`], here, in
+    /// [`DeadLetterStore::count_dead_letters`] and in every `_matching`
+    /// operation.
     fn list_dead_letters<'c>(
         &'c self,
         filter: &'c DeadLetterFilter,
-        after: Option<i64>,
+        after: Option<DeadLetterKey>,
         limit: usize,
     ) -> impl Future<Output = Result<DeadLetterPage, StoreError>> + Send + 'c;
+
+    /// How many dead letters match `filter`: what
+    /// [`DeadLetterStore::retry_dead_letters_matching`] or
+    /// [`DeadLetterStore::discard_dead_letters_matching`] would act on now.
+    fn count_dead_letters<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
 
     /// One dead letter with its error history, if it exists.
     fn get_dead_letter(

@@ -10,7 +10,10 @@ WITH gone AS (
          OR ($1::bigint[] IS NULL
              AND ($2::text IS NULL OR d.tenant = $2)
              AND ($3::text IS NULL OR d.topic = $3)
-             AND ($4::text IS NULL OR d.subscription = $4)))
+             AND ($4::text IS NULL OR d.subscription = $4)
+             AND ($6::uuid IS NULL OR d.message_id = $6)
+             AND ($7::timestamptz IS NULL OR d.dead_at >= $7)
+             AND ($8::timestamptz IS NULL OR d.dead_at < $8)))
   RETURNING 1
 )
 SELECT count(*) FROM gone

@@ -1,6 +1,7 @@
 -- Makes dead letters deliverable now with their attempts reset; the error
 -- history is kept; returns how many. Selected by ids ($1) or, when $1 is NULL,
--- by filter ($2 tenant, $3 topic, $4 subscription; NULL: any). $5, when not
+-- by filter ($2 tenant, $3 topic, $4 subscription, $6 message id, [$7, $8)
+-- the half-open range of dead_at; NULL: any). $5, when not
 -- NULL, keeps only these tenants' rows: a tenant-scoped retry by ids is this
 -- one statement, and another tenant's id is left alone.
 -- Touches: deliveries, claim_marks (each retried delivery is announced to
@@ -14,7 +15,10 @@ WITH changed AS (
          OR ($1::bigint[] IS NULL
              AND ($2::text IS NULL OR d.tenant = $2)
              AND ($3::text IS NULL OR d.topic = $3)
-             AND ($4::text IS NULL OR d.subscription = $4)))
+             AND ($4::text IS NULL OR d.subscription = $4)
+             AND ($6::uuid IS NULL OR d.message_id = $6)
+             AND ($7::timestamptz IS NULL OR d.dead_at >= $7)
+             AND ($8::timestamptz IS NULL OR d.dead_at < $8)))
   RETURNING d.id, d.subscription, d.tenant, d.available_at
 ),
 marked AS (

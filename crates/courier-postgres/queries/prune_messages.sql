@@ -1,6 +1,6 @@
 -- Retention: deletes up to $2 messages older than $1 ms whose deliveries are all
 -- done (no delivery row left: completed ones are deleted, dead letters stay and
--- keep their message). Scans by the BRIN index on created_at.
+-- keep their message). Scans messages_enqueued (created_at, id) from the oldest.
 DELETE FROM {schema}.messages
 WHERE id IN (
   SELECT m.id FROM {schema}.messages m

@@ -2,10 +2,13 @@
 //! with their per-subscription state, counts of open work, subscriptions and
 //! their pause switch, and readiness.
 
+use chrono::{DateTime, Utc};
 use courier_core::{
-    AdminStore, CancelOutcome, DeadLetterStore, DeliveryStats, DeliverySummary, MessageFilter,
-    MessagePage, RateLimit, StoreError, StoredMessage, SubscriptionInfo,
+    AdminStore, CancelOutcome, DeadLetterStore, DeliveryStats, DeliveryStatsPage, DeliverySummary,
+    DeliveryTotals, MessageFilter, MessageKey, MessagePage, RateLimit, StatsKey, StoreError,
+    StoredMessage, SubscriptionInfo, SubscriptionPage, MAX_LIST_PAGE,
 };
+use sqlx::postgres::PgRow;
 use sqlx::Row;
 use uuid::Uuid;
 
@@ -99,17 +102,35 @@ impl AdminStore for PgStore {
     async fn list_messages<'c>(
         &'c self,
         filter: &'c MessageFilter,
-        before: Option<Uuid>,
+        before: Option<MessageKey>,
         limit: usize,
     ) -> Result<MessagePage, StoreError> {
         filter.validate()?;
+        let message_enqueued_at = match filter.message_id {
+            None => None,
+            Some(id) => {
+                let at: Option<DateTime<Utc>> = sqlx::query_scalar(&self.q().message_created_at)
+                    .bind(id)
+                    .fetch_optional(self.pool())
+                    .await
+                    .map_err(map)?;
+                if at.is_none() {
+                    return Ok(MessagePage::default());
+                }
+                at
+            }
+        };
+        let (lowest, start) = filter.scan_bounds(before, message_enqueued_at);
         let limit = limit.clamp(1, MAX_MESSAGE_PAGE);
         let rows = sqlx::query(&self.q().messages_list)
             .bind(&filter.tenants)
             .bind(&filter.topic)
-            .bind(before)
             .bind(&filter.state)
             .bind(&filter.subscription)
+            .bind(filter.message_id)
+            .bind(lowest)
+            .bind(start.map(|key| key.enqueued_at))
+            .bind(start.map(|key| key.id))
             .bind(i64::try_from(limit + 1).unwrap_or(i64::MAX))
             .fetch_all(self.pool())
             .await
@@ -120,7 +141,7 @@ impl AdminStore for PgStore {
             .collect::<Result<Vec<_>, _>>()?;
         let next_cursor = if items.len() > limit {
             items.truncate(limit);
-            items.last().map(|m| m.id)
+            items.last().map(MessageKey::of)
         } else {
             None
         };
@@ -130,13 +151,20 @@ impl AdminStore for PgStore {
     async fn delivery_stats<'c>(
         &'c self,
         tenants: Option<&'c [String]>,
-    ) -> Result<Vec<DeliveryStats>, StoreError> {
+        after: Option<&'c StatsKey>,
+        limit: usize,
+    ) -> Result<DeliveryStatsPage, StoreError> {
+        let limit = limit.clamp(1, MAX_LIST_PAGE);
         let rows = sqlx::query(&self.q().delivery_stats)
             .bind(tenants)
+            .bind(after.map(|key| key.subscription.as_str()))
+            .bind(after.map(|key| key.topic.as_str()))
+            .bind(i64::try_from(limit + 1).unwrap_or(i64::MAX))
             .fetch_all(self.pool())
             .await
             .map_err(map)?;
-        rows.iter()
+        let mut items = rows
+            .iter()
             .map(|row| {
                 Ok(DeliveryStats {
                     subscription: row.try_get("subscription")?,
@@ -147,29 +175,77 @@ impl AdminStore for PgStore {
                     oldest_pending_age_seconds: row.try_get("oldest_pending_age_seconds")?,
                 })
             })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(map)
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(map)?;
+        let next_cursor = if items.len() > limit {
+            items.truncate(limit);
+            items.last().map(|row| StatsKey {
+                subscription: row.subscription.clone(),
+                topic: row.topic.clone(),
+            })
+        } else {
+            None
+        };
+        Ok(DeliveryStatsPage { items, next_cursor })
     }
 
-    async fn list_subscriptions(&self) -> Result<Vec<SubscriptionInfo>, StoreError> {
+    async fn delivery_totals<'c>(
+        &'c self,
+        tenants: Option<&'c [String]>,
+        subscription: Option<&'c str>,
+    ) -> Result<DeliveryTotals, StoreError> {
+        let row = sqlx::query(&self.q().delivery_totals)
+            .bind(tenants)
+            .bind(subscription)
+            .fetch_one(self.pool())
+            .await
+            .map_err(map)?;
+        (|| {
+            Ok(DeliveryTotals {
+                available: row.try_get("available")?,
+                running: row.try_get("running")?,
+                dead: row.try_get("dead")?,
+                oldest_pending_age_seconds: row.try_get("oldest_pending_age_seconds")?,
+            })
+        })()
+        .map_err(map)
+    }
+
+    async fn list_subscriptions<'c>(
+        &'c self,
+        after: Option<&'c str>,
+        limit: usize,
+    ) -> Result<SubscriptionPage, StoreError> {
+        let limit = limit.clamp(1, MAX_LIST_PAGE);
         let rows = sqlx::query(&self.q().subscriptions_list)
+            .bind(after)
+            .bind(i64::try_from(limit + 1).unwrap_or(i64::MAX))
             .fetch_all(self.pool())
             .await
             .map_err(map)?;
-        rows.iter()
-            .map(|row| {
-                let mut topics: Vec<String> = row.try_get("topics")?;
-                // Byte order, whatever the server's collation (the SQL sorts by "C" too).
-                topics.sort();
-                Ok(SubscriptionInfo {
-                    name: row.try_get("name")?,
-                    topics,
-                    paused: row.try_get("paused")?,
-                    created_at: row.try_get("created_at")?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(map)
+        let mut items = rows
+            .iter()
+            .map(subscription_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next_cursor = if items.len() > limit {
+            items.truncate(limit);
+            items.last().map(|s| s.name.clone())
+        } else {
+            None
+        };
+        Ok(SubscriptionPage { items, next_cursor })
+    }
+
+    async fn get_subscription<'c>(
+        &'c self,
+        name: &'c str,
+    ) -> Result<Option<SubscriptionInfo>, StoreError> {
+        let row = sqlx::query(&self.q().subscription_get)
+            .bind(name)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(map)?;
+        row.as_ref().map(subscription_from_row).transpose()
     }
 
     async fn set_subscription_paused<'c>(
@@ -240,4 +316,17 @@ impl AdminStore for PgStore {
             .map_err(map)?;
         Ok(self.schema_version().await? == migrate::SCHEMA_VERSION)
     }
+}
+
+/// A row of `subscriptions_list.sql` or `subscription_get.sql`.
+fn subscription_from_row(row: &PgRow) -> Result<SubscriptionInfo, StoreError> {
+    let mut topics: Vec<String> = row.try_get("topics").map_err(map)?;
+    // Byte order, whatever the server's collation (the SQL sorts by "C" too).
+    topics.sort();
+    Ok(SubscriptionInfo {
+        name: row.try_get("name").map_err(map)?,
+        topics,
+        paused: row.try_get("paused").map_err(map)?,
+        created_at: row.try_get("created_at").map_err(map)?,
+    })
 }

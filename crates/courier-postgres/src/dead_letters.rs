@@ -1,7 +1,9 @@
 //! [`DeadLetterStore`] for PostgreSQL: list, inspect, retry and discard.
 
+use chrono::{DateTime, Utc};
 use courier_core::{
-    DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliverySummary, StoreError,
+    DeadLetter, DeadLetterFilter, DeadLetterKey, DeadLetterPage, DeadLetterStore, DeliverySummary,
+    StoreError,
 };
 use sqlx::Row;
 use uuid::Uuid;
@@ -14,16 +16,37 @@ impl DeadLetterStore for PgStore {
     async fn list_dead_letters<'c>(
         &'c self,
         filter: &'c DeadLetterFilter,
-        after: Option<i64>,
+        after: Option<DeadLetterKey>,
         limit: usize,
     ) -> Result<DeadLetterPage, StoreError> {
-        let limit = i64::try_from(limit.clamp(1, 1000)).unwrap_or(1000);
+        filter.validate()?;
+        let message_dead_at = match filter.message_id {
+            None => None,
+            Some(id) => {
+                let row = sqlx::query(&self.q().message_dead_at_range)
+                    .bind(id)
+                    .fetch_one(&self.inner.pool)
+                    .await
+                    .map_err(map)?;
+                let oldest: Option<DateTime<Utc>> = row.try_get("oldest").map_err(map)?;
+                let newest: Option<DateTime<Utc>> = row.try_get("newest").map_err(map)?;
+                let Some(range) = oldest.zip(newest) else {
+                    return Ok(DeadLetterPage::default());
+                };
+                Some(range)
+            }
+        };
+        let (start, end) = filter.scan_bounds(after, message_dead_at);
+        let limit = limit.clamp(1, 1000);
         let rows = sqlx::query(&self.q().dead_letters_list)
             .bind(&filter.tenant)
             .bind(&filter.topic)
             .bind(&filter.subscription)
-            .bind(after.unwrap_or(0))
-            .bind(limit + 1)
+            .bind(filter.message_id)
+            .bind(end)
+            .bind(start.map(|key| key.dead_at))
+            .bind(start.map(|key| key.delivery_id))
+            .bind(i64::try_from(limit + 1).unwrap_or(i64::MAX))
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
@@ -31,13 +54,31 @@ impl DeadLetterStore for PgStore {
             .iter()
             .map(dead_letter_from_row)
             .collect::<Result<Vec<_>, _>>()?;
-        let next_cursor = if items.len() > usize::try_from(limit).unwrap_or(usize::MAX) {
-            items.pop();
-            items.last().map(|d| d.delivery_id)
+        let next_cursor = if items.len() > limit {
+            items.truncate(limit);
+            items.last().map(dead_letter_key).transpose()?
         } else {
             None
         };
         Ok(DeadLetterPage { items, next_cursor })
+    }
+
+    async fn count_dead_letters<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+    ) -> Result<u64, StoreError> {
+        filter.validate()?;
+        let count: i64 = sqlx::query_scalar(&self.q().dead_letters_count)
+            .bind(&filter.tenant)
+            .bind(&filter.topic)
+            .bind(&filter.subscription)
+            .bind(filter.message_id)
+            .bind(filter.dead_after)
+            .bind(filter.dead_before)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        Ok(u64::try_from(count).unwrap_or(0))
     }
 
     async fn get_dead_letter(&self, delivery_id: i64) -> Result<Option<DeadLetter>, StoreError> {
@@ -77,6 +118,7 @@ impl DeadLetterStore for PgStore {
         &'c self,
         filter: &'c DeadLetterFilter,
     ) -> Result<u64, StoreError> {
+        filter.validate()?;
         self.select_dead_letters(&self.q().dead_letters_retry, None, filter, None)
             .await
     }
@@ -109,6 +151,7 @@ impl DeadLetterStore for PgStore {
         &'c self,
         filter: &'c DeadLetterFilter,
     ) -> Result<u64, StoreError> {
+        filter.validate()?;
         self.select_dead_letters(&self.q().dead_letters_discard, None, filter, None)
             .await
     }
@@ -158,9 +201,24 @@ impl PgStore {
             .bind(&filter.topic)
             .bind(&filter.subscription)
             .bind(tenants)
+            .bind(filter.message_id)
+            .bind(filter.dead_after)
+            .bind(filter.dead_before)
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
         Ok(counts.first().map_or(0, |&n| u64::try_from(n).unwrap_or(0)))
     }
+}
+
+/// The listing key of a dead letter of `dead_letters_list.sql`, which lists
+/// only rows with a `dead_at`.
+fn dead_letter_key(dead: &DeadLetter) -> Result<DeadLetterKey, StoreError> {
+    let dead_at = dead.dead_at.ok_or_else(|| {
+        StoreError::Corrupt(format!("dead letter {} has no dead_at", dead.delivery_id))
+    })?;
+    Ok(DeadLetterKey {
+        dead_at,
+        delivery_id: dead.delivery_id,
+    })
 }

@@ -62,10 +62,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "stream_entry_origin",
         include_str!("../migrations/0011_stream_entry_origin.sql"),
     ),
+    (
+        12,
+        "listing_order_indexes",
+        include_str!("../migrations/0012_listing_order_indexes.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 11;
+pub const SCHEMA_VERSION: i64 = 12;
 
 /// Applies every migration newer than the schema's, in one transaction under
 /// the migration lock.

@@ -128,6 +128,16 @@ impl ApiError {
         )
     }
 
+    /// 400: a `cursor` parameter that is not a `next_cursor` of this list.
+    pub fn bad_cursor(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_cursor",
+            message,
+            Some("cursor".into()),
+        )
+    }
+
     /// 422: a field has the wrong type, is unknown, missing, or refused.
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self::new(

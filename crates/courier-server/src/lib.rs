@@ -20,6 +20,7 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod cursor;
 pub mod daemon;
 pub mod error;
 pub mod guard;

@@ -2,9 +2,10 @@
 //! router and its handlers are not generic over the backend.
 
 use courier::{
-    AdminStore, CancelOutcome, DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterStore,
-    DeliveryStats, DeliverySummary, EnqueueOutcome, MessageFilter, MessagePage, NewMessage,
-    OutboxStore, StoreError, StoredMessage, SubscriptionInfo,
+    AdminStore, CancelOutcome, DeadLetter, DeadLetterFilter, DeadLetterKey, DeadLetterPage,
+    DeadLetterStore, DeliveryStatsPage, DeliverySummary, DeliveryTotals, EnqueueOutcome,
+    MessageFilter, MessageKey, MessagePage, NewMessage, OutboxStore, StatsKey, StoreError,
+    StoredMessage, SubscriptionInfo, SubscriptionPage,
 };
 use futures_util::future::BoxFuture;
 use uuid::Uuid;
@@ -32,13 +33,31 @@ pub trait ApiStore: Send + Sync + 'static {
     fn list_messages(
         &self,
         filter: MessageFilter,
-        before: Option<Uuid>,
+        before: Option<MessageKey>,
         limit: usize,
     ) -> StoreFuture<'_, MessagePage>;
-    /// Open deliveries per (subscription, topic).
-    fn delivery_stats(&self, tenants: Option<Vec<String>>) -> StoreFuture<'_, Vec<DeliveryStats>>;
-    /// Every subscription.
-    fn list_subscriptions(&self) -> StoreFuture<'_, Vec<SubscriptionInfo>>;
+    /// A page of open deliveries per (subscription, topic).
+    fn delivery_stats(
+        &self,
+        tenants: Option<Vec<String>>,
+        after: Option<StatsKey>,
+        limit: usize,
+    ) -> StoreFuture<'_, DeliveryStatsPage>;
+    /// Open deliveries summed over every (subscription, topic), or one
+    /// subscription's.
+    fn delivery_totals(
+        &self,
+        tenants: Option<Vec<String>>,
+        subscription: Option<String>,
+    ) -> StoreFuture<'_, DeliveryTotals>;
+    /// A page of subscriptions, by name.
+    fn list_subscriptions(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> StoreFuture<'_, SubscriptionPage>;
+    /// One subscription.
+    fn get_subscription(&self, name: String) -> StoreFuture<'_, Option<SubscriptionInfo>>;
     /// Pauses or resumes a subscription; whether it exists.
     fn set_subscription_paused(&self, name: String, paused: bool) -> StoreFuture<'_, bool>;
     /// Whether the database answers with the expected schema.
@@ -47,9 +66,11 @@ pub trait ApiStore: Send + Sync + 'static {
     fn list_dead_letters(
         &self,
         filter: DeadLetterFilter,
-        after: Option<i64>,
+        after: Option<DeadLetterKey>,
         limit: usize,
     ) -> StoreFuture<'_, DeadLetterPage>;
+    /// How many dead letters match a filter.
+    fn count_dead_letters(&self, filter: DeadLetterFilter) -> StoreFuture<'_, u64>;
     /// One dead letter.
     fn get_dead_letter(&self, delivery_id: i64) -> StoreFuture<'_, Option<DeadLetter>>;
     /// Retries dead letters by id.
@@ -103,18 +124,43 @@ where
     fn list_messages(
         &self,
         filter: MessageFilter,
-        before: Option<Uuid>,
+        before: Option<MessageKey>,
         limit: usize,
     ) -> StoreFuture<'_, MessagePage> {
         Box::pin(async move { AdminStore::list_messages(self, &filter, before, limit).await })
     }
 
-    fn delivery_stats(&self, tenants: Option<Vec<String>>) -> StoreFuture<'_, Vec<DeliveryStats>> {
-        Box::pin(async move { AdminStore::delivery_stats(self, tenants.as_deref()).await })
+    fn delivery_stats(
+        &self,
+        tenants: Option<Vec<String>>,
+        after: Option<StatsKey>,
+        limit: usize,
+    ) -> StoreFuture<'_, DeliveryStatsPage> {
+        Box::pin(async move {
+            AdminStore::delivery_stats(self, tenants.as_deref(), after.as_ref(), limit).await
+        })
     }
 
-    fn list_subscriptions(&self) -> StoreFuture<'_, Vec<SubscriptionInfo>> {
-        Box::pin(AdminStore::list_subscriptions(self))
+    fn delivery_totals(
+        &self,
+        tenants: Option<Vec<String>>,
+        subscription: Option<String>,
+    ) -> StoreFuture<'_, DeliveryTotals> {
+        Box::pin(async move {
+            AdminStore::delivery_totals(self, tenants.as_deref(), subscription.as_deref()).await
+        })
+    }
+
+    fn list_subscriptions(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> StoreFuture<'_, SubscriptionPage> {
+        Box::pin(async move { AdminStore::list_subscriptions(self, after.as_deref(), limit).await })
+    }
+
+    fn get_subscription(&self, name: String) -> StoreFuture<'_, Option<SubscriptionInfo>> {
+        Box::pin(async move { AdminStore::get_subscription(self, &name).await })
     }
 
     fn set_subscription_paused(&self, name: String, paused: bool) -> StoreFuture<'_, bool> {
@@ -128,12 +174,16 @@ where
     fn list_dead_letters(
         &self,
         filter: DeadLetterFilter,
-        after: Option<i64>,
+        after: Option<DeadLetterKey>,
         limit: usize,
     ) -> StoreFuture<'_, DeadLetterPage> {
         Box::pin(
             async move { DeadLetterStore::list_dead_letters(self, &filter, after, limit).await },
         )
+    }
+
+    fn count_dead_letters(&self, filter: DeadLetterFilter) -> StoreFuture<'_, u64> {
+        Box::pin(async move { DeadLetterStore::count_dead_letters(self, &filter).await })
     }
 
     fn get_dead_letter(&self, delivery_id: i64) -> StoreFuture<'_, Option<DeadLetter>> {

@@ -439,11 +439,26 @@ where
         ("/v1/messages?limit=0", "limit"),
         ("/v1/messages?state=done", "state"),
         ("/v1/messages?topic=a:b", "topic"),
-        ("/v1/messages?cursor=nope", "cursor"),
         ("/v1/messages?colour=red", "colour"),
+        ("/v1/messages?message_id=seven", "message_id"),
+        ("/v1/messages?enqueued_after=yesterday", "enqueued_after"),
+        (
+            "/v1/messages?enqueued_after=2026-12-01T10:00:00Z&enqueued_before=2026-12-01T10:00:00Z",
+            "enqueued_before",
+        ),
         ("/v1/messages/not-a-uuid", "id"),
         ("/v1/dead-letters?limit=9999", "limit"),
-        ("/v1/dead-letters?cursor=x", "cursor"),
+        ("/v1/dead-letters?message_id=1", "message_id"),
+        (
+            "/v1/dead-letters?dead_before=2026-13-01T00:00:00Z",
+            "dead_before",
+        ),
+        (
+            "/v1/dead-letters?dead_after=2026-12-02T00:00:00Z&dead_before=2026-12-01T00:00:00Z",
+            "dead_before",
+        ),
+        ("/v1/subscriptions?limit=0", "limit"),
+        ("/v1/stats?limit=501", "limit"),
     ] {
         let reply = get(&app, uri, Some("all")).await;
         assert_eq!(
@@ -454,7 +469,40 @@ where
         );
         assert_eq!(reply.field(), Some(field), "{uri}: {}", reply.text);
     }
+    // A cursor that is not a `next_cursor` of that list: 400 naming it.
+    let foreign = get(&app, "/v1/subscriptions?limit=1", Some("all")).await;
+    let foreign = foreign.body["next_cursor"]
+        .as_str()
+        .unwrap_or("czE6YQ")
+        .to_owned();
+    for uri in [
+        "/v1/messages?cursor=nope",
+        "/v1/messages?cursor=bTE6",
+        "/v1/dead-letters?cursor=x",
+        &format!("/v1/dead-letters?cursor={foreign}"),
+        &format!("/v1/messages?cursor={foreign}"),
+        "/v1/subscriptions?cursor=%21",
+        "/v1/stats?cursor=dDE6YQ",
+    ] {
+        let reply = get(&app, uri, Some("all")).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{uri}: {}",
+            reply.text
+        );
+        assert_eq!(reply.field(), Some("cursor"), "{uri}: {}", reply.text);
+    }
     for (body, field) in [
+        (json!({"filter": {"message_id": "x"}}), "filter.message_id"),
+        (
+            json!({"filter": {"dead_after": "noon"}}),
+            "filter.dead_after",
+        ),
+        (
+            json!({"filter": {"dead_after": "2026-12-02T00:00:00Z", "dead_before": "2026-12-01T00:00:00Z"}}),
+            "filter.dead_before",
+        ),
         (json!({}), "ids"),
         (json!({"ids": [1], "filter": {}}), "ids"),
         (json!({"ids": []}), "ids"),
@@ -667,11 +715,7 @@ where
     assert_eq!(stats.body["dead"], json!(0), "{}", stats.text);
     // Subscriptions are listed without counts, so no tenant's counts show.
     let listed = get(&app, "/v1/subscriptions", Some("reader-a")).await;
-    for subscription in listed.body["subscriptions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
+    for subscription in listed.body["items"].as_array().into_iter().flatten() {
         let mut fields: Vec<&str> = subscription
             .as_object()
             .into_iter()
@@ -794,8 +838,11 @@ where
         "{}",
         dead.text
     );
-    let cursor = dead.body["next_cursor"].clone();
-    assert!(cursor.is_number(), "{}", dead.text);
+    let cursor = dead.body["next_cursor"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(!cursor.is_empty(), "{}", dead.text);
     let rest = get(
         &app,
         &format!("/v1/dead-letters?limit=2&cursor={cursor}"),
@@ -846,20 +893,11 @@ where
     let stats = get(&app, "/v1/stats", None).await;
     assert_eq!(stats.body["available"], json!(1), "{}", stats.text);
     assert_eq!(stats.body["dead"], json!(0), "{}", stats.text);
-    assert_eq!(
-        stats.body["by_subscription"][0]["subscription"],
-        json!("billing")
-    );
+    assert_eq!(stats.body["items"][0]["subscription"], json!("billing"));
 
     let subscriptions = get(&app, "/v1/subscriptions", None).await;
-    assert_eq!(
-        subscriptions.body["subscriptions"][0]["name"],
-        json!("billing")
-    );
-    assert_eq!(
-        subscriptions.body["subscriptions"][0]["paused"],
-        json!(false)
-    );
+    assert_eq!(subscriptions.body["items"][0]["name"], json!("billing"));
+    assert_eq!(subscriptions.body["items"][0]["paused"], json!(false));
     let paused = call(
         &app,
         Method::POST,
@@ -877,10 +915,7 @@ where
     );
     assert_eq!(worker.run_once().await?, 0, "a paused subscription claimed");
     let subscriptions = get(&app, "/v1/subscriptions", None).await;
-    assert_eq!(
-        subscriptions.body["subscriptions"][0]["paused"],
-        json!(true)
-    );
+    assert_eq!(subscriptions.body["items"][0]["paused"], json!(true));
     let resumed = call(
         &app,
         Method::POST,
@@ -1422,7 +1457,288 @@ where
     Ok(())
 }
 
+/// Every item of the list at `path` for `token`, walking pages of 2 by
+/// `next_cursor`; with each page's whole body.
+async fn walk(app: &axum::Router, path: &str, token: &str) -> (Vec<Value>, Vec<Value>) {
+    let separator = if path.contains('?') { '&' } else { '?' };
+    let mut items = Vec::new();
+    let mut pages = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..50 {
+        let uri = match &cursor {
+            Some(cursor) => format!("{path}{separator}limit=2&cursor={cursor}"),
+            None => format!("{path}{separator}limit=2"),
+        };
+        let page = get(app, &uri, Some(token)).await;
+        assert_eq!(page.status, StatusCode::OK, "{uri}: {}", page.text);
+        let shown = page.body["items"].as_array().cloned().unwrap_or_default();
+        assert!(shown.len() <= 2, "{uri}: {}", page.text);
+        items.extend(shown);
+        cursor = page.body["next_cursor"].as_str().map(str::to_owned);
+        let last = cursor.is_none();
+        pages.push(page.body);
+        if last {
+            return (items, pages);
+        }
+    }
+    panic!("{path}: pagination does not end");
+}
+
+fn strings(items: &[Value], key: &str) -> Vec<String> {
+    items
+        .iter()
+        .map(|item| item[key].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+async fn every_list_walks_in_pages_of_two_each_item_once_in_order<S>(
+    courier: Courier<S>,
+) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let store = courier.store().clone();
+    let app = app(store.clone(), &standard_tokens(), LIMIT);
+    for (name, topics) in [("audit", vec!["*"]), ("Zeta", vec!["order.placed"])] {
+        store
+            .register_subscription(&courier::SubscriptionSpec::new(name, topics))
+            .await?;
+    }
+    let billing = refusing_worker(&courier, "billing").await?;
+    for (tenant, topic, n) in [
+        ("a", "invoice.paid", 4),
+        ("b", "invoice.paid", 3),
+        ("a", "order.placed", 2),
+    ] {
+        for _ in 0..n {
+            let reply = post(&app, "/v1/messages", Some("all"), &message(tenant, topic)).await;
+            assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+        }
+    }
+    assert_eq!(billing.run_once().await?, 7);
+
+    // Messages: newest first, each once, the same order as one big page.
+    let whole = get(&app, "/v1/messages?limit=500", Some("all")).await;
+    let whole = whole.body["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(whole.len(), 9);
+    let (walked, _) = walk(&app, "/v1/messages", "all").await;
+    assert_eq!(strings(&walked, "id"), strings(&whole, "id"));
+    let enqueued: Vec<(String, String)> = walked
+        .iter()
+        .map(|m| (m["enqueued_at"].to_string(), m["id"].to_string()))
+        .collect();
+    let times: Vec<chrono::DateTime<chrono::Utc>> = walked
+        .iter()
+        .filter_map(|m| m["enqueued_at"].as_str()?.parse().ok())
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] >= w[1]), "{enqueued:?}");
+    let (mine, _) = walk(&app, "/v1/messages", "reader-a").await;
+    assert_eq!(mine.len(), 6);
+    assert!(strings(&mine, "tenant").iter().all(|t| t == "a"));
+
+    // Dead letters: oldest first, each once; a scoped token sees its tenant's.
+    let (dead, _) = walk(&app, "/v1/dead-letters", "all").await;
+    let ids: Vec<i64> = dead.iter().filter_map(|d| d["id"].as_i64()).collect();
+    let mut unique = ids.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!((ids.len(), unique.len()), (7, 7), "{ids:?}");
+    let died: Vec<chrono::DateTime<chrono::Utc>> = dead
+        .iter()
+        .filter_map(|d| d["dead_at"].as_str()?.parse().ok())
+        .collect();
+    assert!(died.windows(2).all(|w| w[0] <= w[1]), "{died:?}");
+    let (dead_a, _) = walk(&app, "/v1/dead-letters", "reader-a").await;
+    assert_eq!(dead_a.len(), 4);
+    assert!(strings(&dead_a, "tenant").iter().all(|t| t == "a"));
+
+    // Subscriptions: by name in byte order.
+    let (subscriptions, _) = walk(&app, "/v1/subscriptions", "reader-a").await;
+    assert_eq!(
+        strings(&subscriptions, "name"),
+        ["Zeta", "audit", "billing"]
+    );
+
+    // Stats: rows by (subscription, topic); totals over every row on every page.
+    let (rows, pages) = walk(&app, "/v1/stats", "all").await;
+    let keys: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["subscription"].as_str().unwrap_or_default().to_owned(),
+                r["topic"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let pair = |s: &str, t: &str| (s.to_owned(), t.to_owned());
+    assert_eq!(
+        keys,
+        [
+            pair("Zeta", "order.placed"),
+            pair("audit", "invoice.paid"),
+            pair("audit", "order.placed"),
+            pair("billing", "invoice.paid"),
+        ]
+    );
+    assert_eq!(pages.len(), 2);
+    for page in &pages {
+        assert_eq!(
+            (&page["available"], &page["dead"]),
+            (&json!(2 + 9), &json!(7)),
+            "{page}"
+        );
+    }
+    let (rows_a, pages_a) = walk(&app, "/v1/stats", "reader-a").await;
+    let sum = |key: &str| rows_a.iter().filter_map(|r| r[key].as_i64()).sum::<i64>();
+    assert_eq!(pages_a[0]["available"], json!(sum("available")));
+    assert_eq!(pages_a[0]["dead"], json!(sum("dead")));
+    assert_eq!(sum("dead"), 4);
+    Ok(())
+}
+
+async fn message_and_dead_letter_filters_narrow_and_a_ranged_dry_run_counts_only_them<S>(
+    courier: Courier<S>,
+) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
+    let billing = refusing_worker(&courier, "billing").await?;
+    let publish = |n: usize| {
+        let app = app.clone();
+        async move {
+            let mut ids = Vec::new();
+            for _ in 0..n {
+                let reply = post(
+                    &app,
+                    "/v1/messages",
+                    Some("all"),
+                    &message("a", "invoice.paid"),
+                )
+                .await;
+                assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+                ids.push(reply.body["id"].as_str().unwrap_or_default().to_owned());
+            }
+            ids
+        }
+    };
+    let early = publish(2).await;
+    assert_eq!(billing.run_once().await?, 2);
+    // The database clock (milliseconds on SQLite) must move on between the
+    // two batches for a time bound to fall between them.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let late = publish(3).await;
+    assert_eq!(billing.run_once().await?, 3);
+
+    let listed = |uri: String| {
+        let app = app.clone();
+        async move {
+            let reply = get(&app, &uri, Some("all")).await;
+            assert_eq!(reply.status, StatusCode::OK, "{uri}: {}", reply.text);
+            reply.body["items"].as_array().cloned().unwrap_or_default()
+        }
+    };
+    let sorted = |mut ids: Vec<String>| {
+        ids.sort();
+        ids
+    };
+    let messages = listed("/v1/messages?limit=500".into()).await;
+    let first_late = messages
+        .iter()
+        .find(|m| m["id"].as_str() == late.first().map(String::as_str))
+        .and_then(|m| m["enqueued_at"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    let ids_of = |items: &[Value]| sorted(strings(items, "id"));
+    assert_eq!(
+        ids_of(&listed(format!("/v1/messages?message_id={}", early[1])).await),
+        [early[1].clone()]
+    );
+    assert_eq!(
+        ids_of(&listed(format!("/v1/messages?enqueued_after={first_late}")).await),
+        sorted(late.clone())
+    );
+    assert_eq!(
+        ids_of(&listed(format!("/v1/messages?enqueued_before={first_late}")).await),
+        sorted(early.clone())
+    );
+
+    let dead = listed("/v1/dead-letters?limit=500".into()).await;
+    let message_of = |items: &[Value]| sorted(strings(items, "message_id"));
+    let first_late_death = dead
+        .iter()
+        .filter(|d| {
+            late.iter()
+                .any(|id| d["message_id"].as_str() == Some(id.as_str()))
+        })
+        .filter_map(|d| d["dead_at"].as_str())
+        .min()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(
+        message_of(&listed(format!("/v1/dead-letters?message_id={}", late[2])).await),
+        [late[2].clone()]
+    );
+    assert_eq!(
+        message_of(&listed(format!("/v1/dead-letters?dead_after={first_late_death}")).await),
+        sorted(late.clone())
+    );
+    assert_eq!(
+        message_of(&listed(format!("/v1/dead-letters?dead_before={first_late_death}")).await),
+        sorted(early.clone())
+    );
+
+    // A dry run over a time range counts and shows only that range.
+    let dry = post(
+        &app,
+        "/v1/dead-letters/retry",
+        Some("all"),
+        &json!({"filter": {"dead_after": first_late_death}, "dry_run": true}),
+    )
+    .await;
+    assert_eq!(dry.status, StatusCode::OK, "{}", dry.text);
+    assert_eq!(dry.body["affected"], json!(3), "{}", dry.text);
+    assert_eq!(
+        dry.body["ids"].as_array().map(Vec::len),
+        Some(3),
+        "{}",
+        dry.text
+    );
+    let dry = post(
+        &app,
+        "/v1/dead-letters/discard",
+        Some("all"),
+        &json!({"filter": {"message_id": early[0]}, "dry_run": true}),
+    )
+    .await;
+    assert_eq!(dry.body["affected"], json!(1), "{}", dry.text);
+    // And the real thing acts on the range only.
+    let retried = post(
+        &app,
+        "/v1/dead-letters/retry",
+        Some("all"),
+        &json!({"filter": {"dead_before": first_late_death}}),
+    )
+    .await;
+    assert_eq!(retried.body["affected"], json!(2), "{}", retried.text);
+    let discarded = post(
+        &app,
+        "/v1/dead-letters/discard",
+        Some("all"),
+        &json!({"filter": {"message_id": late[0]}}),
+    )
+    .await;
+    assert_eq!(discarded.body["affected"], json!(1), "{}", discarded.text);
+    assert_eq!(
+        message_of(&listed("/v1/dead-letters".into()).await),
+        sorted(late[1..].to_vec())
+    );
+    Ok(())
+}
+
 api_tests!(
+    every_list_walks_in_pages_of_two_each_item_once_in_order,
+    message_and_dead_letter_filters_narrow_and_a_ranged_dry_run_counts_only_them,
     publish_refuses_an_available_at_past_max_hold_days,
     a_batch_reusing_a_key_for_another_message_stores_nothing,
     a_batch_is_refused_while_it_is_read,

@@ -9,4 +9,7 @@ WHERE state = 'dead'
        OR (?1 IS NULL
            AND (?2 IS NULL OR tenant = ?2)
            AND (?3 IS NULL OR topic = ?3)
-           AND (?4 IS NULL OR subscription = ?4)))
+           AND (?4 IS NULL OR subscription = ?4)
+           AND (?6 IS NULL OR message_id = ?6)
+           AND (?7 IS NULL OR dead_at >= ?7)
+           AND (?8 IS NULL OR dead_at < ?8)))

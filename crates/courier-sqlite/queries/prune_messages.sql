@@ -1,6 +1,6 @@
 -- Retention: deletes up to ?2 messages older than ?1 ms whose deliveries are all
 -- done (no delivery row left: completed ones are deleted, dead letters stay and
--- keep their message). Scans messages_created_at; the delivery check uses the
+-- keep their message). Scans messages_enqueued; the delivery check uses the
 -- (message_id, subscription) unique index.
 -- Touches: messages (delete). Locks: one short autocommit statement.
 DELETE FROM messages

@@ -4,14 +4,16 @@
 //! one snapshot and never waits for the writer (WAL).
 
 use courier_core::{
-    validate_name, AdminStore, CancelOutcome, DeadLetterStore, DeliveryStats, DeliverySummary,
-    MessageFilter, MessagePage, RateLimit, StoreError, StoredMessage, SubscriptionInfo,
+    validate_name, AdminStore, CancelOutcome, DeadLetterStore, DeliveryStats, DeliveryStatsPage,
+    DeliverySummary, DeliveryTotals, MessageFilter, MessageKey, MessagePage, RateLimit, StatsKey,
+    StoreError, StoredMessage, SubscriptionInfo, SubscriptionPage, MAX_LIST_PAGE,
 };
 use serde_json::Value;
+use sqlx::sqlite::SqliteRow;
 use uuid::Uuid;
 
 use crate::error::map;
-use crate::rows::{self, get};
+use crate::rows::{self, get, millis_ceil};
 use crate::{migrate, queries, SqliteStore};
 
 pub use courier_core::MAX_MESSAGE_PAGE;
@@ -95,17 +97,35 @@ impl AdminStore for SqliteStore {
     async fn list_messages<'c>(
         &'c self,
         filter: &'c MessageFilter,
-        before: Option<Uuid>,
+        before: Option<MessageKey>,
         limit: usize,
     ) -> Result<MessagePage, StoreError> {
         filter.validate()?;
+        let message_enqueued_at = match filter.message_id {
+            None => None,
+            Some(id) => {
+                let at: Option<i64> = sqlx::query_scalar(queries::MESSAGE_CREATED_AT)
+                    .bind(id.to_string())
+                    .fetch_optional(&self.inner.pool)
+                    .await
+                    .map_err(map)?;
+                let Some(at) = at else {
+                    return Ok(MessagePage::default());
+                };
+                Some(rows::from_millis("created_at", at)?)
+            }
+        };
+        let (lowest, start) = filter.scan_bounds(before, message_enqueued_at);
         let limit = limit.clamp(1, MAX_MESSAGE_PAGE);
         let fetched = sqlx::query(queries::MESSAGES_LIST)
             .bind(tenants_json(filter.tenants.as_deref()))
             .bind(&filter.topic)
-            .bind(before.map(|id| id.to_string()))
             .bind(&filter.state)
             .bind(&filter.subscription)
+            .bind(filter.message_id.map(|id| id.to_string()))
+            .bind(lowest.map(millis_ceil))
+            .bind(start.map(|key| millis_ceil(key.enqueued_at)))
+            .bind(start.map(|key| key.id.to_string()))
             .bind(i64::try_from(limit + 1).unwrap_or(i64::MAX))
             .fetch_all(&self.inner.pool)
             .await
@@ -116,7 +136,7 @@ impl AdminStore for SqliteStore {
             .collect::<Result<Vec<_>, _>>()?;
         let next_cursor = if items.len() > limit {
             items.truncate(limit);
-            items.last().map(|m| m.id)
+            items.last().map(MessageKey::of)
         } else {
             None
         };
@@ -126,13 +146,19 @@ impl AdminStore for SqliteStore {
     async fn delivery_stats<'c>(
         &'c self,
         tenants: Option<&'c [String]>,
-    ) -> Result<Vec<DeliveryStats>, StoreError> {
+        after: Option<&'c StatsKey>,
+        limit: usize,
+    ) -> Result<DeliveryStatsPage, StoreError> {
+        let limit = limit.clamp(1, MAX_LIST_PAGE);
         let fetched = sqlx::query(queries::DELIVERY_STATS)
             .bind(tenants_json(tenants))
+            .bind(after.map(|key| key.subscription.as_str()))
+            .bind(after.map(|key| key.topic.as_str()))
+            .bind(i64::try_from(limit + 1).unwrap_or(i64::MAX))
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
-        fetched
+        let mut items = fetched
             .iter()
             .map(|row| {
                 Ok(DeliveryStats {
@@ -144,29 +170,73 @@ impl AdminStore for SqliteStore {
                     oldest_pending_age_seconds: get(row, "oldest_pending_age_seconds")?,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let next_cursor = if items.len() > limit {
+            items.truncate(limit);
+            items.last().map(|row| StatsKey {
+                subscription: row.subscription.clone(),
+                topic: row.topic.clone(),
+            })
+        } else {
+            None
+        };
+        Ok(DeliveryStatsPage { items, next_cursor })
     }
 
-    async fn list_subscriptions(&self) -> Result<Vec<SubscriptionInfo>, StoreError> {
+    async fn delivery_totals<'c>(
+        &'c self,
+        tenants: Option<&'c [String]>,
+        subscription: Option<&'c str>,
+    ) -> Result<DeliveryTotals, StoreError> {
+        let row = sqlx::query(queries::DELIVERY_TOTALS)
+            .bind(tenants_json(tenants))
+            .bind(subscription)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        Ok(DeliveryTotals {
+            available: get(&row, "available")?,
+            running: get(&row, "running")?,
+            dead: get(&row, "dead")?,
+            oldest_pending_age_seconds: get(&row, "oldest_pending_age_seconds")?,
+        })
+    }
+
+    async fn list_subscriptions<'c>(
+        &'c self,
+        after: Option<&'c str>,
+        limit: usize,
+    ) -> Result<SubscriptionPage, StoreError> {
+        let limit = limit.clamp(1, MAX_LIST_PAGE);
         let fetched = sqlx::query(queries::SUBSCRIPTIONS_LIST)
+            .bind(after)
+            .bind(i64::try_from(limit + 1).unwrap_or(i64::MAX))
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
-        fetched
+        let mut items = fetched
             .iter()
-            .map(|row| {
-                let topics: String = get(row, "topics")?;
-                let mut topics: Vec<String> = serde_json::from_str(&topics)
-                    .map_err(|e| StoreError::Corrupt(format!("topics: {e}")))?;
-                topics.sort();
-                Ok(SubscriptionInfo {
-                    name: get(row, "name")?,
-                    topics,
-                    paused: get::<i64>(row, "paused")? != 0,
-                    created_at: rows::time(row, "created_at")?,
-                })
-            })
-            .collect()
+            .map(subscription)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next_cursor = if items.len() > limit {
+            items.truncate(limit);
+            items.last().map(|s| s.name.clone())
+        } else {
+            None
+        };
+        Ok(SubscriptionPage { items, next_cursor })
+    }
+
+    async fn get_subscription<'c>(
+        &'c self,
+        name: &'c str,
+    ) -> Result<Option<SubscriptionInfo>, StoreError> {
+        let row = sqlx::query(queries::SUBSCRIPTION_GET)
+            .bind(name)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        row.as_ref().map(subscription).transpose()
     }
 
     async fn set_subscription_paused<'c>(
@@ -235,6 +305,20 @@ impl AdminStore for SqliteStore {
             .map_err(map)?;
         Ok(migrate::current(&self.inner.pool).await? == migrate::SCHEMA_VERSION)
     }
+}
+
+/// A row of `subscriptions_list.sql` or `subscription_get.sql`.
+fn subscription(row: &SqliteRow) -> Result<SubscriptionInfo, StoreError> {
+    let topics: String = get(row, "topics")?;
+    let mut topics: Vec<String> =
+        serde_json::from_str(&topics).map_err(|e| StoreError::Corrupt(format!("topics: {e}")))?;
+    topics.sort();
+    Ok(SubscriptionInfo {
+        name: get(row, "name")?,
+        topics,
+        paused: get::<i64>(row, "paused")? != 0,
+        created_at: rows::time(row, "created_at")?,
+    })
 }
 
 #[cfg(test)]

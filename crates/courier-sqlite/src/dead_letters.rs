@@ -1,13 +1,14 @@
 //! [`DeadLetterStore`] for SQLite: list, inspect, retry and discard.
 
 use courier_core::{
-    DeadLetterFilter, DeadLetterPage, DeadLetterStore, DeliverySummary, StoreError,
+    DeadLetter, DeadLetterFilter, DeadLetterKey, DeadLetterPage, DeadLetterStore, DeliverySummary,
+    StoreError,
 };
 use serde_json::Value;
 use uuid::Uuid;
 
 use crate::error::map;
-use crate::rows::{self, get};
+use crate::rows::{self, get, millis_ceil};
 use crate::{queries, SqliteStore};
 
 /// The most dead letters one page holds.
@@ -17,15 +18,36 @@ impl DeadLetterStore for SqliteStore {
     async fn list_dead_letters<'c>(
         &'c self,
         filter: &'c DeadLetterFilter,
-        after: Option<i64>,
+        after: Option<DeadLetterKey>,
         limit: usize,
     ) -> Result<DeadLetterPage, StoreError> {
+        filter.validate()?;
+        let message_dead_at = match filter.message_id {
+            None => None,
+            Some(id) => {
+                let row = sqlx::query(queries::MESSAGE_DEAD_AT_RANGE)
+                    .bind(id.to_string())
+                    .fetch_one(&self.inner.pool)
+                    .await
+                    .map_err(map)?;
+                let oldest = rows::optional_time(&row, "oldest")?;
+                let newest = rows::optional_time(&row, "newest")?;
+                let Some(range) = oldest.zip(newest) else {
+                    return Ok(DeadLetterPage::default());
+                };
+                Some(range)
+            }
+        };
+        let (start, end) = filter.scan_bounds(after, message_dead_at);
         let limit = limit.clamp(1, MAX_DEAD_LETTER_PAGE);
         let fetched = sqlx::query(queries::DEAD_LETTERS_LIST)
             .bind(&filter.tenant)
             .bind(&filter.topic)
             .bind(&filter.subscription)
-            .bind(after.unwrap_or(0))
+            .bind(filter.message_id.map(|id| id.to_string()))
+            .bind(end.map(millis_ceil))
+            .bind(start.map(|key| millis_ceil(key.dead_at)))
+            .bind(start.map(|key| key.delivery_id))
             .bind(i64::try_from(limit + 1).unwrap_or(i64::MAX))
             .fetch_all(&self.inner.pool)
             .await
@@ -35,12 +57,30 @@ impl DeadLetterStore for SqliteStore {
             .map(rows::dead_letter)
             .collect::<Result<Vec<_>, _>>()?;
         let next_cursor = if items.len() > limit {
-            items.pop();
-            items.last().map(|d| d.delivery_id)
+            items.truncate(limit);
+            items.last().map(dead_letter_key).transpose()?
         } else {
             None
         };
         Ok(DeadLetterPage { items, next_cursor })
+    }
+
+    async fn count_dead_letters<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+    ) -> Result<u64, StoreError> {
+        filter.validate()?;
+        let count: i64 = sqlx::query_scalar(queries::DEAD_LETTERS_COUNT)
+            .bind(&filter.tenant)
+            .bind(&filter.topic)
+            .bind(&filter.subscription)
+            .bind(filter.message_id.map(|id| id.to_string()))
+            .bind(filter.dead_after.map(millis_ceil))
+            .bind(filter.dead_before.map(millis_ceil))
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        Ok(u64::try_from(count).unwrap_or(0))
     }
 
     async fn get_dead_letter(
@@ -83,6 +123,7 @@ impl DeadLetterStore for SqliteStore {
         &'c self,
         filter: &'c DeadLetterFilter,
     ) -> Result<u64, StoreError> {
+        filter.validate()?;
         self.select_dead_letters(queries::DEAD_LETTERS_RETRY, None, filter, None)
             .await
     }
@@ -115,6 +156,7 @@ impl DeadLetterStore for SqliteStore {
         &'c self,
         filter: &'c DeadLetterFilter,
     ) -> Result<u64, StoreError> {
+        filter.validate()?;
         self.select_dead_letters(queries::DEAD_LETTERS_DISCARD, None, filter, None)
             .await
     }
@@ -163,9 +205,24 @@ impl SqliteStore {
             .bind(&filter.topic)
             .bind(&filter.subscription)
             .bind(tenants)
+            .bind(filter.message_id.map(|id| id.to_string()))
+            .bind(filter.dead_after.map(millis_ceil))
+            .bind(filter.dead_before.map(millis_ceil))
             .execute(&self.inner.pool)
             .await
             .map_err(map)?;
         Ok(result.rows_affected())
     }
+}
+
+/// The listing key of a dead letter of `dead_letters_list.sql`, which lists
+/// only rows with a `dead_at`.
+fn dead_letter_key(dead: &DeadLetter) -> Result<DeadLetterKey, StoreError> {
+    let dead_at = dead.dead_at.ok_or_else(|| {
+        StoreError::Corrupt(format!("dead letter {} has no dead_at", dead.delivery_id))
+    })?;
+    Ok(DeadLetterKey {
+        dead_at,
+        delivery_id: dead.delivery_id,
+    })
 }

@@ -26,10 +26,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../migrations/0004_maintenance_leader.sql"),
     ),
     (5, "streams", include_str!("../migrations/0005_streams.sql")),
+    (
+        6,
+        "listing_order_indexes",
+        include_str!("../migrations/0006_listing_order_indexes.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// The bookkeeping table, named so that it cannot collide with an
 /// application's own `schema_migrations` in a shared file.

@@ -50,7 +50,20 @@ pub(crate) fn optional_time(
     millis.map(|millis| from_millis(column, millis)).transpose()
 }
 
-fn from_millis(column: &str, millis: i64) -> Result<DateTime<Utc>, StoreError> {
+/// `at` as the integer milliseconds the tables store, rounded up: a stored
+/// time `t` is at or after `at` exactly when `t >= millis_ceil(at)`, and
+/// before it exactly when `t < millis_ceil(at)`, so half-open bounds stay
+/// exact for instants finer than a millisecond.
+pub(crate) fn millis_ceil(at: DateTime<Utc>) -> i64 {
+    let floor = at.timestamp_millis();
+    if at.timestamp_subsec_nanos().is_multiple_of(1_000_000) {
+        floor
+    } else {
+        floor.saturating_add(1)
+    }
+}
+
+pub(crate) fn from_millis(column: &str, millis: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_millis(millis)
         .ok_or_else(|| StoreError::Corrupt(format!("{column}: {millis} ms is out of range")))
 }

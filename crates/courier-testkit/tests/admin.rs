@@ -6,8 +6,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use courier::{
-    handler_fn, AdminStore, CancelOutcome, ClaimParams, HandlerError, Message, MessageFilter,
-    NewMessage, OutboxStore, Route, StoreError, SubscriptionSpec,
+    handler_fn, AdminStore, CancelOutcome, ClaimParams, DeliveryStats, DeliveryTotals,
+    HandlerError, Message, MessageFilter, MessageKey, NewMessage, OutboxStore, Route, StatsKey,
+    StoreError, SubscriptionSpec,
 };
 use courier_testkit::{backend_tests, events, eventually, Backend, CallCounter, Event};
 use uuid::Uuid;
@@ -186,7 +187,7 @@ async fn list_messages_pages_walk_every_message_once_newest_first<B: Backend>(
         walked.extend(page.items.iter().map(|m| m.id));
         match page.next_cursor {
             Some(cursor) => {
-                assert_eq!(Some(cursor), page.items.last().map(|m| m.id));
+                assert_eq!(Some(cursor), page.items.last().map(MessageKey::of));
                 before = Some(cursor);
             }
             None => break,
@@ -202,7 +203,7 @@ async fn list_messages_pages_walk_every_message_once_newest_first<B: Backend>(
     // The limit is clamped to 1..=1000.
     let one = store.list_messages(&filter(), None, 0).await?;
     assert_eq!(one.items.len(), 1);
-    assert_eq!(one.next_cursor, Some(expected[0]));
+    assert_eq!(one.next_cursor.map(|key| key.id), Some(expected[0]));
     Ok(())
 }
 
@@ -346,8 +347,97 @@ async fn list_messages_filters_by_tenant_topic_state_and_subscription<B: Backend
         topic: Some("a".into()),
         state: Some("dead".into()),
         subscription: Some("bad".into()),
+        ..filter()
     };
     assert_eq!(set(listed(&backend, &narrow).await?), ids(&[&globex_a]));
+    Ok(())
+}
+
+async fn list_messages_filter_by_message_id_and_enqueue_range<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let early = backend.enqueue_committed(&events("acme", "t", 2)?).await?;
+    // Enqueued an hour ago, by the database clock.
+    execute_either(
+        &backend,
+        "UPDATE messages SET created_at = created_at - interval '1 hour'",
+        "UPDATE messages SET created_at = created_at - 3600000",
+    )
+    .await?;
+    let late = backend.enqueue_committed(&events("acme", "t", 2)?).await?;
+    let other = backend
+        .enqueue_committed(&events("globex", "t", 1)?)
+        .await?;
+    let store = backend.courier().store();
+    let all = store.list_messages(&filter(), None, 100).await?.items;
+    assert_eq!(all.len(), 5);
+    let keys: Vec<MessageKey> = all.iter().map(MessageKey::of).collect();
+    assert!(
+        keys.windows(2)
+            .all(|w| (w[0].enqueued_at, w[0].id) > (w[1].enqueued_at, w[1].id)),
+        "newest first by (enqueued_at, id): {keys:?}"
+    );
+    let enqueued = |id: Uuid| all.iter().find(|m| m.id == id).map(|m| m.enqueued_at);
+    let first_late = enqueued(late[0].id).ok_or_else(|| anyhow::anyhow!("missing"))?;
+    let first_early = enqueued(early[0].id).ok_or_else(|| anyhow::anyhow!("missing"))?;
+    let set = |v: Vec<Uuid>| v.into_iter().collect::<HashSet<_>>();
+    let ids = |outcomes: &[&[courier::EnqueueOutcome]]| -> HashSet<Uuid> {
+        outcomes
+            .iter()
+            .flat_map(|o| o.iter().map(|e| e.id))
+            .collect()
+    };
+
+    let since = MessageFilter {
+        enqueued_after: Some(first_late),
+        ..filter()
+    };
+    let until = MessageFilter {
+        enqueued_before: Some(first_late),
+        ..filter()
+    };
+    let between = MessageFilter {
+        enqueued_after: Some(first_early),
+        enqueued_before: Some(first_late),
+        ..filter()
+    };
+    // Half-open: the bound itself is in `since`, not in `until`.
+    assert_eq!(set(listed(&backend, &since).await?), ids(&[&late, &other]));
+    assert_eq!(set(listed(&backend, &until).await?), ids(&[&early]));
+    assert_eq!(set(listed(&backend, &between).await?), ids(&[&early]));
+    // A range pages like any listing.
+    let first = store.list_messages(&since, None, 2).await?;
+    let rest = store.list_messages(&since, first.next_cursor, 2).await?;
+    assert_eq!((first.items.len(), rest.items.len()), (2, 1));
+    assert_eq!(rest.next_cursor, None);
+
+    let one = MessageFilter {
+        message_id: Some(late[1].id),
+        ..filter()
+    };
+    assert_eq!(listed(&backend, &one).await?, vec![late[1].id]);
+    // Another tenant's id is not found through a scope.
+    let scoped = MessageFilter {
+        message_id: Some(other[0].id),
+        tenants: Some(vec!["acme".into()]),
+        ..filter()
+    };
+    assert!(listed(&backend, &scoped).await?.is_empty());
+    let out_of_range = MessageFilter {
+        message_id: Some(early[0].id),
+        ..since.clone()
+    };
+    assert!(listed(&backend, &out_of_range).await?.is_empty());
+
+    let empty = MessageFilter {
+        enqueued_after: Some(first_late),
+        enqueued_before: Some(first_late),
+        ..filter()
+    };
+    match store.list_messages(&empty, None, 10).await {
+        Err(StoreError::Invalid(error)) => assert_eq!(error.field, "enqueued_before"),
+        other => anyhow::bail!("an empty range was not refused: {other:?}"),
+    }
     Ok(())
 }
 
@@ -411,7 +501,7 @@ async fn delivery_stats_count_open_deliveries_and_the_oldest_age<B: Backend>(
     .await?;
 
     let store = backend.courier().store();
-    let stats = store.delivery_stats(None).await?;
+    let stats = store.delivery_stats(None, None, 100).await?.items;
     // `ok` has nothing open, so it has no row.
     let rows: Vec<(&str, &str, i64, i64, i64)> = stats
         .iter()
@@ -436,14 +526,109 @@ async fn delivery_stats_count_open_deliveries_and_the_oldest_age<B: Backend>(
     assert!((60.0..3600.0).contains(&age), "oldest age {age}");
 
     let globex = vec!["globex".to_owned()];
-    let scoped = store.delivery_stats(Some(&globex)).await?;
+    let scoped = store.delivery_stats(Some(&globex), None, 100).await?.items;
     let rows: Vec<(&str, i64, i64, i64)> = scoped
         .iter()
         .map(|s| (s.subscription.as_str(), s.available, s.running, s.dead))
         .collect();
     // The tenant turn starts with acme, so globex's delivery is still waiting.
     assert_eq!(rows, vec![("bad", 0, 0, 1), ("late", 1, 0, 0)]);
-    assert!(store.delivery_stats(Some(&[])).await?.is_empty());
+    assert!(store
+        .delivery_stats(Some(&[]), None, 100)
+        .await?
+        .items
+        .is_empty());
+
+    // Totals: the sums of the rows, the oldest of their ages.
+    let totals = store.delivery_totals(None, None).await?;
+    assert_eq!((totals.available, totals.running, totals.dead), (3, 1, 4));
+    assert_eq!(
+        totals.oldest_pending_age_seconds.map(|age| age >= 60.0),
+        Some(true)
+    );
+    let late = store.delivery_totals(Some(&globex), Some("late")).await?;
+    assert_eq!((late.available, late.running, late.dead), (1, 0, 0));
+    assert_eq!(
+        store.delivery_totals(Some(&[]), None).await?,
+        DeliveryTotals::default()
+    );
+    Ok(())
+}
+
+/// Every row of `delivery_stats`, walking pages of `limit`.
+async fn walk_stats<S: AdminStore>(
+    store: &S,
+    tenants: Option<&[String]>,
+    limit: usize,
+) -> anyhow::Result<Vec<DeliveryStats>> {
+    let mut walked = Vec::new();
+    let mut after: Option<StatsKey> = None;
+    for _ in 0..100 {
+        let page = store.delivery_stats(tenants, after.as_ref(), limit).await?;
+        assert!(page.items.len() <= limit);
+        walked.extend(page.items);
+        match page.next_cursor {
+            Some(key) => after = Some(key),
+            None => return Ok(walked),
+        }
+    }
+    anyhow::bail!("pagination does not end")
+}
+
+async fn delivery_stats_page_by_subscription_then_topic_in_byte_order<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store();
+    // Upper case sorts before lower case in byte order, whatever the collation.
+    for (name, topics) in [
+        ("b", vec!["y", "X", "x"]),
+        ("B", vec!["x"]),
+        ("a", vec!["x", "y"]),
+    ] {
+        store
+            .register_subscription(&SubscriptionSpec::new(name, topics))
+            .await?;
+    }
+    for topic in ["x", "y", "X"] {
+        backend
+            .enqueue_committed(&events("acme", topic, 2)?)
+            .await?;
+        backend
+            .enqueue_committed(&events("globex", topic, 1)?)
+            .await?;
+    }
+    let pairs = |rows: &[DeliveryStats]| -> Vec<(String, String, i64)> {
+        rows.iter()
+            .map(|r| (r.subscription.clone(), r.topic.clone(), r.available))
+            .collect()
+    };
+    let everything = walk_stats(store, None, 1000).await?;
+    let expected = |n: i64| -> Vec<(String, String, i64)> {
+        [
+            ("B", "x"),
+            ("a", "x"),
+            ("a", "y"),
+            ("b", "X"),
+            ("b", "x"),
+            ("b", "y"),
+        ]
+        .iter()
+        .map(|(s, t)| ((*s).to_owned(), (*t).to_owned(), n))
+        .collect()
+    };
+    assert_eq!(pairs(&everything), expected(3));
+    for limit in [1, 2, 4] {
+        assert_eq!(
+            pairs(&walk_stats(store, None, limit).await?),
+            expected(3),
+            "{limit}"
+        );
+    }
+    let globex = vec!["globex".to_owned()];
+    assert_eq!(
+        pairs(&walk_stats(store, Some(&globex), 2).await?),
+        expected(1)
+    );
     Ok(())
 }
 
@@ -467,7 +652,7 @@ async fn list_subscriptions_shows_patterns_and_paused<B: Backend>(
         .await?;
     assert!(store.set_subscription_paused("audit", true).await?);
 
-    let subscriptions = store.list_subscriptions().await?;
+    let subscriptions = store.list_subscriptions(None, 100).await?.items;
     let shown: Vec<(&str, Vec<&str>, bool)> = subscriptions
         .iter()
         .map(|s| {
@@ -489,6 +674,43 @@ async fn list_subscriptions_shows_patterns_and_paused<B: Backend>(
         subscriptions[0].created_at >= subscriptions[1].created_at,
         "audit was created after billing"
     );
+    assert_eq!(
+        store.get_subscription("audit").await?.as_ref(),
+        subscriptions.first()
+    );
+    assert_eq!(store.get_subscription("nobody").await?, None);
+    Ok(())
+}
+
+async fn subscriptions_page_by_name_in_byte_order<B: Backend>(backend: B) -> anyhow::Result<()> {
+    let store = backend.courier().store();
+    let names = ["Zulu", "alpha", "alpha-2", "alpha.1", "beta", "x"];
+    for name in names.iter().rev() {
+        store
+            .register_subscription(&SubscriptionSpec::new(*name, ["t"]))
+            .await?;
+    }
+    for limit in [1, 2, 4, 6, 100] {
+        let mut walked = Vec::new();
+        let mut after: Option<String> = None;
+        let mut pages = 0;
+        loop {
+            let page = store.list_subscriptions(after.as_deref(), limit).await?;
+            pages += 1;
+            assert!(page.items.len() <= limit);
+            walked.extend(page.items.iter().map(|s| s.name.clone()));
+            match page.next_cursor {
+                Some(name) => {
+                    assert_eq!(Some(&name), walked.last());
+                    after = Some(name);
+                }
+                None => break,
+            }
+            anyhow::ensure!(pages < 20, "pagination does not end");
+        }
+        assert_eq!(walked, names, "limit {limit}");
+        assert_eq!(pages, names.len().div_ceil(limit), "no empty last page");
+    }
     Ok(())
 }
 
@@ -562,7 +784,7 @@ async fn pausing_an_unknown_subscription_reports_it_missing<B: Backend>(
     let store = backend.courier().store();
     assert!(!store.set_subscription_paused("nobody", true).await?);
     assert!(!store.set_subscription_paused("nobody", false).await?);
-    assert!(store.list_subscriptions().await?.is_empty());
+    assert!(store.list_subscriptions(None, 100).await?.items.is_empty());
     Ok(())
 }
 
@@ -826,9 +1048,12 @@ backend_tests!(
     get_message_shows_each_subscription_s_state,
     list_messages_pages_walk_every_message_once_newest_first,
     list_messages_filters_by_tenant_topic_state_and_subscription,
+    list_messages_filter_by_message_id_and_enqueue_range,
     an_unknown_state_filter_is_refused_with_the_field,
     delivery_stats_count_open_deliveries_and_the_oldest_age,
+    delivery_stats_page_by_subscription_then_topic_in_byte_order,
     list_subscriptions_shows_patterns_and_paused,
+    subscriptions_page_by_name_in_byte_order,
     a_paused_subscription_claims_nothing_until_resumed,
     pausing_an_unknown_subscription_reports_it_missing,
     ready_is_true_after_migrate_and_false_when_the_schema_is_behind,

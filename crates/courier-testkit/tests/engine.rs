@@ -1215,6 +1215,7 @@ async fn dead_letters_are_listed_retried_and_discarded<B: Backend>(
         tenant: Some("acme".into()),
         topic: Some("topic".into()),
         subscription: Some("sub".into()),
+        ..DeadLetterFilter::default()
     };
     let page = courier.dead_letters(&acme_topic, None, 100).await?;
     assert_eq!(page.items.len(), 5);

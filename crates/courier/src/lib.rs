@@ -48,12 +48,13 @@ pub use courier_core::{
 pub use courier_core::{
     truncate_chars, validate_name, AdminStore, Availability, BatchItem, BatchRollback,
     CancelOutcome, ClaimBatch, ClaimParams, ClaimedDelivery, DeadLetter, DeadLetterFilter,
-    DeadLetterPage, DeadLetterStore, DeliveryStats, DeliverySummary, EnqueueOutcome, ErrorEntry,
-    Failure, FailureApplied, HandlerError, LeaseRef, Message, MessageFilter, MessagePage,
-    NewMessage, OutboxStore, PruneReport, RateLimit, Registration, Replay, RescueParams,
-    RetryPolicy, Route, Snooze, StoreError, StoredMessage, SubscriptionInfo, SubscriptionSpec,
-    TransactionalBatchOutcome, TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS,
-    MAX_HOLD, MAX_PAYLOAD_BYTES, MAX_SNOOZES,
+    DeadLetterKey, DeadLetterPage, DeadLetterStore, DeliveryStats, DeliveryStatsPage,
+    DeliverySummary, DeliveryTotals, EnqueueOutcome, ErrorEntry, Failure, FailureApplied,
+    HandlerError, LeaseRef, Message, MessageFilter, MessageKey, MessagePage, NewMessage,
+    OutboxStore, PruneReport, RateLimit, Registration, Replay, RescueParams, RetryPolicy, Route,
+    Snooze, StatsKey, StoreError, StoredMessage, SubscriptionInfo, SubscriptionPage,
+    SubscriptionSpec, TransactionalBatchOutcome, TransactionalOutcome, TxWork, ValidationError,
+    MAX_ERROR_CHARS, MAX_HOLD, MAX_LIST_PAGE, MAX_MESSAGE_PAGE, MAX_PAYLOAD_BYTES, MAX_SNOOZES,
 };
 pub use courier_engine::{
     handler_fn, stream_handler_fn, EngineError, Handler, Maintenance, MaintenanceConfig,
@@ -311,7 +312,7 @@ impl<S: OutboxStore + DeadLetterStore> Courier<S> {
     pub async fn dead_letters(
         &self,
         filter: &DeadLetterFilter,
-        after: Option<i64>,
+        after: Option<DeadLetterKey>,
         limit: usize,
     ) -> Result<DeadLetterPage, StoreError> {
         self.store.list_dead_letters(filter, after, limit).await
@@ -325,6 +326,12 @@ impl<S: OutboxStore + DeadLetterStore> Courier<S> {
     /// Makes dead letters deliverable again with attempts reset; returns how many.
     pub async fn retry_dead_letters(&self, delivery_ids: &[i64]) -> Result<u64, StoreError> {
         self.store.retry_dead_letters(delivery_ids).await
+    }
+
+    /// How many dead letters match `filter`: what a retry or discard by it
+    /// would act on now.
+    pub async fn count_dead_letters(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        self.store.count_dead_letters(filter).await
     }
 
     /// Retries every dead letter matching `filter`; returns how many.

@@ -167,12 +167,8 @@ async fn dead_letters<S: OrderStore>(
 
 /// Whether `subscription` has no delivery waiting or running.
 async fn drained<S: OrderStore>(store: &S, subscription: &str) -> anyhow::Result<bool> {
-    Ok(store
-        .delivery_stats(None)
-        .await?
-        .iter()
-        .filter(|row| row.subscription == subscription)
-        .all(|row| row.available + row.running == 0))
+    let totals = store.delivery_totals(None, Some(subscription)).await?;
+    Ok(totals.available + totals.running == 0)
 }
 
 async fn run_with<S: OrderStore>(

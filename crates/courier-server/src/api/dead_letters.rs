@@ -12,7 +12,7 @@
 use axum::extract::State;
 use axum::Json;
 use chrono::{DateTime, Utc};
-use courier::{DeadLetter, DeadLetterFilter};
+use courier::{DeadLetter, DeadLetterFilter, DeadLetterKey};
 pub use courier_api::{Affected, DeadLetterFilterBody, DeadLetterSelection};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -26,6 +26,7 @@ use super::{
     DRY_RUN_IDS, MAX_IDS, SMALL_BODY_BYTES,
 };
 use crate::auth::{Admin, Principal, Reader};
+use crate::cursor;
 use crate::error::{ApiError, ErrorBody};
 
 /// The routes under `/v1/dead-letters`.
@@ -49,10 +50,17 @@ pub struct DeadLetterQuery {
     pub topic: Option<String>,
     /// Only this subscription's.
     pub subscription: Option<String>,
+    /// Only this message's.
+    pub message_id: Option<Uuid>,
+    /// Only those dead-lettered at or after this instant (RFC 3339).
+    pub dead_after: Option<DateTime<Utc>>,
+    /// Only those dead-lettered before this instant (RFC 3339); after
+    /// `dead_after` when both are given.
+    pub dead_before: Option<DateTime<Utc>>,
     /// Page size, 1 to 500 (default 50).
     pub limit: Option<usize>,
-    /// The `next_cursor` of the previous page.
-    pub cursor: Option<i64>,
+    /// The `next_cursor` of the previous page, unchanged (opaque).
+    pub cursor: Option<String>,
 }
 
 /// A dead-lettered delivery.
@@ -101,13 +109,13 @@ impl From<DeadLetter> for DeadLetterView {
     }
 }
 
-/// A page of dead letters, oldest first.
+/// A page of dead letters, oldest first (by `dead_at`, then `id`).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DeadLetterPageView {
     /// The dead letters.
     pub items: Vec<DeadLetterView>,
-    /// Pass as `cursor` for the next page; `null` on the last.
-    pub next_cursor: Option<i64>,
+    /// Pass as `cursor` for the next page (opaque); `null` on the last.
+    pub next_cursor: Option<String>,
 }
 
 /// Dead letters of the token's tenants, oldest first.
@@ -118,6 +126,7 @@ pub struct DeadLetterPageView {
     params(DeadLetterQuery),
     responses(
         (status = 200, body = DeadLetterPageView),
+        (status = 400, description = "The cursor is not one of this list's", body = ErrorBody),
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "No `read` role, or another tenant", body = ErrorBody),
         (status = 422, description = "A parameter is refused", body = ErrorBody),
@@ -132,18 +141,20 @@ async fn list_dead_letters(
     check_name("topic", query.topic.as_ref())?;
     check_name("subscription", query.subscription.as_ref())?;
     let limit = page_limit(query.limit)?;
+    let after = cursor::decode_optional::<DeadLetterKey>(query.cursor.as_deref())?;
     let filter = DeadLetterFilter {
         tenant: single_tenant(&principal, query.tenant, "tenant")?,
         topic: query.topic,
         subscription: query.subscription,
+        message_id: query.message_id,
+        dead_after: query.dead_after,
+        dead_before: query.dead_before,
     };
-    let page = state
-        .store
-        .list_dead_letters(filter, query.cursor, limit)
-        .await?;
+    filter.validate()?;
+    let page = state.store.list_dead_letters(filter, after, limit).await?;
     Ok(Json(DeadLetterPageView {
         items: page.items.into_iter().map(DeadLetterView::from).collect(),
-        next_cursor: page.next_cursor,
+        next_cursor: page.next_cursor.as_ref().map(cursor::encode),
     }))
 }
 
@@ -195,32 +206,13 @@ enum Selection {
 
 /// How many dead letters `filter` matches and the first [`DRY_RUN_IDS`].
 async fn dry_run(state: &ApiState, filter: DeadLetterFilter) -> Result<Affected, ApiError> {
-    let stats = state
-        .store
-        .delivery_stats(filter.tenant.clone().map(|tenant| vec![tenant]))
-        .await?;
-    let matching: i64 = stats
-        .iter()
-        .filter(|row| {
-            filter
-                .topic
-                .as_ref()
-                .is_none_or(|topic| *topic == row.topic)
-        })
-        .filter(|row| {
-            filter
-                .subscription
-                .as_ref()
-                .is_none_or(|subscription| *subscription == row.subscription)
-        })
-        .map(|row| row.dead)
-        .sum();
+    let matching = state.store.count_dead_letters(filter.clone()).await?;
     let page = state
         .store
         .list_dead_letters(filter, None, DRY_RUN_IDS)
         .await?;
     Ok(Affected {
-        affected: u64::try_from(matching).unwrap_or(0),
+        affected: matching,
         dry_run: true,
         ids: Some(page.items.iter().map(|dead| dead.delivery_id).collect()),
     })
@@ -264,18 +256,28 @@ fn resolve_selection(
                 field: Some("filter.subscription".into()),
                 ..e
             })?;
-            let empty =
-                filter.tenant.is_none() && filter.topic.is_none() && filter.subscription.is_none();
             let filter = DeadLetterFilter {
-                tenant: single_tenant(principal, filter.tenant, "filter.tenant")?,
+                tenant: filter.tenant,
                 topic: filter.topic,
                 subscription: filter.subscription,
+                message_id: filter.message_id,
+                dead_after: filter.dead_after,
+                dead_before: filter.dead_before,
+            };
+            let empty = filter.is_empty();
+            filter
+                .validate()
+                .map_err(|e| ApiError::invalid(format!("filter.{}", e.field), e.reason))?;
+            let filter = DeadLetterFilter {
+                tenant: single_tenant(principal, filter.tenant, "filter.tenant")?,
+                ..filter
             };
             if empty && !all {
                 return Err(ApiError::invalid(
                     "filter",
                     "an empty filter matches every dead letter this token may see; name a \
-                     tenant, topic or subscription, or send \"all\": true to mean every one",
+                     tenant, topic, subscription, message_id or dead_after/dead_before, or send \
+                     \"all\": true to mean every one",
                 ));
             }
             if !empty && selection.all.is_some() {

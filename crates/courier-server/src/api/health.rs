@@ -23,9 +23,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::extract::ApiQuery;
-use super::{body_limit, listing_tenants, method_not_allowed, ApiState, SMALL_BODY_BYTES};
+use super::{
+    body_limit, listing_tenants, method_not_allowed, page_limit, ApiState, SMALL_BODY_BYTES,
+};
 use crate::auth::{Admin, Reader};
 use crate::config::Role;
+use crate::cursor;
 use crate::error::{ApiError, ErrorBody};
 use crate::guard::guard_requests;
 use crate::metrics::{OLDEST_PENDING_AGE, QUEUE_DEPTH};
@@ -58,6 +61,10 @@ pub struct Health {
 pub struct StatsQuery {
     /// Only this tenant's (it must be one of the token's).
     pub tenant: Option<String>,
+    /// Rows per page, 1 to 500 (default 50).
+    pub limit: Option<usize>,
+    /// The `next_cursor` of the previous page, unchanged (opaque).
+    pub cursor: Option<String>,
 }
 
 /// Open deliveries of one (subscription, topic).
@@ -77,7 +84,8 @@ pub struct StatsRow {
     pub oldest_pending_age_seconds: Option<f64>,
 }
 
-/// Counts by state overall and per (subscription, topic).
+/// Counts by state overall (every row the token may see, whatever the
+/// page) and a page of them per (subscription, topic).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct StatsView {
     /// Waiting deliveries, in all.
@@ -88,8 +96,10 @@ pub struct StatsView {
     pub dead: i64,
     /// The oldest open delivery's age, in seconds.
     pub oldest_pending_age_seconds: Option<f64>,
-    /// Per (subscription, topic).
-    pub by_subscription: Vec<StatsRow>,
+    /// Per (subscription, topic), by subscription then topic in byte order.
+    pub items: Vec<StatsRow>,
+    /// Pass as `cursor` for the next page of `items` (opaque); `null` on the last.
+    pub next_cursor: Option<String>,
 }
 
 /// The process is up.
@@ -198,7 +208,7 @@ pub fn metrics_router(state: ApiState) -> Router {
 
 /// The metrics text, with the queue depths of every subscription set first.
 async fn render_metrics(state: &ApiState) -> Response {
-    match state.store.delivery_stats(None).await {
+    match every_stats_row(state).await {
         Ok(rows) => {
             let mut by_subscription: BTreeMap<String, (i64, i64, i64, Option<f64>)> =
                 BTreeMap::new();
@@ -238,7 +248,29 @@ async fn render_metrics(state: &ApiState) -> Response {
         .into_response()
 }
 
+/// Every (subscription, topic) row of every tenant, page after page.
+async fn every_stats_row(
+    state: &ApiState,
+) -> Result<Vec<courier::DeliveryStats>, courier::StoreError> {
+    let mut rows = Vec::new();
+    let mut after = None;
+    loop {
+        let page = state
+            .store
+            .delivery_stats(None, after, courier::MAX_LIST_PAGE)
+            .await?;
+        rows.extend(page.items);
+        match page.next_cursor {
+            Some(key) => after = Some(key),
+            None => return Ok(rows),
+        }
+    }
+}
+
 /// Open deliveries by state: overall and per (subscription, topic).
+///
+/// The totals count every row the token may see (of `tenant`, if given);
+/// `items` is one page of the rows, `limit` at a time.
 #[utoipa::path(
     get,
     path = "/v1/stats",
@@ -246,6 +278,7 @@ async fn render_metrics(state: &ApiState) -> Response {
     params(StatsQuery),
     responses(
         (status = 200, body = StatsView),
+        (status = 400, description = "The cursor is not one of this list's", body = ErrorBody),
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "No `read` role, or another tenant", body = ErrorBody),
         (status = 422, description = "A bad query parameter (named)", body = ErrorBody),
@@ -258,33 +291,28 @@ async fn delivery_stats(
     ApiQuery(query): ApiQuery<StatsQuery>,
 ) -> Result<Json<StatsView>, ApiError> {
     let tenants = listing_tenants(&principal, query.tenant)?;
-    let rows = state.store.delivery_stats(tenants).await?;
-    let mut view = StatsView {
-        available: 0,
-        running: 0,
-        dead: 0,
-        oldest_pending_age_seconds: None,
-        by_subscription: Vec::with_capacity(rows.len()),
+    let limit = page_limit(query.limit)?;
+    let after = cursor::decode_optional::<courier::StatsKey>(query.cursor.as_deref())?;
+    let totals = state.store.delivery_totals(tenants.clone(), None).await?;
+    let page = state.store.delivery_stats(tenants, after, limit).await?;
+    let view = StatsView {
+        available: totals.available,
+        running: totals.running,
+        dead: totals.dead,
+        oldest_pending_age_seconds: totals.oldest_pending_age_seconds,
+        items: page
+            .items
+            .into_iter()
+            .map(|row| StatsRow {
+                subscription: row.subscription,
+                topic: row.topic,
+                available: row.available,
+                running: row.running,
+                dead: row.dead,
+                oldest_pending_age_seconds: row.oldest_pending_age_seconds,
+            })
+            .collect(),
+        next_cursor: page.next_cursor.as_ref().map(cursor::encode),
     };
-    for row in rows {
-        view.available += row.available;
-        view.running += row.running;
-        view.dead += row.dead;
-        view.oldest_pending_age_seconds = match (
-            view.oldest_pending_age_seconds,
-            row.oldest_pending_age_seconds,
-        ) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
-        view.by_subscription.push(StatsRow {
-            subscription: row.subscription,
-            topic: row.topic,
-            available: row.available,
-            running: row.running,
-            dead: row.dead,
-            oldest_pending_age_seconds: row.oldest_pending_age_seconds,
-        });
-    }
     Ok(Json(view))
 }

@@ -33,6 +33,7 @@ use super::{
     MAX_BATCH_MESSAGES, SMALL_BODY_BYTES,
 };
 use crate::auth::{Publisher, Reader};
+use crate::cursor;
 use crate::error::{ApiError, ErrorBody};
 use crate::metrics::PUBLISHED;
 
@@ -134,13 +135,13 @@ impl From<StoredMessage> for MessageView {
     }
 }
 
-/// A page of messages, newest first.
+/// A page of messages, newest first (by `enqueued_at`, then `id`).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct MessagePageView {
     /// The messages.
     pub items: Vec<MessageView>,
-    /// Pass as `cursor` for the next page; `null` on the last.
-    pub next_cursor: Option<Uuid>,
+    /// Pass as `cursor` for the next page (opaque); `null` on the last.
+    pub next_cursor: Option<String>,
 }
 
 /// Filters of `GET /v1/messages`.
@@ -156,10 +157,18 @@ pub struct MessageQuery {
     pub state: Option<String>,
     /// Only messages owed to this subscription (with `state`: its delivery's state).
     pub subscription: Option<String>,
+    /// Only the message with this id.
+    pub message_id: Option<Uuid>,
+    /// Only messages enqueued at or after this instant (RFC 3339, the
+    /// database clock's `enqueued_at`).
+    pub enqueued_after: Option<DateTime<Utc>>,
+    /// Only messages enqueued before this instant (RFC 3339); after
+    /// `enqueued_after` when both are given.
+    pub enqueued_before: Option<DateTime<Utc>>,
     /// Page size, 1 to 500 (default 50).
     pub limit: Option<usize>,
-    /// The `next_cursor` of the previous page.
-    pub cursor: Option<Uuid>,
+    /// The `next_cursor` of the previous page, unchanged (opaque).
+    pub cursor: Option<String>,
 }
 
 fn idempotency_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
@@ -531,6 +540,7 @@ async fn cancel_message(
     params(MessageQuery),
     responses(
         (status = 200, body = MessagePageView),
+        (status = 400, description = "The cursor is not one of this list's", body = ErrorBody),
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "No `read` role, or another tenant", body = ErrorBody),
         (status = 422, description = "A parameter is refused", body = ErrorBody),
@@ -553,18 +563,20 @@ async fn list_messages(
         }
     }
     let limit = page_limit(query.limit)?;
+    let before = cursor::decode_optional::<courier::MessageKey>(query.cursor.as_deref())?;
     let filter = courier::MessageFilter {
         tenants: listing_tenants(&principal, query.tenant)?,
         topic: query.topic,
         state: query.state,
         subscription: query.subscription,
+        message_id: query.message_id,
+        enqueued_after: query.enqueued_after,
+        enqueued_before: query.enqueued_before,
     };
-    let page = state
-        .store
-        .list_messages(filter, query.cursor, limit)
-        .await?;
+    filter.validate()?;
+    let page = state.store.list_messages(filter, before, limit).await?;
     Ok(Json(MessagePageView {
         items: page.items.into_iter().map(MessageView::from).collect(),
-        next_cursor: page.next_cursor,
+        next_cursor: page.next_cursor.as_ref().map(cursor::encode),
     }))
 }

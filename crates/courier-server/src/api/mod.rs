@@ -70,8 +70,8 @@ pub use messages::{
     MessageView, PublishRequest, PublishResponse,
 };
 pub use subscriptions::{
-    Backlog, LastErrorView, PauseState, SubscriptionDetail, SubscriptionList, SubscriptionView,
-    TargetView,
+    Backlog, LastErrorView, PauseState, SubscriptionDetail, SubscriptionList, SubscriptionQuery,
+    SubscriptionView, TargetView,
 };
 
 /// Room for the envelope around a message's payload (names, keys, up to 64

@@ -14,13 +14,14 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use courier::validate_name;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::ApiPath;
-use super::{body_limit, ApiState, SMALL_BODY_BYTES};
+use super::extract::{ApiPath, ApiQuery};
+use super::{body_limit, page_limit, ApiState, SMALL_BODY_BYTES};
 use crate::auth::{Admin, Principal, Reader, TenantScope};
+use crate::cursor::{self, SubscriptionKey};
 use crate::error::{ApiError, ErrorBody};
 
 /// The routes under `/v1/subscriptions`.
@@ -47,11 +48,24 @@ pub struct SubscriptionView {
     pub created_at: DateTime<Utc>,
 }
 
-/// Every subscription.
+/// A page of subscriptions, by name in byte order.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SubscriptionList {
-    /// By name.
-    pub subscriptions: Vec<SubscriptionView>,
+    /// The subscriptions.
+    pub items: Vec<SubscriptionView>,
+    /// Pass as `cursor` for the next page (opaque); `null` on the last.
+    pub next_cursor: Option<String>,
+}
+
+/// Paging of `GET /v1/subscriptions`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct SubscriptionQuery {
+    /// Page size, 1 to 500 (default 50).
+    pub limit: Option<usize>,
+    /// The `next_cursor` of the previous page, unchanged (opaque).
+    pub cursor: Option<String>,
 }
 
 /// Open deliveries by state.
@@ -156,25 +170,38 @@ pub struct PauseState {
     pub paused: bool,
 }
 
-/// Every subscription with its topics and pause state.
+/// Subscriptions with their topics and pause state, by name, a page at a time.
 #[utoipa::path(
     get,
     path = "/v1/subscriptions",
     tag = "subscriptions",
+    params(SubscriptionQuery),
     responses(
         (status = 200, body = SubscriptionList),
+        (status = 400, description = "The cursor is not one of this list's", body = ErrorBody),
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "No `read` role", body = ErrorBody),
+        (status = 422, description = "A parameter is refused", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
 async fn list_subscriptions(
     State(state): State<ApiState>,
     Reader(_principal): Reader,
+    ApiQuery(query): ApiQuery<SubscriptionQuery>,
 ) -> Result<Json<SubscriptionList>, ApiError> {
-    let subscriptions = state.store.list_subscriptions().await?;
+    let limit = page_limit(query.limit)?;
+    let after = cursor::decode_optional::<SubscriptionKey>(query.cursor.as_deref())?;
+    let page = state
+        .store
+        .list_subscriptions(after.map(|key| key.0), limit)
+        .await?;
     Ok(Json(SubscriptionList {
-        subscriptions: subscriptions
+        next_cursor: page
+            .next_cursor
+            .map(|name| cursor::encode(&SubscriptionKey(name))),
+        items: page
+            .items
             .into_iter()
             .map(|s| SubscriptionView {
                 name: s.name,
@@ -212,28 +239,21 @@ async fn get_subscription(
     validate_name("name", &name)?;
     let subscription = state
         .store
-        .list_subscriptions()
+        .get_subscription(name.clone())
         .await?
-        .into_iter()
-        .find(|s| s.name == name)
         .ok_or_else(|| {
             ApiError::not_found(format!("no subscription {name:?}"), Some("name".into()))
         })?;
-    let rows = state
+    let totals = state
         .store
-        .delivery_stats(principal.tenants.filter())
+        .delivery_totals(principal.tenants.filter(), Some(name.clone()))
         .await?;
-    let mut backlog = Backlog::default();
-    let mut oldest: Option<f64> = None;
-    for row in rows.into_iter().filter(|row| row.subscription == name) {
-        backlog.available += row.available;
-        backlog.running += row.running;
-        backlog.dead += row.dead;
-        oldest = match (oldest, row.oldest_pending_age_seconds) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
-    }
+    let backlog = Backlog {
+        available: totals.available,
+        running: totals.running,
+        dead: totals.dead,
+    };
+    let oldest = totals.oldest_pending_age_seconds;
     let recent = crate::outcomes::global().recent(&name);
     let (deliveries, failures) = recent.as_ref().map_or((0, 0), |r| (r.attempts, r.failures));
     Ok(Json(SubscriptionDetail {

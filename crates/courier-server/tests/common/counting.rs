@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use courier::{
-    DeadLetter, DeadLetterFilter, DeadLetterPage, DeliveryStats, DeliverySummary, EnqueueOutcome,
-    MessageFilter, MessagePage, NewMessage, StoreError, StoredMessage, SubscriptionInfo,
+    DeadLetter, DeadLetterFilter, DeadLetterKey, DeadLetterPage, DeliveryStatsPage,
+    DeliverySummary, DeliveryTotals, EnqueueOutcome, MessageFilter, MessageKey, MessagePage,
+    NewMessage, StatsKey, StoreError, StoredMessage, SubscriptionInfo, SubscriptionPage,
 };
 use courier_server::store::ApiStore;
 use futures_util::future::BoxFuture;
@@ -62,19 +63,40 @@ impl<S: ApiStore> ApiStore for CountingStore<S> {
     fn list_messages(
         &self,
         filter: MessageFilter,
-        before: Option<Uuid>,
+        before: Option<MessageKey>,
         limit: usize,
     ) -> Future<'_, MessagePage> {
         self.count("list_messages");
         self.inner.list_messages(filter, before, limit)
     }
-    fn delivery_stats(&self, tenants: Option<Vec<String>>) -> Future<'_, Vec<DeliveryStats>> {
+    fn delivery_stats(
+        &self,
+        tenants: Option<Vec<String>>,
+        after: Option<StatsKey>,
+        limit: usize,
+    ) -> Future<'_, DeliveryStatsPage> {
         self.count("delivery_stats");
-        self.inner.delivery_stats(tenants)
+        self.inner.delivery_stats(tenants, after, limit)
     }
-    fn list_subscriptions(&self) -> Future<'_, Vec<SubscriptionInfo>> {
+    fn delivery_totals(
+        &self,
+        tenants: Option<Vec<String>>,
+        subscription: Option<String>,
+    ) -> Future<'_, DeliveryTotals> {
+        self.count("delivery_totals");
+        self.inner.delivery_totals(tenants, subscription)
+    }
+    fn list_subscriptions(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> Future<'_, SubscriptionPage> {
         self.count("list_subscriptions");
-        self.inner.list_subscriptions()
+        self.inner.list_subscriptions(after, limit)
+    }
+    fn get_subscription(&self, name: String) -> Future<'_, Option<SubscriptionInfo>> {
+        self.count("get_subscription");
+        self.inner.get_subscription(name)
     }
     fn set_subscription_paused(&self, name: String, paused: bool) -> Future<'_, bool> {
         self.count("set_subscription_paused");
@@ -87,11 +109,15 @@ impl<S: ApiStore> ApiStore for CountingStore<S> {
     fn list_dead_letters(
         &self,
         filter: DeadLetterFilter,
-        after: Option<i64>,
+        after: Option<DeadLetterKey>,
         limit: usize,
     ) -> Future<'_, DeadLetterPage> {
         self.count("list_dead_letters");
         self.inner.list_dead_letters(filter, after, limit)
+    }
+    fn count_dead_letters(&self, filter: DeadLetterFilter) -> Future<'_, u64> {
+        self.count("count_dead_letters");
+        self.inner.count_dead_letters(filter)
     }
     fn get_dead_letter(&self, delivery_id: i64) -> Future<'_, Option<DeadLetter>> {
         self.count("get_dead_letter");

@@ -86,47 +86,31 @@ impl Db {
         }
     }
 
-    /// (open, dead) deliveries of `subscription`.
-    pub async fn open_and_dead(&self, subscription: &str) -> (i64, i64) {
-        let stats = match self {
+    /// Open deliveries of `subscription`, by state.
+    async fn totals(&self, subscription: &str) -> courier::DeliveryTotals {
+        match self {
             Db::Postgres(f) => courier_testkit::Backend::courier(f)
                 .store()
-                .delivery_stats(None)
+                .delivery_totals(None, Some(subscription))
                 .await
                 .unwrap(),
             Db::Sqlite(f) => courier_testkit::Backend::courier(f)
                 .store()
-                .delivery_stats(None)
+                .delivery_totals(None, Some(subscription))
                 .await
                 .unwrap(),
-        };
-        stats
-            .iter()
-            .filter(|row| row.subscription == subscription)
-            .fold((0, 0), |(open, dead), row| {
-                (open + row.available + row.running, dead + row.dead)
-            })
+        }
     }
 
-    /// (open, running) deliveries of `subscription`.
+    /// (open, dead) deliveries of `subscription`.
+    pub async fn open_and_dead(&self, subscription: &str) -> (i64, i64) {
+        let totals = self.totals(subscription).await;
+        (totals.available + totals.running, totals.dead)
+    }
+
+    /// Running deliveries of `subscription`.
     pub async fn running(&self, subscription: &str) -> i64 {
-        let stats = match self {
-            Db::Postgres(f) => courier_testkit::Backend::courier(f)
-                .store()
-                .delivery_stats(None)
-                .await
-                .unwrap(),
-            Db::Sqlite(f) => courier_testkit::Backend::courier(f)
-                .store()
-                .delivery_stats(None)
-                .await
-                .unwrap(),
-        };
-        stats
-            .iter()
-            .filter(|row| row.subscription == subscription)
-            .map(|row| row.running)
-            .sum()
+        self.totals(subscription).await.running
     }
 
     /// Waits until `subscription` has nothing open; panics after `limit`.

@@ -85,7 +85,7 @@ impl StoreFixture for PgFixture {
             self,
             &format!(
                 "UPDATE {schema}.deliveries SET available_at = available_at - {by},
-                   lease_expires_at = lease_expires_at - {by};
+                   lease_expires_at = lease_expires_at - {by}, dead_at = dead_at - {by};
                  UPDATE {schema}.messages SET created_at = created_at - {by};
                  UPDATE {schema}.receipts SET completed_at = completed_at - {by};"
             ),
@@ -183,7 +183,7 @@ impl StoreFixture for SqliteFixture {
             self,
             &format!(
                 "UPDATE deliveries SET available_at = available_at - {by},
-                   lease_expires_at = lease_expires_at - {by};
+                   lease_expires_at = lease_expires_at - {by}, dead_at = dead_at - {by};
                  UPDATE messages SET created_at = created_at - {by};
                  UPDATE receipts SET completed_at = completed_at - {by};"
             ),

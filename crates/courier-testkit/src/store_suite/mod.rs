@@ -102,8 +102,8 @@ pub trait StoreFixture: Sized + Send + Sync + 'static {
         -> impl Future<Output = anyhow::Result<u64>> + Send;
 
     /// Moves every stored time the store compares with the database clock
-    /// (deliveries' availability and lease expiry, messages' and receipts'
-    /// age) `by` into the past, as if `by` had gone by.
+    /// (deliveries' availability, lease expiry and death, messages' and
+    /// receipts' age) `by` into the past, as if `by` had gone by.
     fn pass_time(&self, by: Duration) -> impl Future<Output = anyhow::Result<()>> + Send;
 
     /// Opens a reader elsewhere that keeps the snapshot it took now until the
@@ -214,6 +214,7 @@ macro_rules! store_conformance_tests {
             the_error_history_keeps_the_newest_twenty_on_every_path,
             dead_letters_can_be_listed_inspected_retried_and_discarded,
             dead_letters_by_id_for_tenants_leave_other_tenants_alone,
+            dead_letters_filter_by_message_and_dead_time_everywhere,
             prune_removes_finished_messages_and_old_receipts_but_keeps_dead_letters,
             prune_works_in_batches,
             transactional_work_commits_with_its_receipt_and_completion,

@@ -276,7 +276,8 @@ pub enum CancelOutcome {
         /// The first such subscription, by name.
         subscription: String,
         /// Its delivery's state there: `running`, `retrying` (an attempt
-        /// failed), `dead` or `completed`.
+        /// failed), `snoozed` (a handler ran and deferred it), `dead` or
+        /// `completed`.
         state: String,
     },
 }
@@ -402,8 +403,8 @@ pub trait AdminStore: Send + Sync {
     /// and its deliveries are removed together, atomically with respect to
     /// claims (a claim either finds the delivery first, and the cancel is
     /// refused, or never sees it). A delivery that is running, has spent an
-    /// attempt, is dead, or has completed refuses the cancel and nothing
-    /// changes. A later message of the same ordering key moves up.
+    /// attempt, was snoozed by its handler, is dead, or has completed
+    /// refuses the cancel and nothing changes. A later message of the same ordering key moves up.
     fn cancel_message(
         &self,
         id: Uuid,

@@ -1,12 +1,15 @@
--- Removes message $1 and its deliveries (locked and checked unstarted by
--- message_cancel_lock.sql in the same transaction). The next waiting
+-- Removes message $1 and its deliveries $2 (locked and checked unstarted by
+-- message_cancel_lock.sql in the same transaction; only those, and only
+-- while still unstarted: the caller rolls back unless all of them went). The next waiting
 -- delivery of each of its ordering keys may run now, maybe below other
 -- claimers' floors: announce it (see migrations/0009_claim_marks.sql).
 -- Returns whether the message existed and how many deliveries went.
 -- Touches: deliveries, claim_marks, messages.
 WITH gone AS (
   DELETE FROM {schema}.deliveries d
-  WHERE d.message_id = $1
+  WHERE d.message_id = $1 AND d.id = ANY ($2::bigint[])
+    AND d.state = 'available' AND d.lease_token IS NULL
+    AND d.attempts = 0 AND d.snoozes = 0
   RETURNING d.id, d.subscription, d.tenant, d.ordering_key
 ),
 marked AS (

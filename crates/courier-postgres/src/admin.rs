@@ -37,16 +37,23 @@ impl AdminStore for PgStore {
     }
 
     async fn cancel_message(&self, id: Uuid) -> Result<CancelOutcome, StoreError> {
-        let mut tx = self.pool().begin().await.map_err(map)?;
-        let deliveries: Vec<(String, Option<String>)> =
+        let mut tx = self.begin_read_committed().await?;
+        // Not beside a registration's replay (see fan_out_lock_shared.sql):
+        // it could add a delivery of the message while this removes it.
+        sqlx::query(&self.q().fan_out_lock_shared)
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?;
+        let deliveries: Vec<(i64, String, Option<String>)> =
             sqlx::query_as(&self.q().message_cancel_lock)
                 .bind(id)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(map)?;
+        let ids: Vec<i64> = deliveries.iter().map(|(id, _, _)| *id).collect();
         let started = deliveries
             .into_iter()
-            .find_map(|(subscription, state)| state.map(|state| (subscription, state)));
+            .find_map(|(_, subscription, state)| state.map(|state| (subscription, state)));
         let completed: Option<String> = sqlx::query_scalar(&self.q().message_cancel_receipt)
             .bind(id)
             .fetch_optional(&mut *tx)
@@ -69,6 +76,7 @@ impl AdminStore for PgStore {
         }
         let (existed, removed): (bool, i64) = sqlx::query_as(&self.q().message_cancel)
             .bind(id)
+            .bind(&ids)
             .fetch_one(&mut *tx)
             .await
             .map_err(map)?;
@@ -76,9 +84,17 @@ impl AdminStore for PgStore {
             tx.rollback().await.map_err(map)?;
             return Ok(CancelOutcome::NotFound);
         }
+        if usize::try_from(removed).ok() != Some(ids.len()) {
+            // The locks make this unreachable; never remove half a message.
+            tx.rollback().await.map_err(map)?;
+            return Err(StoreError::Corrupt(format!(
+                "cancelling message {id}: {removed} of its {} locked deliveries were still unstarted",
+                ids.len()
+            )));
+        }
         tx.commit().await.map_err(map)?;
         Ok(CancelOutcome::Cancelled {
-            deliveries: u64::try_from(removed).unwrap_or(0),
+            deliveries: u64::try_from(ids.len()).unwrap_or(u64::MAX),
         })
     }
 

@@ -196,17 +196,7 @@ impl Daemon {
 
     /// POSTs `request` as a `POST /v1/messages` body; the new message's id.
     async fn publish_request(&self, request: Value) -> String {
-        let response = self
-            .client
-            .post(format!("http://{}/v1/messages", self.address))
-            .header("content-type", "application/json")
-            .body(request.to_string())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 201);
-        let body: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
-        body["id"].as_str().unwrap().to_owned()
+        self.publish_text(&request.to_string()).await
     }
 
     /// POSTs `text` as a `POST /v1/messages` body exactly; the new message's id.

@@ -1,6 +1,7 @@
 -- Why message ?1 cannot be cancelled (AdminStore::cancel_message), if it
 -- cannot: the first subscription, by name, that has started on it, with
--- 'running' (leased), 'retrying' (an attempt spent), 'dead' or 'completed'
+-- 'running' (leased), 'retrying' (an attempt spent), 'snoozed' (a handler ran
+-- and deferred it, giving its attempt back), 'dead' or 'completed'
 -- (a receipt). No row: none has. Run inside the cancel's write transaction,
 -- so nothing can start between this check and the delete.
 SELECT subscription, started FROM (
@@ -8,6 +9,7 @@ SELECT subscription, started FROM (
          CASE WHEN d.state = 'dead' THEN 'dead'
               WHEN d.state = 'running' OR d.lease_token IS NOT NULL THEN 'running'
               WHEN d.attempts > 0 THEN 'retrying'
+              WHEN d.snoozes > 0 THEN 'snoozed'
          END AS started
   FROM deliveries d
   WHERE d.message_id = ?1

@@ -944,6 +944,46 @@ async fn cancel_is_refused_once_a_subscription_started_and_changes_nothing<B: Ba
     Ok(())
 }
 
+async fn a_message_a_handler_snoozed_is_not_cancelled<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let deferring = backend
+        .courier()
+        .worker("deferring")
+        .handle(
+            "topic",
+            1,
+            handler_fn(|_message: Message<Event>| async {
+                Err::<(), _>(HandlerError::snooze(
+                    Duration::from_secs(3600),
+                    "quota exhausted",
+                ))
+            }),
+        )
+        .maintenance(None)
+        .build()
+        .await?;
+    let message = NewMessage::new("acme", "topic", &Event { n: 1 })?;
+    backend
+        .enqueue_committed(std::slice::from_ref(&message))
+        .await?;
+    assert_eq!(deferring.run_once().await?, 1);
+    assert_eq!(
+        backend.courier().store().cancel_message(message.id).await?,
+        CancelOutcome::Started {
+            subscription: "deferring".into(),
+            state: "snoozed".into()
+        }
+    );
+    assert!(backend
+        .courier()
+        .store()
+        .get_message(message.id)
+        .await?
+        .is_some());
+    Ok(())
+}
+
 async fn cancelling_an_ordering_key_s_scheduled_head_lets_the_next_run<B: Backend>(
     backend: B,
 ) -> anyhow::Result<()> {
@@ -1060,5 +1100,6 @@ backend_tests!(
     cancel_removes_a_message_no_subscription_started_on,
     cancel_is_refused_once_a_subscription_started_and_changes_nothing,
     cancelling_an_ordering_key_s_scheduled_head_lets_the_next_run,
+    a_message_a_handler_snoozed_is_not_cancelled,
     cancels_racing_claims_never_both_cancel_and_deliver,
 );

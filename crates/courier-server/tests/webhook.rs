@@ -126,6 +126,18 @@ fn webhook(name: &str, topics: &[&str], url: String) -> SubscriptionConfig {
     }
 }
 
+/// Two subscriptions of every topic to `address`: `raw` (format raw, path
+/// `/raw`) and `enveloped` (format envelope, path `/envelope`).
+fn raw_and_enveloped(address: SocketAddr) -> Vec<SubscriptionConfig> {
+    let raw = webhook("raw", &["*"], format!("http://{address}/raw"));
+    let mut enveloped = webhook("enveloped", &["*"], format!("http://{address}/envelope"));
+    let TargetConfig::Webhook(target) = &mut enveloped.target else {
+        panic!("not a webhook");
+    };
+    target.format = WebhookFormat::Envelope;
+    vec![raw, enveloped]
+}
+
 /// Where the daemon stores: a database URL and schema, and what keeps it alive.
 struct Database {
     url: String,
@@ -341,13 +353,7 @@ async fn signed_deliveries_reach_the_receiver(database: Database) {
 
 async fn deliveries_carry_the_message_s_metadata_and_headers_raw_or_enveloped(database: Database) {
     let (receiver, address) = start_receiver().await;
-    let raw = webhook("raw", &["*"], format!("http://{address}/raw"));
-    let mut enveloped = webhook("enveloped", &["*"], format!("http://{address}/envelope"));
-    let TargetConfig::Webhook(target) = &mut enveloped.target else {
-        panic!("not a webhook");
-    };
-    target.format = WebhookFormat::Envelope;
-    let daemon = Daemon::start(&database, vec![raw, enveloped], 5_000).await;
+    let daemon = Daemon::start(&database, raw_and_enveloped(address), 5_000).await;
 
     let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let id = daemon
@@ -816,13 +822,7 @@ const EXACT_PAYLOAD: &str = r#"{"big": 123456789012345678901234567890, "f": 0.10
 async fn payloads_reach_the_webhook_as_they_were_published(database: Database) {
     let on_sqlite = !database.url.starts_with("postgres");
     let (receiver, address) = start_receiver().await;
-    let raw = webhook("raw", &["*"], format!("http://{address}/raw"));
-    let mut enveloped = webhook("enveloped", &["*"], format!("http://{address}/envelope"));
-    let TargetConfig::Webhook(target) = &mut enveloped.target else {
-        panic!("not a webhook");
-    };
-    target.format = WebhookFormat::Envelope;
-    let daemon = Daemon::start(&database, vec![raw, enveloped], 5_000).await;
+    let daemon = Daemon::start(&database, raw_and_enveloped(address), 5_000).await;
     let id = daemon
         .publish_text(&format!(
             r#"{{"tenant": "acme", "topic": "exact", "payload": {EXACT_PAYLOAD}}}"#

@@ -407,3 +407,81 @@ async fn a_claim_racing_a_deleted_group_reports_it_not_found() -> anyhow::Result
     );
     Ok(())
 }
+
+/// A claim of idle entries skips a pending entry another claim is taking
+/// over at that moment instead of waiting for it: after the wait only the
+/// idle filter would be checked again, against the other claim's fresh
+/// delivery time, and with a small `min_idle` it would still pass, handing
+/// the entry to a second consumer. Here a transaction redelivers the entry
+/// (as a claim does) and stays open while another claim, with a 20 ms
+/// `min_idle`, runs 200 ms after it began; the claim takes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_skips_an_entry_another_claim_is_taking_over() -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    let store = pg.courier().store().clone();
+    let claimer = pg.named_store("claimer").await?;
+    let key = StreamKey::new("acme", "orders")?;
+    store.ensure_group(&key, "g", GroupStart::Beginning).await?;
+    store.append(&key, &[entry(1)]).await?;
+    assert_eq!(numbers(&store.read_new(&key, &read("g", "c0", 10)).await?), [1]);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    // The other claim: it has taken the entry over and not committed yet.
+    let mut taking = pg.pool.begin().await?;
+    let taken = sqlx::query(&format!(
+        "UPDATE {}.stream_pending SET delivered_at = statement_timestamp(), \
+         deliveries = deliveries + 1 WHERE tenant = 'acme' AND stream = 'orders' AND grp = 'g'",
+        pg.schema
+    ))
+    .execute(&mut *taking)
+    .await?;
+    assert_eq!(taken.rows_affected(), 1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let claim = tokio::spawn({
+        let key = key.clone();
+        async move {
+            claimer
+                .claim_idle(
+                    &key,
+                    &courier::ClaimIdle {
+                        group: "g".into(),
+                        consumer: "c2".into(),
+                        min_idle: Duration::from_millis(20),
+                        cursor: StreamEntryId::ZERO,
+                        count: 10,
+                    },
+                )
+                .await
+        }
+    });
+    // The claim either answers or waits for the other claim's row.
+    assert!(
+        courier_testkit::eventually(Duration::from_secs(10), || async {
+            claim.is_finished() || pg.waits_on_a_lock("claimer").await
+        })
+        .await
+    );
+    taking.commit().await?;
+    let claimed = claim.await??;
+    assert!(
+        claimed.entries.is_empty(),
+        "the entry went to a second consumer: {:?}",
+        numbers(&claimed.entries)
+    );
+    let detail = store
+        .pending_detail(
+            &key,
+            "g",
+            &courier::PendingQuery {
+                after: StreamEntryId::ZERO,
+                count: 10,
+                consumer: None,
+                min_idle: None,
+            },
+        )
+        .await?;
+    assert_eq!(detail.len(), 1);
+    assert_eq!(detail[0].consumer, "c0");
+    Ok(())
+}

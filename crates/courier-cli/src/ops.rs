@@ -1,7 +1,7 @@
-//! Operators' verbs over a Courier database: publish, status, dead letters
-//! and subscriptions. They talk to the database directly (the same one a
-//! `courier serve` uses); `publish` can also go through a running daemon.
-//! The streams verbs are in [`crate::streams`].
+//! What the operator verbs ([`crate::commands`], [`crate::streams`]) stand
+//! on: [`Store`], a Courier database's operations (the same database a
+//! `courier serve` uses); [`Remote`], a running daemon's API; NDJSON
+//! publishing; JSON and table printing.
 
 use std::io::BufRead;
 

@@ -44,6 +44,20 @@ pub struct DeadLetterFilterBody {
     pub dead_before: Option<DateTime<Utc>>,
 }
 
+impl From<DeadLetterFilterBody> for courier_core::DeadLetterFilter {
+    /// The same fields, unchecked (see [`DeadLetterFilter::validate`](courier_core::DeadLetterFilter::validate)).
+    fn from(body: DeadLetterFilterBody) -> Self {
+        Self {
+            tenant: body.tenant,
+            topic: body.topic,
+            subscription: body.subscription,
+            message_id: body.message_id,
+            dead_after: body.dead_after,
+            dead_before: body.dead_before,
+        }
+    }
+}
+
 /// How many were affected (or, in a dry run, would be).
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Affected {

@@ -1025,6 +1025,11 @@ async fn cancels_racing_claims_never_both_cancel_and_deliver<B: Backend>(
             .courier()
             .worker("raced")
             .handle("topic", 1, counting(calls.clone()))
+            // Small claims, so the drain takes many of them and the cancels
+            // meet it however the machine is loaded (a claim of 256 took
+            // everything a cancel had not reached yet).
+            .batch_size(8)
+            .concurrency(8)
             .maintenance(None)
             .build()
             .await?,

@@ -423,7 +423,10 @@ async fn a_claim_skips_an_entry_another_claim_is_taking_over() -> anyhow::Result
     let key = StreamKey::new("acme", "orders")?;
     store.ensure_group(&key, "g", GroupStart::Beginning).await?;
     store.append(&key, &[entry(1)]).await?;
-    assert_eq!(numbers(&store.read_new(&key, &read("g", "c0", 10)).await?), [1]);
+    assert_eq!(
+        numbers(&store.read_new(&key, &read("g", "c0", 10)).await?),
+        [1]
+    );
     tokio::time::sleep(Duration::from_millis(50)).await;
 
     // The other claim: it has taken the entry over and not committed yet.

@@ -32,14 +32,7 @@ pub struct DlqFilterArgs {
 impl DlqFilterArgs {
     /// The filter as the store takes it.
     fn filter(&self) -> courier::DeadLetterFilter {
-        courier::DeadLetterFilter {
-            tenant: self.tenant.clone(),
-            topic: self.topic.clone(),
-            subscription: self.subscription.clone(),
-            message_id: self.message_id,
-            dead_after: self.since,
-            dead_before: self.until,
-        }
+        self.body().into()
     }
 
     /// The filter as the API's query parameters (given ones only).

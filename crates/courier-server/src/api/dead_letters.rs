@@ -256,14 +256,7 @@ fn resolve_selection(
                 field: Some("filter.subscription".into()),
                 ..e
             })?;
-            let filter = DeadLetterFilter {
-                tenant: filter.tenant,
-                topic: filter.topic,
-                subscription: filter.subscription,
-                message_id: filter.message_id,
-                dead_after: filter.dead_after,
-                dead_before: filter.dead_before,
-            };
+            let filter = DeadLetterFilter::from(filter);
             let empty = filter.is_empty();
             filter
                 .validate()

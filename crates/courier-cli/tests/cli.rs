@@ -261,17 +261,26 @@ async fn quick_bench_on_postgres_prints_json_and_drops_its_schema() {
     assert_eq!(noop["count"], 2000);
     assert!(noop["ratio"].is_number(), "{noop:#}");
     // The same drain by 1, 2 and 4 `courier bench-worker` processes.
-    for id in ["drain.processes_1", "drain.processes_2", "drain.processes_4"] {
+    for id in [
+        "drain.processes_1",
+        "drain.processes_2",
+        "drain.processes_4",
+    ] {
         let processes = find(id);
         assert_eq!(processes["count"], 2000, "{processes:#}");
         assert!(
-            processes["per_second"].as_f64().is_some_and(|rate| rate > 0.0),
+            processes["per_second"]
+                .as_f64()
+                .is_some_and(|rate| rate > 0.0),
             "{processes:#}"
         );
         assert!(processes["ratio"].is_number(), "{processes:#}");
     }
     let left = bench_workers_running(&schema);
-    assert!(left.is_empty(), "bench-worker processes left running: {left:?}");
+    assert!(
+        left.is_empty(),
+        "bench-worker processes left running: {left:?}"
+    );
     // Fairness: the big tenant's rate against its solo rate, small tenants' latency.
     assert_eq!(find("fairness.big")["count"], 5000);
     assert!(find("fairness.big")["ratio"].is_number());

@@ -14,8 +14,8 @@ use courier::{
 };
 
 use super::fixture::{BenchPayload, Fixture};
-use super::processes;
 use super::measure::{peak_rss_kib, reset_peak_rss, Counter, Progress};
+use super::processes;
 use super::{Measurement, Plan, Throughput};
 
 /// The topic every drain case publishes to.

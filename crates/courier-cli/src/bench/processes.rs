@@ -248,9 +248,7 @@ async fn drain<F: Fixture>(
             .handle(
                 TOPIC,
                 1,
-                handler_fn(|_message: Message<BenchPayload>| async {
-                    Ok::<(), HandlerError>(())
-                }),
+                handler_fn(|_message: Message<BenchPayload>| async { Ok::<(), HandlerError>(()) }),
             )
             .build()
             .await?,
@@ -427,7 +425,9 @@ impl WorkerChild {
         }
         let status = tokio::time::timeout(STOP_LIMIT, self.process.wait())
             .await
-            .map_err(|_| anyhow::anyhow!("a worker process did not exit within {STOP_LIMIT:?}"))??;
+            .map_err(|_| {
+                anyhow::anyhow!("a worker process did not exit within {STOP_LIMIT:?}")
+            })??;
         if !status.success() {
             anyhow::bail!("a worker process failed ({status})");
         }

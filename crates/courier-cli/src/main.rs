@@ -118,6 +118,33 @@ enum Command {
     },
     /// Measure enqueue and drain throughput, pickup latency and worker memory.
     Bench(BenchArgs),
+    /// One worker process of `courier bench`'s `drain.processes_*` (started
+    /// by the bench): prints `ready`, runs on a line `go`, stops on a line
+    /// `stop` or the end of stdin and prints `handled <n>`.
+    #[command(hide = true)]
+    BenchWorker(BenchWorkerArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchWorkerArgs {
+    /// `postgres://…` (the bench passes it in COURIER_DATABASE_URL).
+    #[arg(long, env = "COURIER_DATABASE_URL")]
+    database_url: String,
+    /// The schema Courier's tables are in.
+    #[arg(long)]
+    schema: String,
+    /// The subscription to work for.
+    #[arg(long)]
+    subscription: String,
+    /// The topic the no-op handler takes.
+    #[arg(long)]
+    topic: String,
+    /// Handlers running at once [default: the backend's].
+    #[arg(long)]
+    concurrency: Option<usize>,
+    /// Deliveries claimed per round trip [default: the backend's].
+    #[arg(long)]
+    batch_size: Option<usize>,
 }
 
 #[derive(clap::Args)]
@@ -315,6 +342,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 hold_seconds: args.hold_seconds,
                 redis_url: args.redis_url.clone(),
                 nats_url: args.nats_url.clone(),
+                // This binary has the `bench-worker` subcommand the worker
+                // processes run.
+                worker_program: std::env::current_exe().ok(),
             };
             let report = bench::run(&options).await?;
             if args.json {
@@ -322,6 +352,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 print!("{}", report.to_table());
             }
+        }
+        Command::BenchWorker(args) => {
+            bench::worker_process(&bench::WorkerProcessOptions {
+                database_url: args.database_url,
+                schema: args.schema,
+                subscription: args.subscription,
+                topic: args.topic,
+                concurrency: args.concurrency,
+                batch_size: args.batch_size,
+            })
+            .await?;
         }
     }
     Ok(())

@@ -59,6 +59,27 @@ async fn drop_schema(schema: &str) {
     pool.close().await;
 }
 
+/// The command lines of running `courier bench-worker` processes for
+/// `schema` (Linux: read from /proc; empty elsewhere).
+fn bench_workers_running(schema: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|entry| entry.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
+        .map(|cmdline| {
+            cmdline
+                .split(|byte| *byte == 0)
+                .map(String::from_utf8_lossy)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|cmdline| cmdline.contains("bench-worker") && cmdline.contains(schema))
+        .collect()
+}
+
 #[test]
 fn quick_bench_on_sqlite_prints_the_table_and_removes_its_file() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -78,6 +99,9 @@ fn quick_bench_on_sqlite_prints_the_table_and_removes_its_file() {
         "drain.two_subscriptions",
         "drain.ordering_keys",
         "drain.tenants",
+        "drain.processes_1",
+        "drain.processes_2",
+        "drain.processes_4",
         "latency.wake",
         "latency.poll",
         "fairness.solo",
@@ -226,7 +250,7 @@ async fn quick_bench_on_postgres_prints_json_and_drops_its_schema() {
     assert_eq!(report["settings"]["concurrency"], 128, "{report:#}");
     assert_eq!(report["settings"]["batch_size_is_default"], false);
     let measurements = report["measurements"].as_array().expect("measurements");
-    assert_eq!(measurements.len(), 16, "{report:#}");
+    assert_eq!(measurements.len(), 19, "{report:#}");
     let find = |id: &str| {
         measurements
             .iter()
@@ -236,6 +260,27 @@ async fn quick_bench_on_postgres_prints_json_and_drops_its_schema() {
     let noop = find("drain.noop");
     assert_eq!(noop["count"], 2000);
     assert!(noop["ratio"].is_number(), "{noop:#}");
+    // The same drain by 1, 2 and 4 `courier bench-worker` processes.
+    for id in [
+        "drain.processes_1",
+        "drain.processes_2",
+        "drain.processes_4",
+    ] {
+        let processes = find(id);
+        assert_eq!(processes["count"], 2000, "{processes:#}");
+        assert!(
+            processes["per_second"]
+                .as_f64()
+                .is_some_and(|rate| rate > 0.0),
+            "{processes:#}"
+        );
+        assert!(processes["ratio"].is_number(), "{processes:#}");
+    }
+    let left = bench_workers_running(&schema);
+    assert!(
+        left.is_empty(),
+        "bench-worker processes left running: {left:?}"
+    );
     // Fairness: the big tenant's rate against its solo rate, small tenants' latency.
     assert_eq!(find("fairness.big")["count"], 5000);
     assert!(find("fairness.big")["ratio"].is_number());

@@ -4,6 +4,7 @@
 //! settled (the workers have shut down). Afterwards the deliveries table
 //! must be empty, and for the exactly-once case every effect row present.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,9 +15,11 @@ use courier::{
 
 use super::fixture::{BenchPayload, Fixture};
 use super::measure::{peak_rss_kib, reset_peak_rss, Counter, Progress};
+use super::processes;
 use super::{Measurement, Plan, Throughput};
 
-const TOPIC: &str = "bench.drain";
+/// The topic every drain case publishes to.
+pub(crate) const TOPIC: &str = "bench.drain";
 /// Messages per transaction while loading.
 pub(crate) const LOAD_BATCH: u64 = 1000;
 const ORDERING_KEYS: u64 = 1000;
@@ -79,9 +82,12 @@ impl Case {
     }
 }
 
+/// The in-process cases, then [`processes`]'s (with `worker_program`, the
+/// `courier` executable to start `courier bench-worker` from).
 pub(crate) async fn run<F: Fixture>(
     fixture: &mut F,
     plan: &Plan,
+    worker_program: Option<&Path>,
     out: &mut Vec<Measurement>,
 ) -> anyhow::Result<()> {
     let baseline = if plan.baseline {
@@ -106,7 +112,7 @@ pub(crate) async fn run<F: Fixture>(
             .with_context(|| case.id())?;
         out.push(measurement);
     }
-    Ok(())
+    processes::run(fixture, plan, worker_program, baseline, out).await
 }
 
 /// Generous: a drain slower than 100 messages a second is broken, not slow.
@@ -173,6 +179,29 @@ async fn load<S: OutboxStore + DeadLetterStore>(
         |seq| case.message(seq),
     )
     .await
+}
+
+/// Loads the no-op case's backlog: `plan.messages` messages, as
+/// `drain.noop` gets them.
+pub(crate) async fn load_noop<S: OutboxStore + DeadLetterStore>(
+    courier: &Courier<S>,
+    plan: &Plan,
+    label: &str,
+) -> anyhow::Result<()> {
+    publish_all(courier, plan, label, plan.messages, |seq| {
+        Case::Noop.message(seq)
+    })
+    .await
+}
+
+/// The note of a drain whose handlers ran `handled` times for `deliveries`
+/// deliveries, if those differ.
+pub(crate) fn redelivered_note(handled: u64, deliveries: u64) -> Option<String> {
+    (handled != deliveries).then(|| {
+        format!(
+            "{handled} handler calls for {deliveries} deliveries: settles that failed were redelivered after their lease"
+        )
+    })
 }
 
 /// Publishes `count` messages made by `message(seq)` for seq in `0..count`,
@@ -315,10 +344,8 @@ async fn drain<F: Fixture>(
     );
     measurement.peak_rss_kib = peak_rss;
     let handled = counter.count();
-    if handled != deliveries {
-        measurement.note = Some(format!(
-            "{handled} handler calls for {deliveries} deliveries: settles that failed were redelivered after their lease"
-        ));
+    if let Some(note) = redelivered_note(handled, deliveries) {
+        measurement.note = Some(note);
     } else if !rss_reset {
         measurement.note = Some("peak RSS covers the whole process lifetime".to_owned());
     }

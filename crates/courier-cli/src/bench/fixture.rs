@@ -103,12 +103,17 @@ pub(crate) trait Fixture {
     /// scenarios; `None` on SQLite.
     fn postgres(&self) -> Option<(&PgPool, &str)>;
 
+    /// The PostgreSQL URL the bench connected to, for processes of its own
+    /// to connect with; `None` on SQLite.
+    fn postgres_url(&self) -> Option<&str>;
+
     /// Removes the bench schema or file.
     async fn cleanup(self) -> anyhow::Result<()>;
 }
 
 /// The bench on PostgreSQL, in a schema of its own.
 pub(crate) struct PgBench {
+    url: String,
     pool: PgPool,
     schema: String,
     created: bool,
@@ -134,6 +139,7 @@ impl PgBench {
             );
         }
         Ok(Self {
+            url: url.to_owned(),
             pool,
             schema: schema.to_owned(),
             created: false,
@@ -240,6 +246,10 @@ impl Fixture for PgBench {
 
     fn postgres(&self) -> Option<(&PgPool, &str)> {
         Some((&self.pool, &self.schema))
+    }
+
+    fn postgres_url(&self) -> Option<&str> {
+        Some(&self.url)
     }
 
     async fn cleanup(self) -> anyhow::Result<()> {
@@ -461,6 +471,10 @@ impl Fixture for SqliteBench {
     }
 
     fn postgres(&self) -> Option<(&PgPool, &str)> {
+        None
+    }
+
+    fn postgres_url(&self) -> Option<&str> {
         None
     }
 

@@ -8,7 +8,8 @@
 //! - **drain**: N pre-loaded messages handled by one worker with default
 //!   settings: a no-op handler; the exactly-once path (a transactional
 //!   handler writing a row, with the receipt); two subscriptions on one topic;
-//!   1,000 ordering keys; 50 tenants;
+//!   1,000 ordering keys; 50 tenants; and (PostgreSQL) the no-op drain by 1,
+//!   2 and 4 worker processes;
 //! - **latency**: a steady trickle into an idle worker, commit → handler
 //!   start, woken by NOTIFY (or SQLite's in-process signal) and by polling only;
 //! - **fairness**: one tenant's backlog drained alone, then again while 50
@@ -28,6 +29,14 @@
 //! process's peak resident set (`VmHWM`), reset before each drain: the workers
 //! run in this process, so it is the workers' peak plus the bench's own.
 //!
+//! The worker-process drains (`drain.processes_*`, [`processes`]) start N
+//! children of the `courier` executable (`courier bench-worker`, hidden),
+//! each one worker with the same settings on the same database, and time
+//! them from `go` until no delivery is open; they measure what the claim
+//! and settle queries sustain from several processes at once, without the
+//! bench process's own scheduling in the way. Their memory is not measured.
+//! They need [`BenchOptions::worker_program`], so `cargo bench` skips them.
+//!
 //! Nothing here asserts on timing; a failed run is one whose work was not
 //! all done (a delivery left over, an effect missing), reported as an error.
 
@@ -40,14 +49,17 @@ mod fixture;
 mod held_xmin;
 mod latency;
 mod measure;
+mod processes;
 mod relays;
 mod report;
 mod streams;
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use fixture::DEFAULT_SQLITE_PATH;
 pub use measure::Percentiles;
+pub use processes::{worker_process, WorkerProcessOptions};
 pub use report::{BarCheck, ExplainedQuery, IndexInfo, Machine, Measurement, Report, Settings};
 
 use crate::database::Database;
@@ -148,6 +160,11 @@ pub struct BenchOptions {
     pub redis_url: Option<String>,
     /// The NATS server (with JetStream) the relays scenario also measures, if any.
     pub nats_url: Option<String>,
+    /// The `courier` executable, whose hidden `bench-worker` subcommand runs
+    /// the worker processes of `drain.processes_*`; those are skipped with a
+    /// note if `None` (code running the bench from another executable, such
+    /// as `cargo bench`, has no such subcommand to start).
+    pub worker_program: Option<PathBuf>,
 }
 
 impl BenchOptions {
@@ -168,6 +185,7 @@ impl BenchOptions {
             hold_seconds: None,
             redis_url: None,
             nats_url: None,
+            worker_program: None,
         }
     }
 }
@@ -317,7 +335,14 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<Report> {
             let schema = options.schema.clone().unwrap_or_else(random_schema);
             crate::database::validate_schema(&schema)?;
             let fixture = PgBench::connect(url, &schema).await?;
-            run_on(fixture, options.scenario, plan, downstreams(options)).await
+            run_on(
+                fixture,
+                options.scenario,
+                plan,
+                downstreams(options),
+                options.worker_program.as_deref(),
+            )
+            .await
         }
         Database::Sqlite { path } => {
             if options.schema.is_some() {
@@ -328,6 +353,7 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<Report> {
                 options.scenario,
                 plan,
                 downstreams(options),
+                options.worker_program.as_deref(),
             )
             .await
         }
@@ -346,13 +372,14 @@ async fn run_on<F: Fixture>(
     scenario: Scenario,
     plan: Plan,
     downstreams: relays::Downstreams<'_>,
+    worker_program: Option<&Path>,
 ) -> anyhow::Result<Report>
 where
     F::Store:
         courier::StreamStore + courier::StreamReceipts + courier_server::relay::NativeStreamStore,
 {
     let outcome = tokio::select! {
-        outcome = scenarios(&mut fixture, scenario, plan, downstreams) => outcome,
+        outcome = scenarios(&mut fixture, scenario, plan, downstreams, worker_program) => outcome,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
     };
     let cleaned = fixture.cleanup().await;
@@ -366,6 +393,7 @@ async fn scenarios<F: Fixture>(
     scenario: Scenario,
     plan: Plan,
     downstreams: relays::Downstreams<'_>,
+    worker_program: Option<&Path>,
 ) -> anyhow::Result<Report>
 where
     F::Store:
@@ -380,7 +408,7 @@ where
         enqueue::run(fixture, &plan, &mut measurements).await?;
     }
     if scenario.includes(Scenario::Drain) {
-        drain::run(fixture, &plan, &mut measurements).await?;
+        drain::run(fixture, &plan, worker_program, &mut measurements).await?;
     }
     if scenario.includes(Scenario::Latency) {
         latency::run(fixture, &plan, &mut measurements).await?;

@@ -36,6 +36,9 @@ use super::{Measurement, Plan, Throughput};
 const PROCESSES: [usize; 3] = [1, 2, 4];
 /// The subscription, as `drain.noop`'s.
 const SUBSCRIPTION: &str = "bench";
+/// Connections each worker process may open.
+const WORKER_POOL_SIZE: u32 = 8;
+
 /// How long a child may take to connect and build its worker.
 const READY_LIMIT: Duration = Duration::from_secs(60);
 /// How long a child may take to shut down after `stop` (the worker's
@@ -67,9 +70,12 @@ pub struct WorkerProcessOptions {
 /// handler calls). An error (stdin closed before `go` included) is returned
 /// before `handled` is printed.
 pub async fn worker_process(options: &WorkerProcessOptions) -> anyhow::Result<()> {
-    let courier = Courier::connect_postgres_with_schema(&options.database_url, &options.schema)
+    // A smaller pool than a daemon's: four of these beside the bench's own
+    // pool (and, in CI, other tests) must stay inside max_connections.
+    let pool = courier::postgres::connect(&options.database_url, WORKER_POOL_SIZE)
         .await
         .context("connecting to PostgreSQL")?;
+    let courier = Courier::postgres_with_schema(pool, &options.schema)?;
     let handled = Arc::new(AtomicU64::new(0));
     let mut builder = courier.worker(options.subscription.as_str());
     if let Some(concurrency) = options.concurrency {

@@ -12,7 +12,8 @@
 # each statement as `BEGIN; …; ROLLBACK` (the table stays as loaded):
 #   claim_a / claim_b   queries/claim.sql, 256 rows, one tenant, no keys
 #                       (claim_b adds `dead_at IS NULL` where the index needs it)
-#   done_receipts       a complete of 256 as complete.sql does it, with receipts
+#   done_receipts       a delete of 256 with receipts (complete.sql without its
+#                       lease fence and ordering-lock step)
 #   done_plain          the same delete without receipts
 # Prints each run's average latency and the tables' HOT update counts.
 # Drops both schemas at the end. Needs psql, pgbench and python3.
@@ -55,8 +56,10 @@ params = {1: "'bench'::text", 2: "''::text", 3: "256", 4: "256",
           12: "25::int", 13: "'{}'::text[]", 14: "'{}'::bigint[]", 15: "0::bigint"}
 def render(schema, hot):
     s = src.replace('{schema}', schema)
-    s = '\n'.join(l for l in s.split('\n') if not l.strip().startswith('--'))
+    s = re.sub(r'--[^\n]*', '', s)
     if hot:
+        # Every ready-row probe needs the new partial index's predicate.
+        assert s.count("d.state = 'available'") > 0, "claim.sql no longer probes d.state"
         s = s.replace("d.state = 'available'", "d.dead_at IS NULL AND d.state = 'available'")
     for n in sorted(params, reverse=True):
         s = re.sub(r'\$%d(?![0-9])' % n, params[n], s)

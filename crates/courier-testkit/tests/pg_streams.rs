@@ -422,7 +422,9 @@ async fn a_claim_skips_an_entry_another_claim_is_taking_over() -> anyhow::Result
     let claimer = pg.named_store("claimer").await?;
     let key = StreamKey::new("acme", "orders")?;
     store.ensure_group(&key, "g", GroupStart::Beginning).await?;
-    store.append(&key, &[entry(1)]).await?;
+    let appended = store.append(&key, &[entry(1)]).await?;
+    // Other tests' open transactions may hold the entry back a moment.
+    assert!(store.wait_until_readable(appended[0], READABLE).await?);
     assert_eq!(
         numbers(&store.read_new(&key, &read("g", "c0", 10)).await?),
         [1]

@@ -45,7 +45,8 @@ pub struct MessageFilter {
     /// Only this topic.
     pub topic: Option<String>,
     /// Only messages with a delivery in this state: `available`, `running`,
-    /// `dead`, or `completed` (a receipt exists).
+    /// `dead`, or `completed` (for some subscription, or for `subscription`,
+    /// exactly when [`AdminStore::get_message`] reports `completed`).
     pub state: Option<String>,
     /// Only messages owed to (or applied by) this subscription; with `state`,
     /// the state of this subscription's delivery.
@@ -276,8 +277,8 @@ pub enum CancelOutcome {
         /// The first such subscription, by name.
         subscription: String,
         /// Its delivery's state there: `running`, `retrying` (an attempt
-        /// failed), `snoozed` (a handler ran and deferred it), `dead` or
-        /// `completed`.
+        /// failed), `snoozed` (a handler ran and deferred it), `dead`,
+        /// `discarded` or `completed`.
         state: String,
     },
 }
@@ -403,8 +404,9 @@ pub trait AdminStore: Send + Sync {
     /// and its deliveries are removed together, atomically with respect to
     /// claims (a claim either finds the delivery first, and the cancel is
     /// refused, or never sees it). A delivery that is running, has spent an
-    /// attempt, was snoozed by its handler, is dead, or has completed
-    /// refuses the cancel and nothing changes. A later message of the same ordering key moves up.
+    /// attempt, was snoozed by its handler, is dead, was discarded or has
+    /// completed (as [`AdminStore::get_message`] reports it) refuses the
+    /// cancel and nothing changes. A later message of the same ordering key moves up.
     fn cancel_message(
         &self,
         id: Uuid,

@@ -355,8 +355,11 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
         params: &'c ClaimParams,
     ) -> impl Future<Output = Result<ClaimBatch, StoreError>> + Send + 'c;
 
-    /// Completes deliveries whose leases are still held and writes their
-    /// receipts; returns the ids applied.
+    /// Completes deliveries whose leases are still held; returns the ids
+    /// applied. Writes no receipt (a plain handler's completion is not a
+    /// proof of effect; transactional work writes its receipt itself, see
+    /// [`Self::run_transactional_batch`]): the admin views show such a
+    /// delivery as `completed` while its message is retained.
     fn complete_many<'c>(
         &'c self,
         completions: &'c [Completion],
@@ -587,9 +590,13 @@ pub struct DeliverySummary {
     /// The subscription.
     pub subscription: String,
     /// The open delivery's id (what dead-letter retry and discard take);
-    /// `None` once completed, when only the receipt is left.
+    /// `None` once completed or discarded, when the delivery is gone.
     pub delivery_id: Option<i64>,
-    /// `available`, `running`, `dead` or `completed`.
+    /// `available`, `running`, `dead`, `discarded` (a dead letter an
+    /// operator discarded: never applied) or `completed`: a transactional
+    /// handler's receipt, or, for a plain handler (which leaves no record),
+    /// a subscription that receives the message's topic since before it was
+    /// enqueued and has no open delivery of it.
     pub state: String,
     /// Attempts spent.
     pub attempts: i32,

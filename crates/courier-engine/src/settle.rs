@@ -31,7 +31,8 @@ const WRITE_BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// The outcome of one delivery, waiting to be written.
 #[derive(Debug)]
 pub(crate) enum Settlement {
-    /// The handler succeeded: complete and write the receipt.
+    /// The plain handler succeeded: complete (no receipt: only
+    /// transactional work writes one, with its effect).
     Complete { lease: LeaseRef, topic: String },
     /// The handler failed: retry later or dead-letter.
     Fail { failure: Failure, topic: String },

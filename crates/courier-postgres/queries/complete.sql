@@ -1,5 +1,8 @@
--- Completes claimed deliveries whose lease is still held: deletes the delivery,
--- writes its receipt and frees its ordering key in one statement. The fence is
+-- Completes claimed deliveries of plain handlers whose lease is still held:
+-- deletes the delivery and frees its ordering key in one statement. No
+-- receipt: only transactional handlers write one, in their effect's
+-- transaction (receipts_insert_many.sql); the admin views derive `completed`
+-- from a retained message with no open delivery. The fence is
 -- the lease token (set only while running) and an unexpired lease on the
 -- database clock; rows that fail it are left alone and missing from the result.
 WITH done AS (
@@ -15,7 +18,7 @@ WITH done AS (
     -- `d.id = ANY ($1)`: joined only to the unnest, a large batch was planned
     -- as a sequential scan of the table.)
     AND d.lease_expires_at > clock_timestamp()
-  RETURNING d.id, d.tenant, d.subscription, d.message_id, d.ordering_key
+  RETURNING d.id, d.tenant, d.subscription, d.ordering_key
 ),
 unlocked AS (
   -- The key's next delivery may run now (see claim.sql, `keyed`).
@@ -24,10 +27,5 @@ unlocked AS (
   WHERE s.ordering_key IS NOT NULL
     AND o.subscription = s.subscription AND o.tenant = s.tenant
     AND o.ordering_key = s.ordering_key AND o.delivery_id = s.id
-),
-receipts AS (
-  INSERT INTO {schema}.receipts (tenant, subscription, message_id)
-  SELECT tenant, subscription, message_id FROM done
-  ON CONFLICT DO NOTHING
 )
 SELECT id FROM done

@@ -1,7 +1,9 @@
 -- Discards dead letters for good (their messages are then pruned by
 -- retention); returns how many. Selected like dead_letters_retry.sql,
 -- $5 (tenants) included.
--- Touches: deliveries.
+-- Each is recorded in discards, so that the admin views do not take the
+-- delivery it leaves missing for a completion.
+-- Touches: deliveries, discards.
 WITH gone AS (
   DELETE FROM {schema}.deliveries d
   WHERE d.state = 'dead'
@@ -14,6 +16,11 @@ WITH gone AS (
              AND ($6::uuid IS NULL OR d.message_id = $6)
              AND ($7::timestamptz IS NULL OR d.dead_at >= $7)
              AND ($8::timestamptz IS NULL OR d.dead_at < $8)))
-  RETURNING 1
+  RETURNING d.message_id, d.subscription, d.tenant
+),
+recorded AS (
+  INSERT INTO {schema}.discards (message_id, subscription, tenant)
+  SELECT message_id, subscription, tenant FROM gone
+  ON CONFLICT (message_id, subscription) DO UPDATE SET discarded_at = excluded.discarded_at
 )
 SELECT count(*) FROM gone

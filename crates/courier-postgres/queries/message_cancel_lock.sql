@@ -5,7 +5,8 @@
 -- the fan-out lock shared (fan_out_lock_shared.sql), so no replay adds a
 -- delivery of the message meanwhile. A claim that
 -- took one first has committed by the time the lock is granted, and its
--- row is read as it left it. Receipts are read by the next statement, so
+-- row is read as it left it. Finished subscriptions are read by the next
+-- statement (message_cancel_finished.sql), so
 -- that it sees a completion committed while this one waited.
 -- Touches: deliveries.
 SELECT d.id, d.subscription,

@@ -8,18 +8,21 @@
 -- nothing), topic $2, state $3, subscription $4, message id $5, and the
 -- enqueue range's start $6. State `available`, `running` or `dead`
 -- means a delivery in that state (of subscription $4 if given); `completed`
--- means a receipt with no open delivery for the same subscription (exactly
--- when message_deliveries.sql reports `completed`); subscription alone means
--- the message is owed to it or applied by it. The caller checks $3 against
--- those four words before it gets here.
--- Touches: reads messages, deliveries and receipts. Locks: nothing.
+-- means a subscription that applied (a receipt) or receives the message (see
+-- message_deliveries.sql) with neither an open delivery nor a discard of it
+-- (exactly when message_deliveries.sql reports `completed`); subscription
+-- alone means the message is owed to it or applied by it. The caller checks
+-- $3 against those four words before it gets here.
+-- Touches: reads messages, deliveries, receipts, discards and
+-- subscription_topics. Locks: nothing.
 -- Shape: the key and the range's start are bounds on messages_enqueued
 -- (created_at, id), written with coalesce so that they stay index bounds in a
 -- generic plan: the scan starts at the key and stops at the range's start,
 -- walking backwards. (A separate `created_at < end` beside the key would
 -- leave the scan to start at the newest and skip down.) Per message it probes deliveries
--- (UNIQUE (message_id, subscription)) and receipts (primary key (message_id,
--- subscription)), so a page costs its length in index probes when most
+-- (UNIQUE (message_id, subscription)), receipts and discards (primary keys
+-- (message_id, subscription)) and the subscription's few topic patterns, so
+-- a page costs its length in index probes when most
 -- messages match; a filter that matches few messages of the range reads
 -- further back (the range, or retention, bounds how far).
 SELECT m.id, m.tenant, m.topic, m.schema_version, m.payload::text AS payload,
@@ -39,13 +42,30 @@ WHERE ($1::text[] IS NULL OR m.tenant = ANY ($1::text[]))
                   WHERE d.message_id = m.id AND d.subscription = $4::text)
           OR EXISTS (SELECT 1 FROM {schema}.receipts r
                      WHERE r.message_id = m.id AND r.subscription = $4::text)
+          OR EXISTS (SELECT 1 FROM {schema}.discards x
+                     WHERE x.message_id = m.id AND x.subscription = $4::text)
+          OR EXISTS (SELECT 1 FROM {schema}.subscription_topics t
+                     WHERE t.subscription = $4::text
+                       AND (t.pattern = m.topic
+                            OR (t.prefix IS NOT NULL AND starts_with(m.topic, t.prefix)))
+                       AND (m.created_at, m.id) >= (t.since, t.since_id))
         WHEN $3::text = 'completed' THEN
-          EXISTS (SELECT 1 FROM {schema}.receipts r
-                  WHERE r.message_id = m.id
-                    AND ($4::text IS NULL OR r.subscription = $4::text)
-                    AND NOT EXISTS (SELECT 1 FROM {schema}.deliveries d
-                                    WHERE d.message_id = r.message_id
-                                      AND d.subscription = r.subscription))
+          EXISTS (SELECT 1
+                  FROM (SELECT r.subscription FROM {schema}.receipts r
+                        WHERE r.message_id = m.id
+                          AND ($4::text IS NULL OR r.subscription = $4::text)
+                        UNION ALL
+                        SELECT t.subscription FROM {schema}.subscription_topics t
+                        WHERE ($4::text IS NULL OR t.subscription = $4::text)
+                          AND (t.pattern = m.topic
+                               OR (t.prefix IS NOT NULL AND starts_with(m.topic, t.prefix)))
+                          AND (m.created_at, m.id) >= (t.since, t.since_id)) o
+                  WHERE NOT EXISTS (SELECT 1 FROM {schema}.deliveries d
+                                    WHERE d.message_id = m.id
+                                      AND d.subscription = o.subscription)
+                    AND NOT EXISTS (SELECT 1 FROM {schema}.discards x
+                                    WHERE x.message_id = m.id
+                                      AND x.subscription = o.subscription))
         ELSE
           EXISTS (SELECT 1 FROM {schema}.deliveries d
                   WHERE d.message_id = m.id AND d.state = $3::text

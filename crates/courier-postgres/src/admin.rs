@@ -54,18 +54,17 @@ impl AdminStore for PgStore {
         let started = deliveries
             .into_iter()
             .find_map(|(_, subscription, state)| state.map(|state| (subscription, state)));
-        let completed: Option<String> = sqlx::query_scalar(&self.q().message_cancel_receipt)
+        let finished: Option<(String, String)> = sqlx::query_as(&self.q().message_cancel_finished)
             .bind(id)
             .fetch_optional(&mut *tx)
             .await
             .map_err(map)?;
-        // Receipts name a subscription that finished; a started delivery of
-        // another may sort first: report whichever name is first.
-        let refusal = match (started, completed) {
-            (Some(started), Some(done)) if done < started.0 => Some((done, "completed".into())),
+        // A subscription that finished and a started delivery of another may
+        // both refuse: report whichever name is first.
+        let refusal = match (started, finished) {
+            (Some(started), Some(done)) if done.0 < started.0 => Some(done),
             (Some(started), _) => Some(started),
-            (None, Some(done)) => Some((done, "completed".into())),
-            (None, None) => None,
+            (None, done) => done,
         };
         if let Some((subscription, state)) = refusal {
             tx.rollback().await.map_err(map)?;

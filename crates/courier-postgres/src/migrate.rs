@@ -67,10 +67,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "listing_order_indexes",
         include_str!("../migrations/0012_listing_order_indexes.sql"),
     ),
+    (
+        13,
+        "plain_completions",
+        include_str!("../migrations/0013_plain_completions.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 12;
+pub const SCHEMA_VERSION: i64 = 13;
 
 /// Applies every migration newer than the schema's, in one transaction under
 /// the migration lock.

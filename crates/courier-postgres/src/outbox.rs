@@ -213,14 +213,22 @@ impl OutboxStore for PgStore {
                         (Some(at), id)
                     }
                 };
-                sqlx::query(&self.q().subscription_replay)
+                let replayed = sqlx::query(&self.q().subscription_replay)
                     .bind(&spec.name)
                     .bind(from_time)
                     .bind(from_id)
                     .execute(&mut *tx)
                     .await
                     .map_err(map)?
-                    .rows_affected()
+                    .rows_affected();
+                sqlx::query(&self.q().subscription_topics_since)
+                    .bind(&spec.name)
+                    .bind(from_time)
+                    .bind(from_id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map)?;
+                replayed
             }
         };
         tx.commit().await.map_err(map)?;
@@ -508,13 +516,13 @@ impl OutboxStore for PgStore {
             .execute(&mut *tx)
             .await
             .map_err(map)?;
-        let messages = sqlx::query(&self.q().prune_messages)
+        let messages: i64 = sqlx::query_scalar(&self.q().prune_messages)
             .bind(millis(older_than))
             .bind(batch)
-            .execute(&mut *tx)
+            .fetch_one(&mut *tx)
             .await
-            .map_err(map)?
-            .rows_affected();
+            .map_err(map)?;
+        let messages = u64::try_from(messages).unwrap_or(0);
         tx.commit().await.map_err(map)?;
         // Marks no claimer read (a subscription without workers) go with the rest.
         sqlx::query(&self.q().claim_marks_prune)

@@ -427,7 +427,7 @@ pub struct SubscriptionConfig {
     /// Topic patterns: exact topics, `prefix.*`, or `*`.
     pub topics: Vec<String>,
     /// Only these tenants' messages are sent; the others are completed
-    /// without sending (they still get a receipt). `None`: every tenant.
+    /// without sending (they read `completed`). `None`: every tenant.
     #[serde(default)]
     pub tenants: Option<Vec<String>>,
     /// The retry policy.

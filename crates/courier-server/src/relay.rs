@@ -6,14 +6,13 @@
 //! # What confirms a message
 //!
 //! Each relay is a handler of its subscription, so each message is relayed
-//! under a lease, with retries, dead letters and a receipt like any other
-//! delivery. Its delivery completes only after:
+//! under a lease, with retries and dead letters like any other delivery.
+//! Its delivery completes only after:
 //! - **Redis** ([`RedisRelay`]): the append script returned the entry's id.
 //! - **NATS** ([`NatsRelay`]): JetStream's `PubAck` arrived (the message is
 //!   stored by the configured stream), within the publish timeout.
 //! - **native** ([`NativeRelay`]): the append is made in the delivery's own
-//!   transaction, so it commits together with the completion and the receipt
-//!   or not at all.
+//!   transaction, so it commits together with the completion or not at all.
 //!
 //! # Why nothing is doubled downstream
 //!

@@ -1,6 +1,8 @@
 -- Discards dead letters for good (their messages are then pruned by retention).
 -- Selected like dead_letters_retry.sql, ?5 (tenants) included.
--- Touches: deliveries (delete).
+-- Touches: deliveries (delete); the deliveries_discarded trigger records each
+-- in discards (migrations/0007_plain_completions.sql), so that the admin views
+-- do not take the delivery it leaves missing for a completion.
 -- Locks: one autocommit statement.
 DELETE FROM deliveries
 WHERE state = 'dead'

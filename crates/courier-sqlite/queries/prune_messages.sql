@@ -2,7 +2,8 @@
 -- done (no delivery row left: completed ones are deleted, dead letters stay and
 -- keep their message). Scans messages_enqueued; the delivery check uses the
 -- (message_id, subscription) unique index.
--- Touches: messages (delete). Locks: one short autocommit statement.
+-- Touches: messages (delete); the messages_discards_gone trigger removes
+-- their discards. Locks: one short autocommit statement.
 DELETE FROM messages
 WHERE id IN (
   SELECT m.id FROM messages m

@@ -31,10 +31,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "listing_order_indexes",
         include_str!("../migrations/0006_listing_order_indexes.sql"),
     ),
+    (
+        7,
+        "plain_completions",
+        include_str!("../migrations/0007_plain_completions.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// The bookkeeping table, named so that it cannot collide with an
 /// application's own `schema_migrations` in a shared file.

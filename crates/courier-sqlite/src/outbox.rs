@@ -240,14 +240,22 @@ impl OutboxStore for SqliteStore {
                         (Some(at), id)
                     }
                 };
-                sqlx::query(queries::SUBSCRIPTION_REPLAY)
+                let replayed = sqlx::query(queries::SUBSCRIPTION_REPLAY)
                     .bind(&spec.name)
                     .bind(from_time)
-                    .bind(from_id)
+                    .bind(&from_id)
                     .execute(&mut *tx)
                     .await
                     .map_err(map)?
-                    .rows_affected()
+                    .rows_affected();
+                sqlx::query(queries::SUBSCRIPTION_TOPICS_SINCE)
+                    .bind(&spec.name)
+                    .bind(from_time)
+                    .bind(&from_id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map)?;
+                replayed
             }
         };
         tx.commit().await.map_err(map)?;
@@ -384,30 +392,15 @@ impl OutboxStore for SqliteStore {
         if completions.is_empty() {
             return Ok(Vec::new());
         }
-        let mut tx = self.begin().await?;
         let rows = sqlx::query(queries::COMPLETE)
             .bind(leases_json(completions.iter()))
-            .fetch_all(&mut *tx)
+            .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
         let mut applied = HashSet::with_capacity(rows.len());
-        let mut receipts = Vec::with_capacity(rows.len());
         for row in &rows {
             applied.insert(get::<i64>(row, "id")?);
-            receipts.push(json!([
-                get::<String>(row, "tenant")?,
-                get::<String>(row, "subscription")?,
-                get::<String>(row, "message_id")?,
-            ]));
         }
-        if !receipts.is_empty() {
-            sqlx::query(queries::COMPLETE_RECEIPTS)
-                .bind(Value::Array(receipts).to_string())
-                .execute(&mut *tx)
-                .await
-                .map_err(map)?;
-        }
-        tx.commit().await.map_err(map)?;
         Ok(in_request_order(
             completions.iter().map(|c| c.delivery_id),
             &applied,

@@ -668,3 +668,29 @@ impl<S: OutboxStore> OutboxStore for StalledHeartbeat<S> {
         self.inner.prune(older_than, batch)
     }
 }
+
+/// How many messages the admin view ([`courier::AdminStore::list_messages`]
+/// with state `completed`) reports completed by `subscription`: what a plain
+/// handler's completions leave to count, as they write no receipt.
+pub async fn completed_by<S: courier::AdminStore>(
+    store: &S,
+    subscription: &str,
+) -> anyhow::Result<i64> {
+    let filter = courier::MessageFilter {
+        state: Some("completed".into()),
+        subscription: Some(subscription.into()),
+        ..courier::MessageFilter::default()
+    };
+    let mut total = 0;
+    let mut before = None;
+    loop {
+        let page = store
+            .list_messages(&filter, before, courier::MAX_MESSAGE_PAGE)
+            .await?;
+        total += i64::try_from(page.items.len())?;
+        match page.next_cursor {
+            Some(cursor) => before = Some(cursor),
+            None => return Ok(total),
+        }
+    }
+}

@@ -10,7 +10,9 @@ use courier::{
     HandlerError, Message, MessageFilter, MessageKey, NewMessage, OutboxStore, Route, StatsKey,
     StoreError, SubscriptionSpec,
 };
-use courier_testkit::{backend_tests, events, eventually, Backend, CallCounter, Event};
+use courier_testkit::{
+    backend_tests, completed_by, events, eventually, Backend, CallCounter, Event,
+};
 use uuid::Uuid;
 
 fn counting(counter: CallCounter) -> impl courier::Handler<Payload = Event> {
@@ -769,12 +771,7 @@ async fn a_paused_subscription_claims_nothing_until_resumed<B: Backend>(
     assert!(store.set_subscription_paused("sub", false).await?);
     assert_eq!(worker.run_once().await?, 3);
     assert_eq!(counter.distinct(), 3);
-    assert_eq!(
-        backend
-            .scalar("SELECT count(*) FROM receipts WHERE subscription = 'sub'")
-            .await?,
-        3
-    );
+    assert_eq!(completed_by(store, "sub").await?, 3);
     Ok(())
 }
 
@@ -1089,7 +1086,131 @@ async fn cancels_racing_claims_never_both_cancel_and_deliver<B: Backend>(
     Ok(())
 }
 
+/// A plain handler's completion leaves no record: a message reads
+/// `completed` for each subscription that receives it (its topic matched a
+/// pattern from before it was enqueued, or a replay reached it) once it has no
+/// open delivery there, in the message view, the `completed` listing and
+/// cancel alike. A subscription registered after it, or a pattern added
+/// after it, was never owed it; a discarded dead letter reads `discarded`
+/// and goes with its message.
+async fn completed_is_read_from_the_subscriptions_a_message_is_owed_to<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store();
+    let counter = CallCounter::default();
+    let early = backend
+        .courier()
+        .worker("early")
+        .handle("t", 1, counting(counter.clone()))
+        .maintenance(None)
+        .build()
+        .await?;
+    let first = NewMessage::new("acme", "t", &Event { n: 1 })?;
+    let other_topic = NewMessage::new("acme", "u", &Event { n: 2 })?;
+    backend
+        .enqueue_committed(&[first.clone(), other_topic.clone()])
+        .await?;
+    store
+        .register_subscription(&SubscriptionSpec::new("late", ["t"]))
+        .await?;
+    store
+        .register_subscription(
+            &SubscriptionSpec::new("replayer", ["t"]).with_replay(courier::Replay::All),
+        )
+        .await?;
+    // `u` joins early's patterns after other_topic was enqueued.
+    store
+        .register_subscription(&SubscriptionSpec::new("early", ["t", "u"]))
+        .await?;
+    let replayer = backend
+        .courier()
+        .worker("replayer")
+        .handle("t", 1, counting(counter.clone()))
+        .maintenance(None)
+        .build()
+        .await?;
+    assert_eq!(early.run_once().await?, 1);
+    assert_eq!(replayer.run_once().await?, 1);
+    assert_eq!(counter.total(), 2);
+    assert_eq!(backend.scalar("SELECT count(*) FROM receipts").await?, 0);
+
+    let (_, states) = store
+        .get_message(first.id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("message gone"))?;
+    let states: Vec<(&str, &str)> = states
+        .iter()
+        .map(|d| (d.subscription.as_str(), d.state.as_str()))
+        .collect();
+    assert_eq!(states, [("early", "completed"), ("replayer", "completed")]);
+    let (_, states) = store
+        .get_message(other_topic.id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("message gone"))?;
+    assert!(states.is_empty(), "{states:?}");
+    assert_eq!(completed_by(store, "early").await?, 1);
+    assert_eq!(completed_by(store, "replayer").await?, 1);
+    assert_eq!(completed_by(store, "late").await?, 0);
+    assert_eq!(
+        store.cancel_message(first.id).await?,
+        CancelOutcome::Started {
+            subscription: "early".into(),
+            state: "completed".into()
+        }
+    );
+    // Nobody completed other_topic: it is cancelled.
+    assert_eq!(
+        store.cancel_message(other_topic.id).await?,
+        CancelOutcome::Cancelled { deliveries: 0 }
+    );
+
+    // A discarded dead letter is never taken for completed.
+    let poison = NewMessage::new("acme", "t", &Event { n: 3 })?;
+    backend
+        .enqueue_committed(std::slice::from_ref(&poison))
+        .await?;
+    let rejecting_worker = backend
+        .courier()
+        .worker("late")
+        .handle("t", 1, rejecting())
+        .maintenance(None)
+        .build()
+        .await?;
+    assert_eq!(rejecting_worker.run_once().await?, 1);
+    assert_eq!(early.run_once().await?, 1);
+    assert_eq!(replayer.run_once().await?, 1);
+    let discarded = backend
+        .courier()
+        .discard_dead_letters_matching(&courier::DeadLetterFilter::default())
+        .await?;
+    assert_eq!(discarded, 1);
+    let (_, states) = store
+        .get_message(poison.id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("message gone"))?;
+    let states: Vec<(&str, &str)> = states
+        .iter()
+        .map(|d| (d.subscription.as_str(), d.state.as_str()))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("early", "completed"),
+            ("late", "discarded"),
+            ("replayer", "completed")
+        ]
+    );
+    assert_eq!(completed_by(store, "late").await?, 0);
+    // Retention removes the discard with its message.
+    assert_eq!(backend.scalar("SELECT count(*) FROM discards").await?, 1);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(store.prune(Duration::ZERO, 100).await?.messages, 2);
+    assert_eq!(backend.scalar("SELECT count(*) FROM discards").await?, 0);
+    Ok(())
+}
+
 backend_tests!(
+    completed_is_read_from_the_subscriptions_a_message_is_owed_to,
     get_message_shows_each_subscription_s_state,
     list_messages_pages_walk_every_message_once_newest_first,
     list_messages_filters_by_tenant_topic_state_and_subscription,

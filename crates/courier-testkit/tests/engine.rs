@@ -5,10 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use courier::{
-    handler_fn, DeadLetterFilter, HandlerError, MaintenanceConfig, Message, NewMessage, RetryPolicy,
+    handler_fn, AdminStore, DeadLetterFilter, HandlerError, MaintenanceConfig, Message, NewMessage,
+    RetryPolicy,
 };
 use courier_testkit::{
-    backend_tests, events, eventually, Backend, CallCounter, EffectConnection, Event, RecordEffect,
+    backend_tests, completed_by, events, eventually, Backend, CallCounter, EffectConnection, Event,
+    RecordEffect,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -139,8 +141,10 @@ async fn every_subscription_applies_every_message_exactly_once<B: Backend>(
         backend
             .scalar("SELECT count(*) FROM receipts WHERE subscription = 'mailer'")
             .await?,
-        n
+        0,
+        "a plain handler's completion writes no receipt"
     );
+    assert_eq!(completed_by(backend.courier().store(), "mailer").await?, n);
     assert_eq!(backend.scalar("SELECT count(*) FROM effects").await?, n);
     assert_eq!(
         backend
@@ -753,7 +757,7 @@ async fn a_panicking_handler_is_a_failed_attempt_not_a_dead_worker<B: Backend>(
     worker.shutdown().await;
     assert_eq!(counter.total(), 4);
     assert_eq!(
-        backend.scalar("SELECT count(*) FROM receipts").await?,
+        completed_by(backend.courier().store(), "sub").await?,
         3,
         "all three completed, the panicking one on its second attempt"
     );
@@ -836,7 +840,7 @@ async fn graceful_shutdown_lets_running_handlers_finish<B: Backend>(
     assert!(eventually(WAIT, || async { started.load(Ordering::SeqCst) == 5 }).await);
     worker.shutdown().await;
     assert_eq!(counter.total(), 5);
-    assert_eq!(backend.scalar("SELECT count(*) FROM receipts").await?, 5);
+    assert_eq!(completed_by(backend.courier().store(), "sub").await?, 5);
     assert_eq!(backend.scalar("SELECT count(*) FROM deliveries").await?, 0);
     Ok(())
 }
@@ -971,7 +975,7 @@ async fn an_expired_lease_returns_the_delivery_to_the_queue<B: Backend>(
         .is_empty());
     assert_eq!(worker.run_once().await?, 2);
     assert_eq!(counter.total(), 2);
-    assert_eq!(backend.scalar("SELECT count(*) FROM receipts").await?, 2);
+    assert_eq!(completed_by(backend.courier().store(), "sub").await?, 2);
     Ok(())
 }
 
@@ -1008,7 +1012,7 @@ async fn the_heartbeat_keeps_a_long_handler_s_lease<B: Backend>(backend: B) -> a
     assert!(eventually(WAIT, || drained(&backend)).await);
     worker.shutdown().await;
     assert_eq!(counter.total(), 1, "the lease expired under a heartbeat");
-    assert_eq!(backend.scalar("SELECT count(*) FROM receipts").await?, 1);
+    assert_eq!(completed_by(backend.courier().store(), "sub").await?, 1);
     Ok(())
 }
 
@@ -1237,7 +1241,7 @@ async fn dead_letters_are_listed_retried_and_discarded<B: Backend>(
     );
     assert_eq!(courier.retry_dead_letters_matching(&acme_topic).await?, 3);
     assert_eq!(worker.run_once().await?, 5);
-    assert_eq!(backend.scalar("SELECT count(*) FROM receipts").await?, 5);
+    assert_eq!(completed_by(backend.courier().store(), "sub").await?, 5);
     // Discard one by id, then the rest by filter.
     let globex = DeadLetterFilter {
         tenant: Some("globex".into()),
@@ -1261,6 +1265,21 @@ async fn dead_letters_are_listed_retried_and_discarded<B: Backend>(
         .await?
         .items
         .is_empty());
+    // A discarded dead letter was never applied: it does not read completed.
+    assert_eq!(completed_by(courier.store(), "sub").await?, 5);
+    let discarded = courier
+        .store()
+        .get_message(globex_page.items[0].message_id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the discarded dead letter's message is gone"))?
+        .1;
+    assert_eq!(
+        discarded
+            .iter()
+            .map(|d| d.state.as_str())
+            .collect::<Vec<_>>(),
+        ["discarded"]
+    );
     Ok(())
 }
 
@@ -1288,7 +1307,7 @@ async fn pruning_removes_finished_work_and_keeps_dead_letters<B: Backend>(
         .enqueue_committed(&events("acme", "poison", 1)?)
         .await?;
     worker.run_once().await?;
-    assert_eq!(backend.scalar("SELECT count(*) FROM receipts").await?, 20);
+    assert_eq!(completed_by(backend.courier().store(), "sub").await?, 20);
     // Nothing is old enough under the default retention.
     let keep = backend
         .courier()
@@ -1301,7 +1320,7 @@ async fn pruning_removes_finished_work_and_keeps_dead_letters<B: Backend>(
         ..MaintenanceConfig::default()
     })?;
     let report = prune.prune_once().await?;
-    assert_eq!((report.messages, report.receipts), (20, 20));
+    assert_eq!((report.messages, report.receipts), (20, 0));
     assert_eq!(backend.scalar("SELECT count(*) FROM messages").await?, 1);
     assert_eq!(
         backend
@@ -1488,10 +1507,12 @@ async fn a_catch_all_handler_receives_every_topic_and_version_its_patterns_match
     );
     assert_eq!(
         backend
-            .scalar("SELECT count(*) FROM receipts WHERE subscription = 'relay'")
+            .scalar("SELECT count(*) FROM deliveries WHERE subscription = 'relay'")
             .await?,
-        2
+        0
     );
+    // order.placed was never owed to the subscription: not counted completed.
+    assert_eq!(completed_by(backend.courier().store(), "relay").await?, 2);
     Ok(())
 }
 

@@ -666,9 +666,18 @@ async fn claiming_pauses_while_outcomes_wait_to_be_written() -> anyhow::Result<(
         .build()
         .await?;
     pg.enqueue_committed(&events("t", "topic", 200)?).await?;
-    // Completing writes a receipt; claiming does not touch receipts.
+    // Completing deletes deliveries; claiming only updates them. A gate on
+    // deletes (a lock the test holds) stops every completion and no claim.
+    let gate = format!("hashtext('{}:gate')", pg.schema);
+    pg.execute(&format!(
+        "CREATE FUNCTION gate() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_advisory_xact_lock_shared({gate}); RETURN NULL; END $$;
+         CREATE TRIGGER gate AFTER DELETE ON deliveries
+         FOR EACH STATEMENT EXECUTE FUNCTION gate()"
+    ))
+    .await?;
     let mut locker = pg.pool.begin().await?;
-    sqlx::query("LOCK TABLE receipts IN EXCLUSIVE MODE")
+    sqlx::query(&format!("SELECT pg_advisory_xact_lock({gate})"))
         .execute(&mut *locker)
         .await?;
     let handle = worker.start();

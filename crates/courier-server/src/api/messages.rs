@@ -62,9 +62,12 @@ pub struct DeliveryView {
     /// The subscription.
     pub subscription: String,
     /// The open delivery's id: what dead-letter retry and discard take;
-    /// `null` once completed (only its receipt is left).
+    /// `null` once completed or discarded (the delivery is gone).
     pub delivery_id: Option<i64>,
-    /// `available`, `running`, `dead` or `completed`.
+    /// `available`, `running`, `dead`, `discarded` (a dead letter an operator
+    /// discarded) or `completed` (applied: a transactional handler's receipt,
+    /// or a subscription that receives the message with no open delivery of
+    /// it).
     pub state: String,
     /// Attempts spent.
     pub attempts: i32,

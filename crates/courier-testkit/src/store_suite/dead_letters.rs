@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use courier::{
     DeadLetter, DeadLetterFilter, DeadLetterKey, DeadLetterStore, Failure, OutboxStore, StoreError,
+    TransactionalOutcome,
 };
+use futures_util::FutureExt;
 
 use super::helpers::*;
 use super::StoreFixture;
@@ -184,17 +186,29 @@ pub async fn prune_removes_finished_messages_and_old_receipts_but_keeps_dead_let
 ) -> anyhow::Result<()> {
     let store = fixture.store();
     subscribe(store, "s", &["t"]).await?;
+    let applied = message("acme", "t")?;
     let completed = message("acme", "t")?;
     let dead = message("acme", "t")?;
     let unrouted = message("acme", "nobody-listens")?;
     let pending = message("acme", "t")?;
     store
-        .publish_batch(&[completed.clone(), dead.clone(), unrouted.clone()])
+        .publish_batch(&[
+            applied.clone(),
+            completed.clone(),
+            dead.clone(),
+            unrouted.clone(),
+        ])
         .await?;
     let claimed = claim(store, &params("s", vec![route("t", 1, 10)], 10)).await?;
-    store.complete_many(&[claimed[0].lease()]).await?;
+    // Transactional work leaves a receipt; a plain completion none.
+    let work = tx_work(|_conn| async { Ok(()) }.boxed());
+    assert!(matches!(
+        store.run_transactional(&claimed[0], work).await?,
+        TransactionalOutcome::Applied
+    ));
+    store.complete_many(&[claimed[1].lease()]).await?;
     store
-        .fail_many(&[failure(&claimed[1], "poison", None)])
+        .fail_many(&[failure(&claimed[2], "poison", None)])
         .await?;
     store.publish_batch(std::slice::from_ref(&pending)).await?;
 
@@ -203,7 +217,7 @@ pub async fn prune_removes_finished_messages_and_old_receipts_but_keeps_dead_let
 
     fixture.pass_time(Duration::from_secs(3601)).await?;
     let report = store.prune(Duration::from_secs(3600), 100).await?;
-    assert_eq!((report.messages, report.receipts), (2, 1));
+    assert_eq!((report.messages, report.receipts), (3, 1));
     let left: HashSet<String> = fixture
         .texts("SELECT CAST(id AS TEXT) FROM messages")
         .await?
@@ -212,7 +226,7 @@ pub async fn prune_removes_finished_messages_and_old_receipts_but_keeps_dead_let
     let expected: HashSet<String> = [dead.id.to_string(), pending.id.to_string()].into();
     assert_eq!(left, expected);
     assert!(store
-        .get_dead_letter(claimed[1].delivery_id)
+        .get_dead_letter(claimed[2].delivery_id)
         .await?
         .is_some());
     Ok(())

@@ -856,6 +856,115 @@ async fn a_running_subscription_drains_a_backlog_of_full_batches_once_each<B: Ha
     Ok(())
 }
 
+/// Reads `n` new entries as `config`'s consumer, as a previous run of it did
+/// before its replies were lost: they are its own pending entries.
+async fn take_as_own_pending<S: StreamStore>(
+    store: &S,
+    config: &StreamSubscriptionConfig,
+    n: usize,
+) -> anyhow::Result<()> {
+    let read = ReadNew {
+        group: config.name.clone(),
+        consumer: config.consumer.clone(),
+        count: n,
+        block: None,
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut taken = 0;
+    while taken < n {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "entries not readable"
+        );
+        taken += store.read_new(&config.key, &read).await?.len();
+    }
+    Ok(())
+}
+
+/// A deferral while a restarted consumer re-reads its own pending entries
+/// stops that drain too: the next pages wait for the pause like new reads.
+async fn a_deferral_stops_the_drain_of_own_pending_entries<B: Harness>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.streams();
+    let receipts = backend.receipts();
+    let key = key()?;
+    let mut config = config("billing", &key)?;
+    config.batch = 2;
+    config.defer_min = Duration::from_secs(5);
+    config.defer_max = Duration::from_secs(5);
+    let calls = Arc::new(AtomicU64::new(0));
+    let handler = {
+        let calls = calls.clone();
+        stream_handler_fn(move |_message: StreamMessage<serde_json::Value>| {
+            let calls = calls.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err::<(), _>(HandlerError::snooze(Duration::from_secs(5), "quota"))
+            }
+        })
+    };
+    let subscription =
+        StreamSubscription::new(store.clone(), receipts.clone(), config.clone(), handler)?;
+    subscription.ensure_group().await?;
+    append_numbered(&store, &key, 0..6).await?;
+    take_as_own_pending(&store, &config, 6).await?;
+    subscription.step().await?;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the first page deferred; the other two pages of own pending entries must wait"
+    );
+    Ok(())
+}
+
+/// A plain handler still running when shutdown gives up on it is stopped:
+/// its entry is left pending for another delivery, so no effect of this
+/// run may happen after shutdown returned.
+async fn a_plain_handler_past_the_shutdown_timeout_has_no_effect_after_shutdown<B: Harness>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.streams();
+    let receipts = backend.receipts();
+    let key = key()?;
+    let mut config = config("billing", &key)?;
+    config.block = Duration::from_millis(20);
+    config.shutdown_timeout = Duration::from_millis(100);
+    let (started, effects) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let handler = {
+        let (started, effects) = (started.clone(), effects.clone());
+        stream_handler_fn(move |_message: StreamMessage<serde_json::Value>| {
+            let (started, effects) = (started.clone(), effects.clone());
+            async move {
+                started.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(800)).await;
+                effects.fetch_add(1, Ordering::SeqCst);
+                Ok::<(), HandlerError>(())
+            }
+        })
+    };
+    let subscription = StreamSubscription::new(store.clone(), receipts.clone(), config, handler)?;
+    subscription.ensure_group().await?;
+    append_numbered(&store, &key, 0..1).await?;
+    let running = subscription.start();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while started.load(Ordering::SeqCst) == 0 {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the handler never started"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    running.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        0,
+        "the handler ran on after shutdown returned"
+    );
+    Ok(())
+}
+
 macro_rules! stream_subscription_tests {
     ($($case:ident),* $(,)?) => {
         mod postgres {
@@ -899,4 +1008,6 @@ stream_subscription_tests!(
     a_panicking_handler_leaves_its_entry_pending,
     a_transactional_handler_s_writes_commit_with_its_receipt,
     a_running_subscription_drains_a_backlog_of_full_batches_once_each,
+    a_deferral_stops_the_drain_of_own_pending_entries,
+    a_plain_handler_past_the_shutdown_timeout_has_no_effect_after_shutdown,
 );

@@ -183,6 +183,14 @@ impl PgStore {
         migrate::current(&self.inner.pool, self.q(), &self.inner.schema).await
     }
 
+    /// Applies the migrations up to schema `version` only (a later one is
+    /// left for [`courier_core::OutboxStore::migrate`]): for upgrade tests
+    /// and for staging an upgrade. This build's queries expect
+    /// [`SCHEMA_VERSION`]; run nothing else on a schema held back.
+    pub async fn migrate_to(&self, version: i64) -> Result<(), StoreError> {
+        migrate::run_to(&self.inner.pool, self.q(), &self.inner.schema, version).await
+    }
+
     /// Whether a connection of this store's pool would JIT-compile Courier's
     /// claims (see [`connect_options`]). Workers on such a pool warn once at
     /// start.

@@ -80,6 +80,17 @@ pub const SCHEMA_VERSION: i64 = 13;
 /// Applies every migration newer than the schema's, in one transaction under
 /// the migration lock.
 pub(crate) async fn run(pool: &PgPool, queries: &Queries, schema: &str) -> Result<(), StoreError> {
+    run_to(pool, queries, schema, SCHEMA_VERSION).await
+}
+
+/// Applies the migrations newer than the schema's up to `target` (at most
+/// [`SCHEMA_VERSION`]), in one transaction under the migration lock.
+pub(crate) async fn run_to(
+    pool: &PgPool,
+    queries: &Queries,
+    schema: &str,
+    target: i64,
+) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.map_err(map)?;
     sqlx::query(&queries.migrate_lock)
         .bind(format!("courier-migrate:{schema}"))
@@ -101,7 +112,7 @@ pub(crate) async fn run(pool: &PgPool, queries: &Queries, schema: &str) -> Resul
         });
     }
     for &(version, name, sql) in MIGRATIONS {
-        if version <= current {
+        if version <= current || version > target {
             continue;
         }
         tracing::info!(schema, version, name, "applying migration");

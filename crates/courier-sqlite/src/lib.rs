@@ -168,6 +168,14 @@ impl SqliteStore {
         migrate::current(&self.inner.pool).await
     }
 
+    /// Applies the migrations up to schema `version` only (a later one is
+    /// left for [`courier_core::OutboxStore::migrate`]): for upgrade tests
+    /// and for staging an upgrade. This build's queries expect
+    /// [`SCHEMA_VERSION`]; run nothing else on a schema held back.
+    pub async fn migrate_to(&self, version: i64) -> Result<(), StoreError> {
+        migrate::run_to(&self.inner.pool, version).await
+    }
+
     /// Opens a write transaction with `BEGIN IMMEDIATE` on the store's pool:
     /// the way to start a producer's transaction that enqueues, because a
     /// deferred transaction that reads before it writes can fail with a busy

@@ -57,6 +57,12 @@ const TABLE_EXISTS: &str =
     "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'courier_schema_migrations'";
 
 pub(crate) async fn run(pool: &SqlitePool) -> Result<(), StoreError> {
+    run_to(pool, SCHEMA_VERSION).await
+}
+
+/// Applies the migrations newer than the schema's up to `target` (at most
+/// [`SCHEMA_VERSION`]), in one `BEGIN IMMEDIATE` transaction.
+pub(crate) async fn run_to(pool: &SqlitePool, target: i64) -> Result<(), StoreError> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(map)?;
     sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(BOOTSTRAP))
         .await
@@ -74,7 +80,7 @@ pub(crate) async fn run(pool: &SqlitePool) -> Result<(), StoreError> {
         });
     }
     for &(version, name, sql) in MIGRATIONS {
-        if version <= current {
+        if version <= current || version > target {
             continue;
         }
         sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(sql))

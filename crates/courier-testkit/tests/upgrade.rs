@@ -1,0 +1,172 @@
+//! Upgrades keep what operators read: a database that an older build
+//! (PostgreSQL schema 12, SQLite 6: plain completions wrote receipts) left
+//! with completed and pending work reads the same after the upgrade to plain
+//! completions without receipts, and the work completed after it reads
+//! completed too.
+
+use std::time::Duration;
+
+use courier::postgres::PgStore;
+use courier::sqlite::SqliteStore;
+use courier::{
+    AdminStore, ClaimParams, ClaimedDelivery, NewMessage, OutboxStore, Route, StoreError,
+};
+use courier_testkit::Event;
+use uuid::Uuid;
+
+/// The state of each subscription of `id`, as the message view reports it.
+async fn states<S: AdminStore>(store: &S, id: Uuid) -> anyhow::Result<Vec<(String, String)>> {
+    let (_, deliveries) = store
+        .get_message(id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("message {id} is gone"))?;
+    Ok(deliveries
+        .into_iter()
+        .map(|d| (d.subscription, d.state))
+        .collect())
+}
+
+async fn claim<S: OutboxStore>(
+    store: &S,
+    limit: usize,
+) -> Result<Vec<ClaimedDelivery>, StoreError> {
+    let batch = store
+        .claim(&ClaimParams {
+            subscription: "old".into(),
+            routes: vec![Route {
+                topic: "t".into(),
+                schema_version: 1,
+                max_attempts: 10,
+            }],
+            limit,
+            lease: Duration::from_secs(300),
+            worker_id: "upgrade-test".into(),
+            tenant_cursor: String::new(),
+            tenant_in_flight_limit: None,
+        })
+        .await?;
+    Ok(batch.deliveries)
+}
+
+/// What the older build had done: `first` completed with its receipt,
+/// `second` and `third` pending. Then the upgrade, then `second` completes.
+async fn upgrade_keeps_completed<S: OutboxStore + AdminStore>(
+    store: &S,
+    old_completion: impl AsyncFnOnce(Uuid) -> anyhow::Result<()>,
+    upgrade: impl AsyncFnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let messages = [
+        NewMessage::new("acme", "t", &Event { n: 1 })?,
+        NewMessage::new("acme", "t", &Event { n: 2 })?,
+        NewMessage::new("acme", "t", &Event { n: 3 })?,
+    ];
+    store.publish_batch(&messages).await?;
+    old_completion(messages[0].id).await?;
+    upgrade().await?;
+
+    let claimed = claim(store, 1).await?;
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].message_id, messages[1].id);
+    assert_eq!(store.complete_many(&[claimed[0].lease()]).await?.len(), 1);
+
+    let completed = vec![("old".to_owned(), "completed".to_owned())];
+    assert_eq!(
+        states(store, messages[0].id).await?,
+        completed,
+        "completed before"
+    );
+    assert_eq!(
+        states(store, messages[1].id).await?,
+        completed,
+        "completed after"
+    );
+    assert_eq!(
+        states(store, messages[2].id).await?,
+        [("old".to_owned(), "available".to_owned())]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn postgres_an_upgrade_from_schema_12_keeps_what_reads_completed() -> anyhow::Result<()> {
+    let schema = format!("t_{}", &Uuid::new_v4().simple().to_string()[..16]);
+    let pool = courier_testkit::pg_pool(&schema, 4).await?;
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&pool)
+        .await?;
+    let store = PgStore::with_schema(pool.clone(), &schema)?;
+    store.migrate_to(12).await?;
+    assert_eq!(store.schema_version().await?, 12);
+    // As schema 12's registration wrote it.
+    sqlx::raw_sql(
+        "INSERT INTO subscriptions (name) VALUES ('old');
+         INSERT INTO subscription_topics (subscription, pattern, prefix) VALUES ('old', 't', NULL)",
+    )
+    .execute(&pool)
+    .await?;
+    let result = upgrade_keeps_completed(
+        &store,
+        async |id| {
+            sqlx::query(
+                "WITH done AS (DELETE FROM deliveries WHERE message_id = $1
+                               RETURNING tenant, subscription, message_id)
+                 INSERT INTO receipts (tenant, subscription, message_id) SELECT * FROM done",
+            )
+            .bind(id)
+            .execute(&pool)
+            .await?;
+            Ok(())
+        },
+        async || {
+            store.migrate().await?;
+            anyhow::ensure!(store.schema_version().await? == courier::postgres::SCHEMA_VERSION);
+            Ok(())
+        },
+    )
+    .await;
+    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&pool)
+        .await?;
+    result
+}
+
+#[tokio::test]
+async fn sqlite_an_upgrade_from_schema_6_keeps_what_reads_completed() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("courier.db");
+    let path = path
+        .to_str()
+        .ok_or_else(|| anyhow::anyhow!("temporary path is not UTF-8"))?;
+    let pool = courier::sqlite::connect(path, 4).await?;
+    let store = SqliteStore::new(pool.clone());
+    store.migrate_to(6).await?;
+    assert_eq!(store.schema_version().await?, 6);
+    sqlx::raw_sql(
+        "INSERT INTO subscriptions (name) VALUES ('old');
+         INSERT INTO subscription_topics (subscription, pattern, prefix) VALUES ('old', 't', NULL)",
+    )
+    .execute(&pool)
+    .await?;
+    // Enqueued a millisecond after the registration, as in any real run.
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    upgrade_keeps_completed(
+        &store,
+        async |id| {
+            let id = id.to_string();
+            sqlx::raw_sql(&format!(
+                "INSERT INTO receipts (tenant, subscription, message_id)
+                 SELECT tenant, subscription, message_id FROM deliveries WHERE message_id = '{id}';
+                 DELETE FROM deliveries WHERE message_id = '{id}'"
+            ))
+            .execute(&pool)
+            .await?;
+            Ok(())
+        },
+        async || {
+            store.migrate().await?;
+            anyhow::ensure!(store.schema_version().await? == courier::sqlite::SCHEMA_VERSION);
+            Ok(())
+        },
+    )
+    .await
+}

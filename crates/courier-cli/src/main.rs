@@ -82,7 +82,7 @@ enum Command {
     Publish(PublishArgs),
     /// Cancel a message no subscription has started on (scheduled, or still
     /// waiting): it and its deliveries are removed; refused once a delivery
-    /// ran, failed, died or completed.
+    /// ran, failed, died, was discarded or completed.
     Cancel {
         #[command(flatten)]
         db: DbArgs,

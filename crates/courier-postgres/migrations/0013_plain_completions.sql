@@ -11,11 +11,18 @@
 -- fan-out lock is taken, so a message committed before the registration was
 -- enqueued before it); a new subscription that replays receives from the
 -- replay's start. Existing patterns receive from their subscription's
--- creation (messages they completed before this migration have receipts).
+-- creation, or from the oldest message it still has an open delivery of (a
+-- replay's, or a producer's whose transaction began before the
+-- registration) if that is older: what they complete from now on must read
+-- completed (what they completed before this migration has receipts).
 ALTER TABLE {schema}.subscription_topics
   ADD COLUMN since    timestamptz,
   ADD COLUMN since_id uuid NOT NULL DEFAULT '00000000-0000-0000-0000-000000000000';
-UPDATE {schema}.subscription_topics t SET since = s.created_at
+UPDATE {schema}.subscription_topics t
+SET since = least(s.created_at,
+                  (SELECT min(m.created_at) FROM {schema}.deliveries d
+                   JOIN {schema}.messages m ON m.id = d.message_id
+                   WHERE d.subscription = t.subscription))
 FROM {schema}.subscriptions s WHERE s.name = t.subscription;
 ALTER TABLE {schema}.subscription_topics
   ALTER COLUMN since SET DEFAULT clock_timestamp(),
@@ -31,3 +38,17 @@ CREATE TABLE {schema}.discards (
   discarded_at timestamptz NOT NULL DEFAULT now(),
   PRIMARY KEY (message_id, subscription)
 );
+-- Until now every completion wrote a receipt, so a retained message owed to a
+-- subscription with neither a delivery nor a receipt was discarded (or its
+-- receipt pruned while another dead letter kept the message): record it so.
+INSERT INTO {schema}.discards (message_id, subscription, tenant)
+SELECT m.id, t.subscription, m.tenant
+FROM {schema}.messages m
+JOIN {schema}.subscription_topics t
+  ON (t.pattern = m.topic OR (t.prefix IS NOT NULL AND starts_with(m.topic, t.prefix)))
+ AND (m.created_at, m.id) >= (t.since, t.since_id)
+WHERE NOT EXISTS (SELECT 1 FROM {schema}.deliveries d
+                  WHERE d.message_id = m.id AND d.subscription = t.subscription)
+  AND NOT EXISTS (SELECT 1 FROM {schema}.receipts r
+                  WHERE r.message_id = m.id AND r.subscription = t.subscription)
+ON CONFLICT (message_id, subscription) DO NOTHING;

@@ -6,7 +6,8 @@
 //! # What confirms a message
 //!
 //! Each relay is a handler of its subscription, so each message is relayed
-//! under a lease, with retries and dead letters like any other delivery.
+//! under a lease, with retries and dead letters like any other delivery (the
+//! native relay, a transactional handler, with its receipt too).
 //! Its delivery completes only after:
 //! - **Redis** ([`RedisRelay`]): the append script returned the entry's id.
 //! - **NATS** ([`NatsRelay`]): JetStream's `PubAck` arrived (the message is

@@ -10,14 +10,27 @@
 -- A pattern added later receives from when it was added (one writer: a
 -- message committed before the registration was enqueued before it, or in
 -- the same millisecond); a new subscription that replays receives from the
--- replay's start. Existing patterns receive from their subscription's creation
--- (messages they completed before this migration have receipts). A row
--- written without `since` receives nothing by this rule.
+-- replay's start. Existing patterns receive from their subscription's
+-- creation, or from the oldest message it still has an open delivery of (a
+-- replay's) if that is older: what they complete from now on must read
+-- completed (what they completed before this migration has receipts). A row
+-- written without `since` (by hand, or by an older build during a rolling
+-- upgrade) receives from when it was written.
 ALTER TABLE subscription_topics ADD COLUMN since INTEGER;
 ALTER TABLE subscription_topics
   ADD COLUMN since_id TEXT NOT NULL DEFAULT '00000000-0000-0000-0000-000000000000';
 UPDATE subscription_topics
-SET since = (SELECT s.created_at FROM subscriptions s WHERE s.name = subscription_topics.subscription);
+SET since = min(
+  (SELECT s.created_at FROM subscriptions s WHERE s.name = subscription_topics.subscription),
+  coalesce((SELECT min(m.created_at) FROM deliveries d JOIN messages m ON m.id = d.message_id
+            WHERE d.subscription = subscription_topics.subscription),
+           (SELECT s.created_at FROM subscriptions s WHERE s.name = subscription_topics.subscription)));
+CREATE TRIGGER subscription_topics_since AFTER INSERT ON subscription_topics
+WHEN new.since IS NULL
+BEGIN
+  UPDATE subscription_topics SET since = CAST(round(unixepoch('subsec') * 1000) AS INTEGER)
+  WHERE subscription = new.subscription AND pattern = new.pattern;
+END;
 
 -- A discarded dead letter is gone from deliveries but was never applied: it
 -- is recorded here so that it is not taken for completed, and goes with its
@@ -30,6 +43,21 @@ CREATE TABLE discards (
   discarded_at INTEGER NOT NULL DEFAULT (CAST(round(unixepoch('subsec') * 1000) AS INTEGER)),
   PRIMARY KEY (message_id, subscription)
 ) STRICT;
+-- Until now every completion wrote a receipt, so a retained message owed to a
+-- subscription with neither a delivery nor a receipt was discarded (or its
+-- receipt pruned while another dead letter kept the message): record it so.
+INSERT INTO discards (message_id, subscription, tenant)
+SELECT m.id, t.subscription, m.tenant
+FROM messages m
+JOIN subscription_topics t
+  ON (t.pattern = m.topic
+      OR (t.prefix IS NOT NULL AND substr(m.topic, 1, length(t.prefix)) = t.prefix))
+ AND (m.created_at, m.id) >= (t.since, t.since_id)
+WHERE NOT EXISTS (SELECT 1 FROM deliveries d
+                  WHERE d.message_id = m.id AND d.subscription = t.subscription)
+  AND NOT EXISTS (SELECT 1 FROM receipts r
+                  WHERE r.message_id = m.id AND r.subscription = t.subscription)
+ON CONFLICT (message_id, subscription) DO NOTHING;
 CREATE TRIGGER deliveries_discarded AFTER DELETE ON deliveries
 WHEN old.state = 'dead'
 BEGIN

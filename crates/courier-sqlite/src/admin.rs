@@ -262,13 +262,21 @@ impl AdminStore for SqliteStore {
         validate_name("subscription", name)?;
         let _turn = self.write_turn().await?;
         let patterns = Value::from(patterns.to_vec()).to_string();
+        let mut tx = self.begin().await?;
+        sqlx::query(queries::SUBSCRIPTION_TOPICS_KEEP_COMPLETED)
+            .bind(name)
+            .bind(&patterns)
+            .execute(&mut *tx)
+            .await
+            .map_err(map)?;
         let removed = sqlx::query(queries::SUBSCRIPTION_TOPICS_REMOVE)
             .bind(name)
-            .bind(patterns)
-            .fetch_all(&self.inner.pool)
+            .bind(&patterns)
+            .fetch_all(&mut *tx)
             .await
             .map_err(map)?
             .len();
+        tx.commit().await.map_err(map)?;
         Ok(u64::try_from(removed).unwrap_or(u64::MAX))
     }
 

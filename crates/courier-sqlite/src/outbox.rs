@@ -205,6 +205,15 @@ impl OutboxStore for SqliteStore {
         }
         // One writer at a time: producers commit wholly before or after this.
         let mut tx = self.begin().await?;
+        // Messages enqueued before this took the write lock have an earlier
+        // millisecond than `since`; those after its commit (which waits for
+        // `since`, below) one at least as late: the admin views read which
+        // messages the new patterns receive by it.
+        let locked_at: i64 = sqlx::query_scalar(queries::CLOCK_MS)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map)?;
+        let since = locked_at.saturating_add(1);
         let created = !sqlx::query(queries::SUBSCRIPTION_UPSERT)
             .bind(&spec.name)
             .fetch_all(&mut *tx)
@@ -214,6 +223,7 @@ impl OutboxStore for SqliteStore {
         let added = sqlx::query(queries::SUBSCRIPTION_TOPICS_ADD)
             .bind(&spec.name)
             .bind(Value::Array(topics).to_string())
+            .bind(since)
             .fetch_all(&mut *tx)
             .await
             .map_err(map)?
@@ -258,6 +268,17 @@ impl OutboxStore for SqliteStore {
                 replayed
             }
         };
+        if added > 0 {
+            // At most a millisecond or two, holding the write lock.
+            while sqlx::query_scalar::<_, i64>(queries::CLOCK_MS)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(map)?
+                < since
+            {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
         tx.commit().await.map_err(map)?;
         if replayed > 0 {
             self.wake();

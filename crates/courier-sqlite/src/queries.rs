@@ -18,6 +18,7 @@ macro_rules! queries {
 
 queries!(
     CLAIM_TENANTS => "claim_tenants.sql",
+    CLOCK_MS => "clock_ms.sql",
     COMPLETE => "complete.sql",
     COMPLETE_ONE => "complete_one.sql",
     DEAD_LETTER_GET => "dead_letter_get.sql",
@@ -77,6 +78,7 @@ queries!(
     SUBSCRIPTION_PAUSE => "subscription_pause.sql",
     SUBSCRIPTION_REPLAY => "subscription_replay.sql",
     SUBSCRIPTION_TOPICS_ADD => "subscription_topics_add.sql",
+    SUBSCRIPTION_TOPICS_KEEP_COMPLETED => "subscription_topics_keep_completed.sql",
     SUBSCRIPTION_TOPICS_SINCE => "subscription_topics_since.sql",
     SUBSCRIPTION_TOPICS_REMOVE => "subscription_topics_remove.sql",
     SUBSCRIPTION_UPSERT => "subscription_upsert.sql",

@@ -1209,8 +1209,52 @@ async fn completed_is_read_from_the_subscriptions_a_message_is_owed_to<B: Backen
     Ok(())
 }
 
+/// Removing a topic keeps what the subscription completed on it: it still
+/// reads completed, and cancel is still refused.
+async fn a_removed_topic_keeps_what_it_completed<B: Backend>(backend: B) -> anyhow::Result<()> {
+    let store = backend.courier().store();
+    let worker = backend
+        .courier()
+        .worker("s")
+        .handle("t", 1, counting(CallCounter::default()))
+        .maintenance(None)
+        .build()
+        .await?;
+    let done = NewMessage::new("acme", "t", &Event { n: 1 })?;
+    backend
+        .enqueue_committed(std::slice::from_ref(&done))
+        .await?;
+    assert_eq!(worker.run_once().await?, 1);
+    assert_eq!(
+        store
+            .remove_subscription_topics("s", &["t".to_owned()])
+            .await?,
+        1
+    );
+    let (_, states) = store
+        .get_message(done.id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("message gone"))?;
+    assert_eq!(
+        states
+            .iter()
+            .map(|d| (d.subscription.as_str(), d.state.as_str()))
+            .collect::<Vec<_>>(),
+        [("s", "completed")]
+    );
+    assert_eq!(
+        store.cancel_message(done.id).await?,
+        CancelOutcome::Started {
+            subscription: "s".into(),
+            state: "completed".into()
+        }
+    );
+    Ok(())
+}
+
 backend_tests!(
     completed_is_read_from_the_subscriptions_a_message_is_owed_to,
+    a_removed_topic_keeps_what_it_completed,
     get_message_shows_each_subscription_s_state,
     list_messages_pages_walk_every_message_once_newest_first,
     list_messages_filters_by_tenant_topic_state_and_subscription,

@@ -48,20 +48,22 @@ async fn claim<S: OutboxStore>(
     Ok(batch.deliveries)
 }
 
-/// What the older build had done: `first` completed with its receipt,
-/// `second` and `third` pending. Then the upgrade, then `second` completes.
+/// What the older build had done: `first` completed with its receipt, the
+/// dead letter of `fourth` discarded (its delivery deleted), `second` and
+/// `third` pending. Then the upgrade, then `second` completes.
 async fn upgrade_keeps_completed<S: OutboxStore + AdminStore>(
     store: &S,
-    old_completion: impl AsyncFnOnce(Uuid) -> anyhow::Result<()>,
+    old_completion: impl AsyncFnOnce(Uuid, Uuid) -> anyhow::Result<()>,
     upgrade: impl AsyncFnOnce() -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let messages = [
         NewMessage::new("acme", "t", &Event { n: 1 })?,
         NewMessage::new("acme", "t", &Event { n: 2 })?,
         NewMessage::new("acme", "t", &Event { n: 3 })?,
+        NewMessage::new("acme", "t", &Event { n: 4 })?,
     ];
     store.publish_batch(&messages).await?;
-    old_completion(messages[0].id).await?;
+    old_completion(messages[0].id, messages[3].id).await?;
     upgrade().await?;
 
     let claimed = claim(store, 1).await?;
@@ -83,6 +85,11 @@ async fn upgrade_keeps_completed<S: OutboxStore + AdminStore>(
     assert_eq!(
         states(store, messages[2].id).await?,
         [("old".to_owned(), "available".to_owned())]
+    );
+    assert_eq!(
+        states(store, messages[3].id).await?,
+        [("old".to_owned(), "discarded".to_owned())],
+        "discarded before the upgrade, never completed"
     );
     Ok(())
 }
@@ -106,15 +113,19 @@ async fn postgres_an_upgrade_from_schema_12_keeps_what_reads_completed() -> anyh
     .await?;
     let result = upgrade_keeps_completed(
         &store,
-        async |id| {
+        async |completed, discarded| {
             sqlx::query(
                 "WITH done AS (DELETE FROM deliveries WHERE message_id = $1
                                RETURNING tenant, subscription, message_id)
                  INSERT INTO receipts (tenant, subscription, message_id) SELECT * FROM done",
             )
-            .bind(id)
+            .bind(completed)
             .execute(&pool)
             .await?;
+            sqlx::query("DELETE FROM deliveries WHERE message_id = $1")
+                .bind(discarded)
+                .execute(&pool)
+                .await?;
             Ok(())
         },
         async || {
@@ -151,12 +162,12 @@ async fn sqlite_an_upgrade_from_schema_6_keeps_what_reads_completed() -> anyhow:
     tokio::time::sleep(Duration::from_millis(2)).await;
     upgrade_keeps_completed(
         &store,
-        async |id| {
-            let id = id.to_string();
+        async |completed, discarded| {
             sqlx::raw_sql(&format!(
                 "INSERT INTO receipts (tenant, subscription, message_id)
-                 SELECT tenant, subscription, message_id FROM deliveries WHERE message_id = '{id}';
-                 DELETE FROM deliveries WHERE message_id = '{id}'"
+                 SELECT tenant, subscription, message_id FROM deliveries
+                 WHERE message_id = '{completed}';
+                 DELETE FROM deliveries WHERE message_id IN ('{completed}', '{discarded}')"
             ))
             .execute(&pool)
             .await?;

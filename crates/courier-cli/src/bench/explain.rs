@@ -12,7 +12,8 @@
 //!   idempotency keys (the fan-out trigger included);
 //! - `prune_receipts`, `prune_messages`: everything older than now, in the
 //!   maintenance's default batch, after the claimed batch was really
-//!   completed (so some receipts and messages qualify).
+//!   completed (so finished messages qualify; plain completions write no
+//!   receipt, so `prune_receipts` plans an empty `receipts`).
 //!
 //! `ANALYZE` executes the statement, so each runs in a transaction that is
 //! rolled back: the table is the same for every query.
@@ -253,7 +254,7 @@ async fn explain_all(store: &PgStore, pool: &PgPool) -> anyhow::Result<Vec<Expla
         sql: text.to_owned(),
         plan,
     });
-    // Complete them for real, so the prunes below find receipts and finished messages.
+    // Complete them for real, so the prune below finds finished messages.
     store
         .complete_many(&completions)
         .await

@@ -78,8 +78,9 @@ def _queries() -> dict[str, str]:
         "deliveries": f"SELECT id, state = 'dead' FROM {t('deliveries')} ORDER BY id",
         "receipts": f"SELECT count(*) FROM {t('receipts')}",
         "subscriptions": f"SELECT name, paused FROM {t('subscriptions')} ORDER BY name",
-        "subscription_topics": f"SELECT subscription, pattern FROM {t('subscription_topics')} "
-        "ORDER BY subscription, pattern",
+        "discards": f"SELECT count(*) FROM {t('discards')}",
+        "subscription_topics": f"SELECT subscription, pattern, since{text}, since_id "
+        f"FROM {t('subscription_topics')} ORDER BY subscription, pattern",
         "stream_entries": f"SELECT tenant, stream, count(*), max(ARRAY[{entry}]) "
         f"FROM {t('stream_entries')} GROUP BY tenant, stream ORDER BY tenant, stream"
         if BACKEND == "postgres"

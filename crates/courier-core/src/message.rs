@@ -279,7 +279,7 @@ fn refuse_nul_in_payload(payload: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
-fn holds_nul(value: &serde_json::Value) -> bool {
+pub(crate) fn holds_nul(value: &serde_json::Value) -> bool {
     match value {
         serde_json::Value::String(text) => text.contains('\0'),
         serde_json::Value::Array(items) => items.iter().any(holds_nul),

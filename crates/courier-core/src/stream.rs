@@ -213,6 +213,15 @@ impl NewStreamEntry {
                 ),
             ));
         }
+        if crate::message::holds_nul(&self.payload) {
+            return Err(ValidationError::new(
+                "payload",
+                format!(
+                    "entries[{index}] contains U+0000 (\\u0000) in a string or key, \
+                     which PostgreSQL cannot store"
+                ),
+            ));
+        }
         if self.headers.len() > MAX_HEADERS {
             return Err(ValidationError::new(
                 "headers",
@@ -220,6 +229,16 @@ impl NewStreamEntry {
                     "entries[{index}] has {} headers; the limit is {MAX_HEADERS}",
                     self.headers.len()
                 ),
+            ));
+        }
+        if let Some(name) = self
+            .headers
+            .iter()
+            .find_map(|(name, value)| (name.contains('\0') || value.contains('\0')).then_some(name))
+        {
+            return Err(ValidationError::new(
+                "headers",
+                format!("entries[{index}]: header {name:?} contains U+0000, which no backend stores alike"),
             ));
         }
         if let Some(origin) = &self.origin {
@@ -769,6 +788,24 @@ mod tests {
                 .unwrap_err()
                 .field,
             "block_ms"
+        );
+    }
+
+    #[test]
+    fn entries_holding_u0000_are_refused_on_every_backend_alike() {
+        let key = NewStreamEntry::new(serde_json::json!({"k\u{0}": 1}));
+        assert_eq!(key.validate(0, 1_000).unwrap_err().field, "payload");
+        let deep = NewStreamEntry::new(serde_json::json!([[{"s": "a\u{0}b"}]]));
+        let err = deep.validate(2, 1_000).unwrap_err();
+        assert_eq!(err.field, "payload");
+        assert!(err.reason.contains("entries[2]"), "{}", err.reason);
+        let mut header = NewStreamEntry::new(serde_json::json!({}));
+        header.headers.insert("h".into(), "x\u{0}".into());
+        assert_eq!(header.validate(0, 1_000).unwrap_err().field, "headers");
+        let escaped = NewStreamEntry::new(serde_json::json!({"s": "\\u0000"}));
+        assert!(
+            escaped.validate(0, 1_000).is_ok(),
+            "a backslash before u0000 is text"
         );
     }
 

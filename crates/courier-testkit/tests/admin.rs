@@ -1086,6 +1086,22 @@ async fn cancels_racing_claims_never_both_cancel_and_deliver<B: Backend>(
     Ok(())
 }
 
+/// Each subscription's state of message `id`, as the message view reports it.
+async fn states_of<S: AdminStore>(store: &S, id: Uuid) -> anyhow::Result<Vec<(String, String)>> {
+    let (_, deliveries) = store
+        .get_message(id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("message {id} is gone"))?;
+    Ok(deliveries
+        .into_iter()
+        .map(|d| (d.subscription, d.state))
+        .collect())
+}
+
+fn owned((subscription, state): (&str, &str)) -> (String, String) {
+    (subscription.to_owned(), state.to_owned())
+}
+
 /// A plain handler's completion leaves no record: a message reads
 /// `completed` for each subscription that receives it (its topic matched a
 /// pattern from before it was enqueued, or a replay reached it) once it has no
@@ -1134,19 +1150,11 @@ async fn completed_is_read_from_the_subscriptions_a_message_is_owed_to<B: Backen
     assert_eq!(counter.total(), 2);
     assert_eq!(backend.scalar("SELECT count(*) FROM receipts").await?, 0);
 
-    let (_, states) = store
-        .get_message(first.id)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("message gone"))?;
-    let states: Vec<(&str, &str)> = states
-        .iter()
-        .map(|d| (d.subscription.as_str(), d.state.as_str()))
-        .collect();
-    assert_eq!(states, [("early", "completed"), ("replayer", "completed")]);
-    let (_, states) = store
-        .get_message(other_topic.id)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("message gone"))?;
+    assert_eq!(
+        states_of(store, first.id).await?,
+        [("early", "completed"), ("replayer", "completed")].map(owned)
+    );
+    let states = states_of(store, other_topic.id).await?;
     assert!(states.is_empty(), "{states:?}");
     assert_eq!(completed_by(store, "early").await?, 1);
     assert_eq!(completed_by(store, "replayer").await?, 1);
@@ -1184,21 +1192,14 @@ async fn completed_is_read_from_the_subscriptions_a_message_is_owed_to<B: Backen
         .discard_dead_letters_matching(&courier::DeadLetterFilter::default())
         .await?;
     assert_eq!(discarded, 1);
-    let (_, states) = store
-        .get_message(poison.id)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("message gone"))?;
-    let states: Vec<(&str, &str)> = states
-        .iter()
-        .map(|d| (d.subscription.as_str(), d.state.as_str()))
-        .collect();
     assert_eq!(
-        states,
+        states_of(store, poison.id).await?,
         [
             ("early", "completed"),
             ("late", "discarded"),
             ("replayer", "completed")
         ]
+        .map(owned)
     );
     assert_eq!(completed_by(store, "late").await?, 0);
     // Retention removes the discard with its message.
@@ -1231,16 +1232,9 @@ async fn a_removed_topic_keeps_what_it_completed<B: Backend>(backend: B) -> anyh
             .await?,
         1
     );
-    let (_, states) = store
-        .get_message(done.id)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("message gone"))?;
     assert_eq!(
-        states
-            .iter()
-            .map(|d| (d.subscription.as_str(), d.state.as_str()))
-            .collect::<Vec<_>>(),
-        [("s", "completed")]
+        states_of(store, done.id).await?,
+        [("s", "completed")].map(owned)
     );
     assert_eq!(
         store.cancel_message(done.id).await?,

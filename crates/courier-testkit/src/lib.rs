@@ -694,3 +694,19 @@ pub async fn completed_by<S: courier::AdminStore>(
         }
     }
 }
+
+/// Each subscription's (name, state) of message `id`, as
+/// [`courier::AdminStore::get_message`] reports it; an error if it is gone.
+pub async fn states_of<S: courier::AdminStore>(
+    store: &S,
+    id: Uuid,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let (_, deliveries) = store
+        .get_message(id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("message {id} is gone"))?;
+    Ok(deliveries
+        .into_iter()
+        .map(|d| (d.subscription, d.state))
+        .collect())
+}

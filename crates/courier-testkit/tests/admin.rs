@@ -11,7 +11,7 @@ use courier::{
     StoreError, SubscriptionSpec,
 };
 use courier_testkit::{
-    backend_tests, completed_by, events, eventually, Backend, CallCounter, Event,
+    backend_tests, completed_by, events, eventually, states_of, Backend, CallCounter, Event,
 };
 use uuid::Uuid;
 
@@ -1084,18 +1084,6 @@ async fn cancels_racing_claims_never_both_cancel_and_deliver<B: Backend>(
         messages.len()
     );
     Ok(())
-}
-
-/// Each subscription's state of message `id`, as the message view reports it.
-async fn states_of<S: AdminStore>(store: &S, id: Uuid) -> anyhow::Result<Vec<(String, String)>> {
-    let (_, deliveries) = store
-        .get_message(id)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("message {id} is gone"))?;
-    Ok(deliveries
-        .into_iter()
-        .map(|d| (d.subscription, d.state))
-        .collect())
 }
 
 fn owned((subscription, state): (&str, &str)) -> (String, String) {

@@ -664,21 +664,7 @@ async fn a_restarted_consumer_handles_its_own_pending_entries_first<B: Harness>(
     subscription.ensure_group().await?;
     append_numbered(&store, &key, 0..3).await?;
     // The previous run of this consumer read them; its reply was lost.
-    let read = ReadNew {
-        group: "billing".into(),
-        consumer: config.consumer.clone(),
-        count: 3,
-        block: None,
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let mut taken = 0;
-    while taken < 3 {
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "entries not readable"
-        );
-        taken += store.read_new(&key, &read).await?.len();
-    }
+    take_as_own_pending(&store, &config, 3).await?;
     append_numbered(&store, &key, 3..4).await?;
     step_until(&backend, &subscription, false, || {
         seen.lock()

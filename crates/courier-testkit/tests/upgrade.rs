@@ -11,20 +11,8 @@ use courier::sqlite::SqliteStore;
 use courier::{
     AdminStore, ClaimParams, ClaimedDelivery, NewMessage, OutboxStore, Route, StoreError,
 };
-use courier_testkit::Event;
+use courier_testkit::{states_of, Event};
 use uuid::Uuid;
-
-/// The state of each subscription of `id`, as the message view reports it.
-async fn states<S: AdminStore>(store: &S, id: Uuid) -> anyhow::Result<Vec<(String, String)>> {
-    let (_, deliveries) = store
-        .get_message(id)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("message {id} is gone"))?;
-    Ok(deliveries
-        .into_iter()
-        .map(|d| (d.subscription, d.state))
-        .collect())
-}
 
 async fn claim<S: OutboxStore>(
     store: &S,
@@ -73,21 +61,21 @@ async fn upgrade_keeps_completed<S: OutboxStore + AdminStore>(
 
     let completed = vec![("old".to_owned(), "completed".to_owned())];
     assert_eq!(
-        states(store, messages[0].id).await?,
+        states_of(store, messages[0].id).await?,
         completed,
         "completed before"
     );
     assert_eq!(
-        states(store, messages[1].id).await?,
+        states_of(store, messages[1].id).await?,
         completed,
         "completed after"
     );
     assert_eq!(
-        states(store, messages[2].id).await?,
+        states_of(store, messages[2].id).await?,
         [("old".to_owned(), "available".to_owned())]
     );
     assert_eq!(
-        states(store, messages[3].id).await?,
+        states_of(store, messages[3].id).await?,
         [("old".to_owned(), "discarded".to_owned())],
         "discarded before the upgrade, never completed"
     );

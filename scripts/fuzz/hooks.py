@@ -81,6 +81,8 @@ def _queries() -> dict[str, str]:
         "discards": f"SELECT count(*) FROM {t('discards')}",
         "subscription_topics": f"SELECT subscription, pattern, since{text}, since_id "
         f"FROM {t('subscription_topics')} ORDER BY subscription, pattern",
+        "removed_topics": f"SELECT subscription, pattern, removed_at{text} "
+        f"FROM {t('removed_topics')} ORDER BY subscription, pattern, removed_at",
         "stream_entries": f"SELECT tenant, stream, count(*), max(ARRAY[{entry}]) "
         f"FROM {t('stream_entries')} GROUP BY tenant, stream ORDER BY tenant, stream"
         if BACKEND == "postgres"

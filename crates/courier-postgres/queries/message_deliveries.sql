@@ -1,21 +1,11 @@
 -- The per-subscription state of one message: open deliveries from
 -- deliveries; `discarded` from discards; `completed` for every subscription
--- that applied it (a receipt) or receives it (a pattern matching its topic
--- since before it was enqueued, see migrations/0013_plain_completions.sql)
--- and has neither an open delivery nor a discard of it: a plain handler's
--- completion deletes the delivery and writes nothing else.
+-- the view `completions` names (it applied the message, a receipt, or
+-- received it, and has neither an open delivery nor a discard of it; see
+-- migrations/0014_owed_by_fan_out_time.sql): a plain handler's completion
+-- deletes the delivery and writes nothing else.
 -- Touches: reads deliveries, discards, receipts, messages,
--- subscription_topics, each through its key. Locks: nothing.
-WITH owed AS (
-  SELECT r.subscription FROM {schema}.receipts r WHERE r.message_id = $1
-  UNION
-  SELECT t.subscription
-  FROM {schema}.messages m
-  JOIN {schema}.subscription_topics t
-    ON (t.pattern = m.topic OR (t.prefix IS NOT NULL AND starts_with(m.topic, t.prefix)))
-   AND (m.created_at, m.id) >= (t.since, t.since_id)
-  WHERE m.id = $1
-)
+-- subscription_topics, removed_topics, each through its key. Locks: nothing.
 SELECT d.subscription, d.state, d.attempts, d.errors::text AS errors,
        d.id AS delivery_id
 FROM {schema}.deliveries d WHERE d.message_id = $1
@@ -25,10 +15,6 @@ FROM {schema}.discards x WHERE x.message_id = $1
   AND NOT EXISTS (SELECT 1 FROM {schema}.deliveries d
                   WHERE d.message_id = $1 AND d.subscription = x.subscription)
 UNION ALL
-SELECT o.subscription, 'completed', NULL::int, '[]', NULL::bigint
-FROM owed o
-WHERE NOT EXISTS (SELECT 1 FROM {schema}.deliveries d
-                  WHERE d.message_id = $1 AND d.subscription = o.subscription)
-  AND NOT EXISTS (SELECT 1 FROM {schema}.discards x
-                  WHERE x.message_id = $1 AND x.subscription = o.subscription)
+SELECT DISTINCT c.subscription, 'completed', NULL::int, '[]', NULL::bigint
+FROM {schema}.completions c WHERE c.message_id = $1
 ORDER BY 1

@@ -1,28 +1,17 @@
 -- Removes topic patterns $2 (exactly as registered) from subscription $1;
--- returns the patterns removed. Touches: subscription_topics, receipts (and
--- reads messages, deliveries, discards). Runs under the fan-out lock, so
--- messages committed after it are no longer owed to the subscription and
--- those committed before keep their deliveries. What the removed patterns
--- received and completed (no open delivery, not discarded) gets a receipt,
--- since the admin views can no longer read it from the pattern. (Deliveries
--- still open now read as not owed once completed; see README, "What
--- completed means".) Scans the retained messages once.
+-- returns the patterns removed. Touches: subscription_topics, removed_topics.
+-- Runs under the fan-out lock, so messages committed after it are no longer
+-- owed to the subscription and those committed before keep their deliveries.
+-- The pattern moves to removed_topics, stamped with the clock under the lock:
+-- what it received before (completed, or still open and completed later)
+-- still reads so (see migrations/0014_owed_by_fan_out_time.sql).
 WITH removed AS (
   DELETE FROM {schema}.subscription_topics t
   WHERE t.subscription = $1 AND t.pattern = ANY ($2::text[])
-  RETURNING t.pattern, t.prefix, t.since, t.since_id
+  RETURNING t.subscription, t.pattern, t.prefix, t.since, t.since_id, t.added_at
 ),
-kept AS (
-  INSERT INTO {schema}.receipts (tenant, subscription, message_id)
-  SELECT DISTINCT m.tenant, $1::text, m.id
-  FROM {schema}.messages m
-  JOIN removed t
-    ON (t.pattern = m.topic OR (t.prefix IS NOT NULL AND starts_with(m.topic, t.prefix)))
-   AND (m.created_at, m.id) >= (t.since, t.since_id)
-  WHERE NOT EXISTS (SELECT 1 FROM {schema}.deliveries d
-                    WHERE d.message_id = m.id AND d.subscription = $1::text)
-    AND NOT EXISTS (SELECT 1 FROM {schema}.discards x
-                    WHERE x.message_id = m.id AND x.subscription = $1::text)
-  ON CONFLICT DO NOTHING
+retired AS (
+  INSERT INTO {schema}.removed_topics (subscription, pattern, prefix, since, since_id, added_at)
+  SELECT subscription, pattern, prefix, since, since_id, added_at FROM removed
 )
 SELECT pattern FROM removed

@@ -72,10 +72,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "plain_completions",
         include_str!("../migrations/0013_plain_completions.sql"),
     ),
+    (
+        14,
+        "owed_by_fan_out_time",
+        include_str!("../migrations/0014_owed_by_fan_out_time.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 13;
+pub const SCHEMA_VERSION: i64 = 14;
 
 /// Applies every migration newer than the schema's, in one transaction under
 /// the migration lock.

@@ -2,20 +2,10 @@
 -- cannot: the first subscription, by name, that has started on it, with
 -- 'running' (leased), 'retrying' (an attempt spent), 'snoozed' (a handler ran
 -- and deferred it, giving its attempt back), 'dead', or that has finished it:
--- 'discarded' or 'completed' (as message_deliveries.sql reports it). No row:
+-- 'discarded' or 'completed' (the view `completions`, as
+-- message_deliveries.sql reports it). No row:
 -- none has. Run inside the cancel's write transaction, so nothing can start
 -- or finish between this check and the delete.
-WITH owed AS (
-  SELECT r.subscription FROM receipts r WHERE r.message_id = ?1
-  UNION
-  SELECT t.subscription
-  FROM messages m
-  JOIN subscription_topics t
-    ON (t.pattern = m.topic
-        OR (t.prefix IS NOT NULL AND substr(m.topic, 1, length(t.prefix)) = t.prefix))
-   AND (m.created_at, m.id) >= (t.since, t.since_id)
-  WHERE m.id = ?1
-)
 SELECT subscription, started FROM (
   SELECT d.subscription,
          CASE WHEN d.state = 'dead' THEN 'dead'
@@ -31,11 +21,7 @@ SELECT subscription, started FROM (
     AND NOT EXISTS (SELECT 1 FROM deliveries d
                     WHERE d.message_id = ?1 AND d.subscription = x.subscription)
   UNION ALL
-  SELECT o.subscription, 'completed' FROM owed o
-  WHERE NOT EXISTS (SELECT 1 FROM deliveries d
-                    WHERE d.message_id = ?1 AND d.subscription = o.subscription)
-    AND NOT EXISTS (SELECT 1 FROM discards x
-                    WHERE x.message_id = ?1 AND x.subscription = o.subscription)
+  SELECT c.subscription, 'completed' FROM completions c WHERE c.message_id = ?1
 )
 WHERE started IS NOT NULL
 ORDER BY subscription

@@ -8,22 +8,22 @@
 -- `[]` matches nothing), topic ?2, state ?3, subscription ?4, message id ?5,
 -- and the enqueue range's start ?6 in milliseconds. State
 -- `available`, `running` or `dead` means a delivery in that state (of
--- subscription ?4 if given); `completed` means a subscription that applied
--- (a receipt) or receives the message (see message_deliveries.sql) with
--- neither an open delivery nor a discard of it (exactly when
--- message_deliveries.sql reports `completed`); subscription alone means the
--- message is owed to it or applied by it. The caller checks ?3 against those four words before it
--- gets here. Ids are lowercase hyphenated UUID text, whose text order is the
+-- subscription ?4 if given); `completed` means a subscription in the view
+-- `completions` (exactly when message_deliveries.sql reports `completed`);
+-- subscription alone means the message is owed to it, applied or received
+-- by it (the view `received`, see migrations/0008_removed_topics.sql). The
+-- caller checks ?3 against those four words before it gets here. Ids are lowercase hyphenated UUID text, whose text order is the
 -- UUIDs' byte order, so ties break as they do on PostgreSQL.
--- Touches: reads messages, deliveries, receipts, discards and
--- subscription_topics. Locks: nothing.
+-- Touches: reads messages, deliveries, receipts, discards,
+-- subscription_topics and removed_topics. Locks: nothing.
 -- Shape: the key and the range's start are bounds on messages_enqueued
 -- (created_at, id), written with coalesce (not `IS NULL OR`) so that the
 -- planner, which plans before it sees the values, can seek on them: the scan
 -- starts at the key and stops at the range's start.
 -- Per message it probes deliveries (UNIQUE (message_id, subscription)),
--- receipts and discards (primary keys (message_id, subscription)) and the
--- subscription's few topic patterns; a filter that matches
+-- receipts and discards (primary keys (message_id, subscription)), the
+-- message again by its key (the views join it) and the subscriptions' few
+-- topic patterns; a filter that matches
 -- few messages of the range reads further back (the range, or retention,
 -- bounds how far).
 SELECT m.id, m.tenant, m.topic, m.schema_version, m.payload, m.headers,
@@ -39,33 +39,13 @@ WHERE (?1 IS NULL OR m.tenant IN (SELECT value FROM json_each(?1)))
         WHEN ?3 IS NULL THEN
           EXISTS (SELECT 1 FROM deliveries d
                   WHERE d.message_id = m.id AND d.subscription = ?4)
-          OR EXISTS (SELECT 1 FROM receipts r
-                     WHERE r.message_id = m.id AND r.subscription = ?4)
           OR EXISTS (SELECT 1 FROM discards x
                      WHERE x.message_id = m.id AND x.subscription = ?4)
-          OR EXISTS (SELECT 1 FROM subscription_topics t
-                     WHERE t.subscription = ?4
-                       AND (t.pattern = m.topic
-                            OR (t.prefix IS NOT NULL
-                                AND substr(m.topic, 1, length(t.prefix)) = t.prefix))
-                       AND (m.created_at, m.id) >= (t.since, t.since_id))
+          OR EXISTS (SELECT 1 FROM received o
+                     WHERE o.message_id = m.id AND o.subscription = ?4)
         WHEN ?3 = 'completed' THEN
-          EXISTS (SELECT 1
-                  FROM (SELECT r.subscription FROM receipts r
-                        WHERE r.message_id = m.id AND (?4 IS NULL OR r.subscription = ?4)
-                        UNION ALL
-                        SELECT t.subscription FROM subscription_topics t
-                        WHERE (?4 IS NULL OR t.subscription = ?4)
-                          AND (t.pattern = m.topic
-                               OR (t.prefix IS NOT NULL
-                                   AND substr(m.topic, 1, length(t.prefix)) = t.prefix))
-                          AND (m.created_at, m.id) >= (t.since, t.since_id)) o
-                  WHERE NOT EXISTS (SELECT 1 FROM deliveries d
-                                    WHERE d.message_id = m.id
-                                      AND d.subscription = o.subscription)
-                    AND NOT EXISTS (SELECT 1 FROM discards x
-                                    WHERE x.message_id = m.id
-                                      AND x.subscription = o.subscription))
+          EXISTS (SELECT 1 FROM completions c
+                  WHERE c.message_id = m.id AND (?4 IS NULL OR c.subscription = ?4))
         ELSE
           EXISTS (SELECT 1 FROM deliveries d
                   WHERE d.message_id = m.id AND d.state = ?3

@@ -13,6 +13,7 @@ use sqlx::sqlite::SqliteRow;
 use uuid::Uuid;
 
 use crate::error::map;
+use crate::outbox::wait_for_clock;
 use crate::rows::{self, get, millis_ceil};
 use crate::{migrate, queries, SqliteStore};
 
@@ -263,19 +264,32 @@ impl AdminStore for SqliteStore {
         let _turn = self.write_turn().await?;
         let patterns = Value::from(patterns.to_vec()).to_string();
         let mut tx = self.begin().await?;
-        sqlx::query(queries::SUBSCRIPTION_TOPICS_KEEP_COMPLETED)
-            .bind(name)
-            .bind(&patterns)
-            .execute(&mut *tx)
+        // Messages enqueued before this took the write lock have an earlier
+        // millisecond than `removed_at`; those after its commit (which waits
+        // for it, below) one at least as late: the admin views read what the
+        // removed patterns still owe by it.
+        let locked_at: i64 = sqlx::query_scalar(queries::CLOCK_MS)
+            .fetch_one(&mut *tx)
             .await
             .map_err(map)?;
+        let removed_at = locked_at.saturating_add(1);
         let removed = sqlx::query(queries::SUBSCRIPTION_TOPICS_REMOVE)
             .bind(name)
             .bind(&patterns)
+            .bind(removed_at)
             .fetch_all(&mut *tx)
             .await
             .map_err(map)?
             .len();
+        if removed > 0 {
+            sqlx::query(queries::SUBSCRIPTION_TOPICS_FORGET)
+                .bind(name)
+                .bind(&patterns)
+                .execute(&mut *tx)
+                .await
+                .map_err(map)?;
+            wait_for_clock(&mut tx, removed_at).await?;
+        }
         tx.commit().await.map_err(map)?;
         Ok(u64::try_from(removed).unwrap_or(u64::MAX))
     }

@@ -36,10 +36,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "plain_completions",
         include_str!("../migrations/0007_plain_completions.sql"),
     ),
+    (
+        8,
+        "removed_topics",
+        include_str!("../migrations/0008_removed_topics.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// The bookkeeping table, named so that it cannot collide with an
 /// application's own `schema_migrations` in a shared file.

@@ -71,6 +71,22 @@ fn failures_applied(
 
 /// Splits a topic pattern into (pattern, prefix): exact topics have no prefix,
 /// `stem.*` matches topics starting with `stem.`, `*` matches every topic.
+/// Holds `tx` (and its write lock) until the database clock reads at least
+/// `at` ms: at most a millisecond or two. A registration or removal stamped
+/// with the millisecond after it took the lock then commits only once every
+/// later message is at least as late.
+pub(crate) async fn wait_for_clock(conn: &mut SqliteConnection, at: i64) -> Result<(), StoreError> {
+    while sqlx::query_scalar::<_, i64>(queries::CLOCK_MS)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(map)?
+        < at
+    {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(())
+}
+
 fn pattern_prefix(pattern: &str) -> Result<Option<String>, ValidationError> {
     if pattern == "*" {
         return Ok(Some(String::new()));
@@ -269,15 +285,7 @@ impl OutboxStore for SqliteStore {
             }
         };
         if added > 0 {
-            // At most a millisecond or two, holding the write lock.
-            while sqlx::query_scalar::<_, i64>(queries::CLOCK_MS)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(map)?
-                < since
-            {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+            wait_for_clock(&mut tx, since).await?;
         }
         tx.commit().await.map_err(map)?;
         if replayed > 0 {
@@ -681,6 +689,10 @@ impl OutboxStore for SqliteStore {
             .await
             .map_err(map)?
             .rows_affected();
+        sqlx::query(queries::PRUNE_REMOVED_TOPICS)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?;
         Ok(PruneReport { messages, receipts })
     }
 

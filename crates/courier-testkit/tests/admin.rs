@@ -12,6 +12,7 @@ use courier::{
 };
 use courier_testkit::{
     backend_tests, completed_by, events, eventually, states_of, Backend, CallCounter, Event,
+    PgFixture,
 };
 use uuid::Uuid;
 
@@ -1234,9 +1235,129 @@ async fn a_removed_topic_keeps_what_it_completed<B: Backend>(backend: B) -> anyh
     Ok(())
 }
 
+/// A delivery still open when its pattern is removed stays owed: once its
+/// plain handler completes it, the message reads completed and cannot be
+/// cancelled.
+async fn a_delivery_open_when_its_topic_is_removed_reads_completed_once_done<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.courier().store();
+    let worker = backend
+        .courier()
+        .worker("s")
+        .handle("t", 1, counting(CallCounter::default()))
+        .maintenance(None)
+        .build()
+        .await?;
+    let open = NewMessage::new("acme", "t", &Event { n: 1 })?;
+    backend
+        .enqueue_committed(std::slice::from_ref(&open))
+        .await?;
+    assert_eq!(
+        store
+            .remove_subscription_topics("s", &["t".to_owned()])
+            .await?,
+        1
+    );
+    assert_eq!(worker.run_once().await?, 1, "what was owed stays owed");
+    assert_eq!(
+        states_of(store, open.id).await?,
+        [("s", "completed")].map(owned)
+    );
+    assert_eq!(
+        store.cancel_message(open.id).await?,
+        CancelOutcome::Started {
+            subscription: "s".into(),
+            state: "completed".into()
+        }
+    );
+    // A message enqueued after the removal is owed nothing and reads so.
+    let later = NewMessage::new("acme", "t", &Event { n: 2 })?;
+    backend
+        .enqueue_committed(std::slice::from_ref(&later))
+        .await?;
+    assert!(states_of(store, later.id).await?.is_empty());
+    // Adding the pattern back owes what comes after, not what came between.
+    store
+        .register_subscription(&SubscriptionSpec::new("s", ["t"]))
+        .await?;
+    let again = NewMessage::new("acme", "t", &Event { n: 3 })?;
+    backend
+        .enqueue_committed(std::slice::from_ref(&again))
+        .await?;
+    assert_eq!(worker.run_once().await?, 1);
+    assert_eq!(
+        states_of(store, again.id).await?,
+        [("s", "completed")].map(owned)
+    );
+    assert!(states_of(store, later.id).await?.is_empty());
+    assert_eq!(
+        states_of(store, open.id).await?,
+        [("s", "completed")].map(owned)
+    );
+    // Retention keeps the removed pattern while a message older than its
+    // removal is retained, and forgets it with the last such message.
+    assert_eq!(
+        store.prune(Duration::from_secs(3600), 100).await?.messages,
+        0
+    );
+    assert_eq!(
+        backend
+            .scalar("SELECT count(*) FROM removed_topics")
+            .await?,
+        1
+    );
+    assert_eq!(store.prune(Duration::ZERO, 100).await?.messages, 3);
+    assert_eq!(
+        backend
+            .scalar("SELECT count(*) FROM removed_topics")
+            .await?,
+        0
+    );
+    Ok(())
+}
+
+/// A PostgreSQL producer whose transaction began before a registration and
+/// committed after it is owed to the new subscription (its `created_at`, the
+/// transaction's start, is older than the registration): once a plain
+/// handler completed it, it reads completed and cannot be cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_producer_older_than_a_registration_reads_completed_once_done(
+) -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    let store = pg.courier().store();
+    let mut producer = pg.pool.begin().await?;
+    sqlx::query("SELECT 1").execute(&mut *producer).await?;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let worker = pg
+        .courier()
+        .worker("late")
+        .handle("t", 1, counting(CallCounter::default()))
+        .maintenance(None)
+        .build()
+        .await?;
+    let message = NewMessage::new("acme", "t", &Event { n: 1 })?;
+    pg.courier().enqueue(&mut producer, &message).await?;
+    producer.commit().await?;
+    assert_eq!(worker.run_once().await?, 1, "the registration came first");
+    assert_eq!(
+        states_of(store, message.id).await?,
+        [("late", "completed")].map(owned)
+    );
+    assert_eq!(
+        store.cancel_message(message.id).await?,
+        CancelOutcome::Started {
+            subscription: "late".into(),
+            state: "completed".into()
+        }
+    );
+    Ok(())
+}
+
 backend_tests!(
     completed_is_read_from_the_subscriptions_a_message_is_owed_to,
     a_removed_topic_keeps_what_it_completed,
+    a_delivery_open_when_its_topic_is_removed_reads_completed_once_done,
     get_message_shows_each_subscription_s_state,
     list_messages_pages_walk_every_message_once_newest_first,
     list_messages_filters_by_tenant_topic_state_and_subscription,

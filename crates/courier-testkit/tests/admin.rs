@@ -1018,11 +1018,29 @@ async fn cancels_racing_claims_never_both_cancel_and_deliver<B: Backend>(
     backend: B,
 ) -> anyhow::Result<()> {
     let calls = CallCounter::default();
+    // The first handlers wait until the first cancel has returned, so the
+    // cancels always meet the drain (else a fast drain could finish all 300
+    // between two looks at the counter).
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let gated = {
+        let calls = calls.clone();
+        handler_fn(move |message: Message<Event>| {
+            let calls = calls.clone();
+            let mut gate = gate.clone();
+            async move {
+                calls.record(message.id, message.payload.n);
+                gate.wait_for(|open| *open)
+                    .await
+                    .map_err(HandlerError::permanent)?;
+                Ok::<(), HandlerError>(())
+            }
+        })
+    };
     let worker = std::sync::Arc::new(
         backend
             .courier()
             .worker("raced")
-            .handle("topic", 1, counting(calls.clone()))
+            .handle("topic", 1, gated)
             // Small claims, so the drain takes many of them and the cancels
             // meet it however the machine is loaded (a claim of 256 took
             // everything a cancel had not reached yet).
@@ -1055,7 +1073,9 @@ async fn cancels_racing_claims_never_both_cancel_and_deliver<B: Backend>(
     anyhow::ensure!(started, "the worker delivered nothing");
     let mut cancelled = HashSet::new();
     for message in messages.iter().rev() {
-        match backend.courier().store().cancel_message(message.id).await? {
+        let outcome = backend.courier().store().cancel_message(message.id).await?;
+        open.send_replace(true);
+        match outcome {
             CancelOutcome::Cancelled { deliveries } => {
                 assert_eq!(deliveries, 1);
                 cancelled.insert(message.id);

@@ -216,3 +216,46 @@ async fn a_group_lost_with_an_empty_restart_is_recreated_at_its_start() -> anyho
     assert!(handled.values().all(|(_, runs)| *runs == 1));
     Ok(())
 }
+
+/// A group that keeps vanishing (an operator's script, a failover loop) is
+/// recreated after a short jittered pause each time, never in a tight loop
+/// of recreating and failing reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_keeps_vanishing_is_recreated_after_a_pause_each_time() -> anyhow::Result<()> {
+    use courier::redis::redis;
+    let server = RedisServer::start(false).await?;
+    let streams = RedisStreamStore::connect(&server.url(), "vanish:").await?;
+    let receipts = SqliteFixture::new().await?;
+    let key = StreamKey::new("acme", "events")?;
+    let config = config(&key)?;
+    let subscription = StreamSubscription::new(
+        streams.clone(),
+        receipts.courier().store().clone(),
+        config.clone(),
+        Runs::default().handler(),
+    )?;
+    subscription.ensure_group().await?;
+    let running = subscription.start();
+    let mut conn = streams.connection();
+    let redis_key = streams.redis_key(&key);
+    // Destroy the group whenever it exists, for one second.
+    let mut destroyed = 0_u64;
+    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+    while tokio::time::Instant::now() < until {
+        let gone: u64 = redis::cmd("XGROUP")
+            .arg("DESTROY")
+            .arg(&redis_key)
+            .arg(&config.name)
+            .query_async(&mut conn)
+            .await?;
+        destroyed += gone;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    running.shutdown().await;
+    // Each recreation waits 50–100 ms: at most about 20 in the second.
+    assert!(
+        (2..=25).contains(&destroyed),
+        "the group was recreated {destroyed} times in 1 s"
+    );
+    Ok(())
+}

@@ -1,0 +1,467 @@
+//! The chaos suite's harness: a PostgreSQL cluster of the suite's own on a
+//! free port (never the shared server), Courier workers as separate
+//! processes (`chaos-worker`), a producer that writes each message with its
+//! oracle row in one transaction, and the ledger's invariants, checked after
+//! every scenario and written as one row of the suite's table.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use courier::{Courier, NewMessage};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// The lease every scenario's workers hold.
+pub const LEASE: Duration = Duration::from_secs(5);
+/// The retry backoff's cap.
+pub const BACKOFF_CAP: Duration = Duration::from_secs(5);
+/// The poll interval.
+pub const POLL: Duration = Duration::from_millis(500);
+/// The recovery bound R: lease + poll + backoff cap.
+pub const RECOVERY: Duration = Duration::from_millis(5_000 + 500 + 5_000);
+/// The subscription and topic the scenarios use.
+pub const SUBSCRIPTION: &str = "ledger";
+/// The topic every message is on.
+pub const TOPIC: &str = "chaos.event";
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// A PostgreSQL cluster made for one scenario (`initdb`, `pg_ctl`), stopped
+/// and removed on drop.
+pub struct PgCluster {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    port: u16,
+}
+
+fn pg_bin() -> anyhow::Result<PathBuf> {
+    let root = Path::new("/usr/lib/postgresql");
+    let mut versions: Vec<PathBuf> = std::fs::read_dir(root)
+        .with_context(|| format!("no PostgreSQL server under {}", root.display()))?
+        .filter_map(|entry| entry.ok().map(|e| e.path().join("bin")))
+        .filter(|bin| bin.join("initdb").exists())
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .context("no PostgreSQL version with initdb under /usr/lib/postgresql")
+}
+
+fn running_as_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+impl PgCluster {
+    /// Creates and starts a cluster (trust authentication, fsync on).
+    pub async fn start() -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("courier-chaos-pg")
+            .tempdir()?;
+        let cluster = Self {
+            bin: pg_bin()?,
+            port: free_port()?,
+            dir,
+        };
+        if running_as_root() {
+            // PostgreSQL refuses to run as root: the cluster belongs to postgres.
+            let status = std::process::Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(cluster.dir.path())
+                .status()?;
+            anyhow::ensure!(status.success(), "chown of the cluster directory failed");
+        }
+        cluster
+            .pg(
+                "initdb",
+                &[
+                    "-D",
+                    &cluster.data(),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "--no-sync",
+                ],
+            )
+            .await?;
+        cluster.ctl(&["start", "-w", "-t", "60"]).await?;
+        Ok(cluster)
+    }
+
+    fn data(&self) -> String {
+        self.dir.path().join("data").display().to_string()
+    }
+
+    async fn pg(&self, tool: &str, args: &[&str]) -> anyhow::Result<()> {
+        let program = self.bin.join(tool);
+        let mut command = if running_as_root() {
+            let mut command = Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(&program);
+            command
+        } else {
+            Command::new(&program)
+        };
+        let output = command
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .with_context(|| format!("running {}", program.display()))?;
+        anyhow::ensure!(
+            output.status.success(),
+            "{tool} {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(())
+    }
+
+    async fn ctl(&self, args: &[&str]) -> anyhow::Result<()> {
+        let options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c max_connections=60",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = self.dir.path().join("server.log").display().to_string();
+        let data = self.data();
+        let mut all = vec!["-D", &data, "-l", &log, "-o", &options];
+        all.extend_from_slice(args);
+        self.pg("pg_ctl", &all).await
+    }
+
+    /// Restarts the server: `fast` (a clean shutdown) or `immediate` (no
+    /// checkpoint: crash recovery at start).
+    pub async fn restart(&self, mode: &str) -> anyhow::Result<()> {
+        self.ctl(&["restart", "-w", "-t", "60", "-m", mode]).await
+    }
+
+    /// The cluster's URL (database `postgres`).
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        let program = self.bin.join("pg_ctl");
+        let data = self.data();
+        let mut command = if running_as_root() {
+            let mut command = std::process::Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(&program);
+            command
+        } else {
+            std::process::Command::new(&program)
+        };
+        let _ = command
+            .args(["-D", &data, "stop", "-m", "immediate", "-w"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Connects to `url`, retrying for up to 30 s (a server restarting).
+pub async fn connect(url: &str, max: u32) -> anyhow::Result<PgPool> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match PgPoolOptions::new()
+            .max_connections(max)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(url)
+            .await
+        {
+            Ok(pool) => return Ok(pool),
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(error) => return Err(error).context("connecting to the chaos cluster"),
+        }
+    }
+}
+
+/// Creates Courier's schema, the subscription, and the ledger's tables.
+pub async fn prepare(pool: &PgPool) -> anyhow::Result<()> {
+    let courier = Courier::postgres(pool.clone());
+    courier.migrate().await?;
+    courier::OutboxStore::register_subscription(
+        courier.store(),
+        &courier::SubscriptionSpec::new(SUBSCRIPTION, [TOPIC]),
+    )
+    .await?;
+    sqlx::raw_sql(
+        "CREATE SCHEMA ledger;
+         CREATE TABLE ledger.oracle (tenant text NOT NULL, message_id uuid PRIMARY KEY,
+                                     ordering_key text);
+         CREATE TABLE ledger.effects (tenant text NOT NULL, message_id uuid NOT NULL,
+                                      subscription text NOT NULL);
+         CREATE TABLE ledger.runs (message_id uuid NOT NULL, tenant text NOT NULL,
+                                   ordering_key text, pid integer NOT NULL,
+                                   started_at timestamptz NOT NULL, ended_at timestamptz NOT NULL);",
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Writes one message and its oracle row in one producer transaction.
+pub async fn produce(pool: &PgPool, tenant: &str, key: Option<&str>, n: u64) -> anyhow::Result<()> {
+    let courier = Courier::postgres(pool.clone());
+    let mut message = NewMessage::new(tenant, TOPIC, &serde_json::json!({ "n": n }))?;
+    if let Some(key) = key {
+        message = message.with_ordering_key(key);
+    }
+    let mut tx = pool.begin().await?;
+    sqlx::query("INSERT INTO ledger.oracle (tenant, message_id, ordering_key) VALUES ($1, $2, $3)")
+        .bind(tenant)
+        .bind(message.id)
+        .bind(key)
+        .execute(&mut *tx)
+        .await?;
+    courier.enqueue(&mut tx, &message).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The tenant and ordering key of message `n` of a scenario's load: two
+/// tenants, 20 keys, every fourth message without a key.
+pub fn shape(n: u64) -> (&'static str, Option<String>) {
+    let tenant = if n.is_multiple_of(2) {
+        "acme"
+    } else {
+        "globex"
+    };
+    let key = (n % 4 != 3).then(|| format!("k{}", n % 20));
+    (tenant, key)
+}
+
+/// A `chaos-worker` process.
+pub struct Worker {
+    child: Child,
+    /// Its process id.
+    pub pid: u32,
+}
+
+impl Worker {
+    /// Starts the `chaos-worker` at `program` on `url`, its handler taking
+    /// `handler` per message, and waits until it says it runs.
+    pub async fn start(program: &str, url: &str, handler: Duration) -> anyhow::Result<Self> {
+        let mut child = Command::new(program)
+            .env("CHAOS_DATABASE_URL", url)
+            .env("CHAOS_SUBSCRIPTION", SUBSCRIPTION)
+            .env("CHAOS_TOPIC", TOPIC)
+            .env("CHAOS_LEASE_MS", LEASE.as_millis().to_string())
+            .env("CHAOS_HANDLER_MS", handler.as_millis().to_string())
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting chaos-worker")?;
+        let pid = child.id().context("chaos-worker exited at once")?;
+        let stdout = child.stdout.take().context("chaos-worker's stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let ready = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .context("chaos-worker did not start within 60 s")??;
+        anyhow::ensure!(
+            ready.as_deref() == Some("ready"),
+            "chaos-worker said {ready:?}"
+        );
+        Ok(Self { child, pid })
+    }
+
+    /// Sends `signal` (`KILL`, `TERM`, `STOP`, `CONT`).
+    pub fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let status = std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid.to_string())
+            .status()?;
+        anyhow::ensure!(status.success(), "kill -{signal} {} failed", self.pid);
+        Ok(())
+    }
+
+    /// Waits for the process to exit; its exit code.
+    pub async fn wait(&mut self) -> anyhow::Result<Option<i32>> {
+        Ok(self.child.wait().await?.code())
+    }
+}
+
+/// What the ledger shows after a scenario.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    /// Messages the load generator committed.
+    pub messages: i64,
+    /// Oracle rows with neither a receipt nor a dead letter.
+    pub lost: i64,
+    /// Messages whose effect was applied more than once.
+    pub doubled: i64,
+    /// Dead letters.
+    pub dead_lettered: i64,
+    /// Effects of no committed message.
+    pub phantoms: i64,
+    /// Effects recorded under another tenant than their message's.
+    pub crossed: i64,
+    /// Running deliveries whose lease expired longer than R ago.
+    pub stuck: i64,
+    /// Pairs of runs of one ordering key that overlapped in time.
+    pub overlapping: i64,
+    /// Dead letters over the attempt limit or without a last error.
+    pub bad_attempts: i64,
+}
+
+impl Verdict {
+    /// Whether every invariant holds.
+    pub fn passed(&self) -> bool {
+        self.lost == 0
+            && self.doubled == 0
+            && self.phantoms == 0
+            && self.crossed == 0
+            && self.stuck == 0
+            && self.overlapping == 0
+            && self.bad_attempts == 0
+    }
+}
+
+async fn count(pool: &PgPool, sql: &str) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(sql).fetch_one(pool).await?)
+}
+
+/// Checks the ledger's invariants.
+pub async fn verdict(pool: &PgPool) -> anyhow::Result<Verdict> {
+    Ok(Verdict {
+        messages: count(pool, "SELECT count(*) FROM ledger.oracle").await?,
+        lost: count(
+            pool,
+            "SELECT count(*) FROM ledger.oracle o
+             WHERE NOT EXISTS (SELECT 1 FROM courier.receipts r
+                               WHERE r.message_id = o.message_id AND r.subscription = 'ledger')
+               AND NOT EXISTS (SELECT 1 FROM courier.deliveries d
+                               WHERE d.message_id = o.message_id AND d.subscription = 'ledger'
+                                 AND d.state = 'dead')",
+        )
+        .await?,
+        doubled: count(
+            pool,
+            "SELECT count(*) FROM (SELECT 1 FROM ledger.effects
+                                   GROUP BY message_id, subscription HAVING count(*) > 1) d",
+        )
+        .await?,
+        dead_lettered: count(
+            pool,
+            "SELECT count(*) FROM courier.deliveries WHERE state = 'dead'",
+        )
+        .await?,
+        phantoms: count(
+            pool,
+            "SELECT count(*) FROM ledger.effects e
+             WHERE NOT EXISTS (SELECT 1 FROM ledger.oracle o WHERE o.message_id = e.message_id)",
+        )
+        .await?,
+        crossed: count(
+            pool,
+            "SELECT count(*) FROM ledger.effects e JOIN ledger.oracle o USING (message_id)
+             WHERE e.tenant <> o.tenant",
+        )
+        .await?,
+        stuck: count(
+            pool,
+            &format!(
+                "SELECT count(*) FROM courier.deliveries
+                 WHERE state = 'running'
+                   AND lease_expires_at < clock_timestamp() - interval '{} milliseconds'",
+                RECOVERY.as_millis()
+            ),
+        )
+        .await?,
+        overlapping: count(
+            pool,
+            "SELECT count(*) FROM ledger.runs a JOIN ledger.runs b
+               ON a.tenant = b.tenant AND a.ordering_key = b.ordering_key
+              AND a.message_id < b.message_id
+              AND a.started_at < b.ended_at AND b.started_at < a.ended_at",
+        )
+        .await?,
+        bad_attempts: count(
+            pool,
+            "SELECT count(*) FROM courier.deliveries
+             WHERE state = 'dead' AND (attempts > max_attempts OR jsonb_array_length(errors) = 0)",
+        )
+        .await?,
+    })
+}
+
+/// Waits until every oracle row has a receipt or a dead letter, for up to
+/// `limit`; how long that took.
+pub async fn drained(pool: &PgPool, limit: Duration) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    loop {
+        let lost = verdict_lost(pool).await;
+        if matches!(lost, Ok(0)) {
+            return Ok(start.elapsed());
+        }
+        anyhow::ensure!(
+            start.elapsed() < limit,
+            "{lost:?} messages still undelivered after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn verdict_lost(pool: &PgPool) -> anyhow::Result<i64> {
+    count(
+        pool,
+        "SELECT count(*) FROM ledger.oracle o
+         WHERE NOT EXISTS (SELECT 1 FROM courier.receipts r
+                           WHERE r.message_id = o.message_id AND r.subscription = 'ledger')
+           AND NOT EXISTS (SELECT 1 FROM courier.deliveries d
+                           WHERE d.message_id = o.message_id AND d.subscription = 'ledger'
+                             AND d.state = 'dead')",
+    )
+    .await
+}
+
+/// Prints the scenario's row and appends it to the suite's table
+/// (`target/chaos/report.tsv`, printed by `scripts/chaos`); fails unless
+/// every invariant holds.
+pub fn report(scenario: &str, verdict: &Verdict, recovery: Duration) -> anyhow::Result<()> {
+    let row = format!(
+        "{scenario}\t{}\t{}\t{}\t{}\t{:.1}\t{}",
+        verdict.messages,
+        verdict.lost,
+        verdict.doubled,
+        verdict.dead_lettered,
+        recovery.as_secs_f64(),
+        if verdict.passed() { "pass" } else { "FAIL" }
+    );
+    println!("{row}\n{verdict:?}");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/chaos");
+    std::fs::create_dir_all(&dir)?;
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("report.tsv"))?;
+    writeln!(file, "{row}")?;
+    anyhow::ensure!(verdict.passed(), "{scenario}: {verdict:?}");
+    Ok(())
+}
+
+/// How many effects each process applied (pid → count).
+pub async fn effects_by_process(pool: &PgPool) -> anyhow::Result<HashMap<i32, i64>> {
+    let rows: Vec<(i32, i64)> =
+        sqlx::query_as("SELECT pid, count(*) FROM ledger.runs GROUP BY pid")
+            .fetch_all(pool)
+            .await?;
+    Ok(rows.into_iter().collect())
+}

@@ -27,6 +27,8 @@ pub const RECOVERY: Duration = Duration::from_millis(5_000 + 500 + 5_000);
 pub const SUBSCRIPTION: &str = "ledger";
 /// The topic every message is on.
 pub const TOPIC: &str = "chaos.event";
+/// The `application_name` of every worker connection.
+pub const WORKER_APPLICATION: &str = "chaos-worker";
 
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> anyhow::Result<u16> {
@@ -64,11 +66,14 @@ fn running_as_root() -> bool {
 }
 
 impl PgCluster {
-    /// Creates and starts a cluster (trust authentication, fsync on).
+    /// Creates and starts a cluster (trust authentication, fsync on), after
+    /// stopping any earlier scenario's cluster whose test process is gone.
     pub async fn start() -> anyhow::Result<Self> {
+        stop_orphaned_clusters();
         let dir = tempfile::Builder::new()
             .prefix("courier-chaos-pg")
             .tempdir()?;
+        std::fs::write(dir.path().join("owner.pid"), std::process::id().to_string())?;
         let cluster = Self {
             bin: pg_bin()?,
             port: free_port()?,
@@ -155,21 +160,52 @@ impl PgCluster {
 
 impl Drop for PgCluster {
     fn drop(&mut self) {
-        let program = self.bin.join("pg_ctl");
-        let data = self.data();
-        let mut command = if running_as_root() {
-            let mut command = std::process::Command::new("runuser");
-            command.args(["-u", "postgres", "--"]).arg(&program);
-            command
-        } else {
-            std::process::Command::new(&program)
-        };
-        let _ = command
-            .args(["-D", &data, "stop", "-m", "immediate", "-w"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        stop_immediately(&self.bin, &self.dir.path().join("data"));
     }
+}
+
+/// Stops and removes the clusters of test processes that died without
+/// dropping theirs (killed, or timed out): each cluster's directory names
+/// its owner's pid in `owner.pid`.
+fn stop_orphaned_clusters() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for dir in entries.filter_map(Result::ok).map(|entry| entry.path()) {
+        let named = dir
+            .file_name()
+            .and_then(|name| name.to_str())
+            .is_some_and(|name| name.starts_with("courier-chaos-pg"));
+        let Ok(owner) = std::fs::read_to_string(dir.join("owner.pid")) else {
+            continue;
+        };
+        if !named || Path::new("/proc").join(owner.trim()).exists() {
+            continue;
+        }
+        if let Ok(bin) = pg_bin() {
+            stop_immediately(&bin, &dir.join("data"));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// `pg_ctl stop -m immediate` on the cluster in `data`, errors ignored.
+fn stop_immediately(bin: &Path, data: &Path) {
+    let program = bin.join("pg_ctl");
+    let mut command = if running_as_root() {
+        let mut command = std::process::Command::new("runuser");
+        command.args(["-u", "postgres", "--"]).arg(&program);
+        command
+    } else {
+        std::process::Command::new(&program)
+    };
+    let _ = command
+        .arg("-D")
+        .arg(data)
+        .args(["stop", "-m", "immediate", "-w"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
 }
 
 /// Connects to `url`, retrying for up to 30 s (a server restarting).
@@ -249,6 +285,8 @@ pub fn shape(n: u64) -> (&'static str, Option<String>) {
 /// A `chaos-worker` process.
 pub struct Worker {
     child: Child,
+    /// Held open: the worker exits when it closes (this process died).
+    _stdin: tokio::process::ChildStdin,
     /// Its process id.
     pub pid: u32,
 }
@@ -257,18 +295,32 @@ impl Worker {
     /// Starts the `chaos-worker` at `program` on `url`, its handler taking
     /// `handler` per message, and waits until it says it runs.
     pub async fn start(program: &str, url: &str, handler: Duration) -> anyhow::Result<Self> {
+        Self::start_with(program, url, handler, &[]).await
+    }
+
+    /// [`Worker::start`] with extra environment (`CHAOS_PANIC_EVERY`).
+    pub async fn start_with(
+        program: &str,
+        url: &str,
+        handler: Duration,
+        env: &[(&str, String)],
+    ) -> anyhow::Result<Self> {
+        // Its connections carry a name, so a scenario can terminate them alone.
+        let url = format!("{url}?application_name={WORKER_APPLICATION}");
         let mut child = Command::new(program)
-            .env("CHAOS_DATABASE_URL", url)
+            .envs(env.iter().map(|(key, value)| (*key, value.as_str())))
+            .env("CHAOS_DATABASE_URL", &url)
             .env("CHAOS_SUBSCRIPTION", SUBSCRIPTION)
             .env("CHAOS_TOPIC", TOPIC)
             .env("CHAOS_LEASE_MS", LEASE.as_millis().to_string())
             .env("CHAOS_HANDLER_MS", handler.as_millis().to_string())
             .stdout(Stdio::piped())
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .context("starting chaos-worker")?;
         let pid = child.id().context("chaos-worker exited at once")?;
+        let stdin = child.stdin.take().context("chaos-worker's stdin")?;
         let stdout = child.stdout.take().context("chaos-worker's stdout")?;
         let mut lines = BufReader::new(stdout).lines();
         let ready = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
@@ -278,7 +330,11 @@ impl Worker {
             ready.as_deref() == Some("ready"),
             "chaos-worker said {ready:?}"
         );
-        Ok(Self { child, pid })
+        Ok(Self {
+            child,
+            _stdin: stdin,
+            pid,
+        })
     }
 
     /// Sends `signal` (`KILL`, `TERM`, `STOP`, `CONT`).

@@ -209,3 +209,81 @@ async fn postgres_restarted_immediately_under_load_loses_and_doubles_nothing() -
         recovery,
     )
 }
+
+/// A handler that panics after its writes, on the first attempt of every
+/// tenth message: the worker stays up, the panicking attempt's writes roll
+/// back, and the retry applies each message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_panics_after_their_writes_leave_the_worker_up_and_apply_once() -> anyhow::Result<()>
+{
+    let cluster = PgCluster::start().await?;
+    let pool = connect(&cluster.url(), 4).await?;
+    prepare(&pool).await?;
+    load(&pool, 600).await?;
+    let mut worker = Worker::start_with(
+        WORKER,
+        &cluster.url(),
+        Duration::from_millis(2),
+        &[("CHAOS_PANIC_EVERY", "10".to_owned())],
+    )
+    .await?;
+    let started = Instant::now();
+    drained(&pool, Duration::from_secs(60)).await?;
+    let recovery = started.elapsed();
+    let retried: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT DISTINCT message_id FROM ledger.runs) r
+         JOIN ledger.oracle o USING (message_id)",
+    )
+    .fetch_one(&pool)
+    .await?;
+    let alive = tokio::time::timeout(Duration::from_millis(100), worker.wait())
+        .await
+        .is_err();
+    let verdict = verdict(&pool).await?;
+    anyhow::ensure!(alive, "the worker exited after its handlers panicked");
+    anyhow::ensure!(
+        retried == 600,
+        "{retried} of 600 messages have a committed run"
+    );
+    report("handler panics after writes", &verdict, recovery)
+}
+
+/// Every engine connection terminated (`pg_terminate_backend`) three times
+/// while the workers drain: they reconnect and deliver everything once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_connections_terminated_mid_drain_lose_and_double_nothing() -> anyhow::Result<()> {
+    let cluster = PgCluster::start().await?;
+    let pool = connect(&cluster.url(), 4).await?;
+    prepare(&pool).await?;
+    load(&pool, 1_200).await?;
+    let workers = [
+        Worker::start(WORKER, &cluster.url(), Duration::from_millis(10)).await?,
+        Worker::start(WORKER, &cluster.url(), Duration::from_millis(10)).await?,
+    ];
+    let started = Instant::now();
+    let mut terminated = 0_i64;
+    for round in 1..=3 {
+        effects_reach(&pool, 250 * round).await?;
+        let killed: Vec<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+        )
+        .bind(courier_chaos::WORKER_APPLICATION)
+        .fetch_all(&pool)
+        .await?;
+        terminated += i64::try_from(killed.iter().filter(|k| **k).count())?;
+    }
+    drained(&pool, RECOVERY + Duration::from_secs(60)).await?;
+    let recovery = started.elapsed();
+    let verdict = verdict(&pool).await?;
+    drop(workers);
+    println!("{terminated} engine connections terminated");
+    anyhow::ensure!(
+        terminated >= 6,
+        "only {terminated} connections were terminated"
+    );
+    report(
+        "pg_terminate_backend on every engine connection",
+        &verdict,
+        recovery,
+    )
+}

@@ -18,6 +18,9 @@ use sqlx::PgConnection;
 struct Ledgered {
     delay: Duration,
     pid: i32,
+    /// Panic on the first attempt of every message whose payload `n` is a
+    /// multiple of this (0: never), after the effect was written.
+    panic_every: u64,
 }
 
 impl TransactionalHandler<PgConnection> for Ledgered {
@@ -55,6 +58,10 @@ impl TransactionalHandler<PgConnection> for Ledgered {
         .execute(&mut *conn)
         .await
         .map_err(fail)?;
+        let n = message.payload["n"].as_u64().unwrap_or(1);
+        if self.panic_every > 0 && n.is_multiple_of(self.panic_every) && message.attempt == 1 {
+            panic!("chaos: a handler panic after its writes (message {n})");
+        }
         Ok(())
     }
 }
@@ -90,6 +97,10 @@ async fn main() -> anyhow::Result<()> {
     let handler = Ledgered {
         delay: millis("CHAOS_HANDLER_MS")?,
         pid: i32::try_from(std::process::id()).unwrap_or(i32::MAX),
+        panic_every: std::env::var("CHAOS_PANIC_EVERY")
+            .ok()
+            .and_then(|every| every.parse().ok())
+            .unwrap_or(0),
     };
     let mut retry = RetryPolicy::with_max_attempts(3);
     retry.base = Duration::from_millis(200);
@@ -125,7 +136,25 @@ async fn main() -> anyhow::Result<()> {
         .start();
     println!("ready");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    term.recv().await;
-    worker.shutdown().await;
-    Ok(())
+    // The suite holds our stdin open: end of input means it died (a test
+    // killed or timed out), and nothing must outlive it.
+    let orphaned = async {
+        let mut buf = [0_u8; 64];
+        let mut stdin = tokio::io::stdin();
+        loop {
+            match tokio::io::AsyncReadExt::read(&mut stdin, &mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {
+            worker.shutdown().await;
+            // Not a return: the runtime would wait for the blocking read of
+            // stdin before the process could exit.
+            std::process::exit(0)
+        }
+        () = orphaned => std::process::exit(3),
+    }
 }

@@ -397,16 +397,7 @@ async fn count(pool: &PgPool, sql: &str) -> anyhow::Result<i64> {
 pub async fn verdict(pool: &PgPool) -> anyhow::Result<Verdict> {
     Ok(Verdict {
         messages: count(pool, "SELECT count(*) FROM ledger.oracle").await?,
-        lost: count(
-            pool,
-            "SELECT count(*) FROM ledger.oracle o
-             WHERE NOT EXISTS (SELECT 1 FROM courier.receipts r
-                               WHERE r.message_id = o.message_id AND r.subscription = 'ledger')
-               AND NOT EXISTS (SELECT 1 FROM courier.deliveries d
-                               WHERE d.message_id = o.message_id AND d.subscription = 'ledger'
-                                 AND d.state = 'dead')",
-        )
-        .await?,
+        lost: verdict_lost(pool).await?,
         doubled: count(
             pool,
             "SELECT count(*) FROM (SELECT 1 FROM ledger.effects
@@ -474,6 +465,7 @@ pub async fn drained(pool: &PgPool, limit: Duration) -> anyhow::Result<Duration>
     }
 }
 
+/// Oracle rows with neither a receipt nor a dead letter.
 async fn verdict_lost(pool: &PgPool) -> anyhow::Result<i64> {
     count(
         pool,

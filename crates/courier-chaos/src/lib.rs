@@ -23,6 +23,9 @@ pub const BACKOFF_CAP: Duration = Duration::from_secs(5);
 pub const POLL: Duration = Duration::from_millis(500);
 /// The recovery bound R: lease + poll + backoff cap.
 pub const RECOVERY: Duration = Duration::from_millis(5_000 + 500 + 5_000);
+/// The workers' `idle_in_transaction_session_timeout`, in milliseconds: the
+/// handler timeout (5 s) and a second.
+pub const IDLE_IN_TRANSACTION_MS: u64 = 6_000;
 /// The subscription and topic the scenarios use.
 pub const SUBSCRIPTION: &str = "ledger";
 /// The topic every message is on.
@@ -305,8 +308,15 @@ impl Worker {
         handler: Duration,
         env: &[(&str, String)],
     ) -> anyhow::Result<Self> {
-        // Its connections carry a name, so a scenario can terminate them alone.
-        let url = format!("{url}?application_name={WORKER_APPLICATION}");
+        // Its connections carry a name, so a scenario can terminate them
+        // alone. A session idle in a transaction for longer than the handler
+        // timeout (5 s) and a margin belongs to a frozen or cut-off process:
+        // the server ends it, and with it the row locks it holds (its
+        // uncommitted receipts would hold up the delivery's next owner).
+        let url = format!(
+            "{url}?application_name={WORKER_APPLICATION}\
+             &options=-c%20idle_in_transaction_session_timeout%3D{IDLE_IN_TRANSACTION_MS}"
+        );
         let mut child = Command::new(program)
             .envs(env.iter().map(|(key, value)| (*key, value.as_str())))
             .env("CHAOS_DATABASE_URL", &url)
@@ -350,6 +360,70 @@ impl Worker {
     /// Waits for the process to exit; its exit code.
     pub async fn wait(&mut self) -> anyhow::Result<Option<i32>> {
         Ok(self.child.wait().await?.code())
+    }
+}
+
+/// A `chaos-worker` restarted whenever it exits, as a process supervisor
+/// (systemd, Kubernetes) would; killed when stopped or dropped.
+pub struct Supervised {
+    stop: tokio::sync::watch::Sender<bool>,
+    exits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<anyhow::Result<Vec<Option<i32>>>>,
+}
+
+impl Supervised {
+    /// Starts the worker as [`Worker::start_with`] does, and keeps it running.
+    pub async fn start(
+        program: &str,
+        url: &str,
+        handler: Duration,
+        env: &[(&str, String)],
+    ) -> anyhow::Result<Self> {
+        let mut worker = Worker::start_with(program, url, handler, env).await?;
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let exits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = exits.clone();
+        let (program, url) = (program.to_owned(), url.to_owned());
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(key, value)| ((*key).to_owned(), value.clone()))
+            .collect();
+        let task = tokio::spawn(async move {
+            let mut codes = Vec::new();
+            loop {
+                tokio::select! {
+                    code = worker.wait() => codes.push(code?),
+                    // Dropping the worker kills it.
+                    _ = stopped.changed() => return Ok(codes),
+                }
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let env: Vec<(&str, String)> = env
+                    .iter()
+                    .map(|(key, value)| (key.as_str(), value.clone()))
+                    .collect();
+                worker = Worker::start_with(&program, &url, handler, &env).await?;
+            }
+        });
+        Ok(Self { stop, exits, task })
+    }
+
+    /// How many times the worker exited (and was restarted) so far.
+    pub fn exits(&self) -> usize {
+        self.exits.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Kills the worker; the exit code of each earlier exit (`None`: a
+    /// signal, such as the `SIGABRT` of an abort).
+    pub async fn stop(mut self) -> anyhow::Result<Vec<Option<i32>>> {
+        let _ = self.stop.send(true);
+        (&mut self.task).await?
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        // A scenario that failed early: the task's worker is dropped, so killed.
+        self.task.abort();
     }
 }
 

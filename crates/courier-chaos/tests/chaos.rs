@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use courier_chaos::{
     connect, drained, effects_by_process, prepare, produce, report, shape, verdict, PgCluster,
-    Worker, RECOVERY,
+    Supervised, Worker, RECOVERY,
 };
 
 /// The worker process's binary.
@@ -16,7 +16,12 @@ const WORKER: &str = env!("CARGO_BIN_EXE_chaos-worker");
 
 /// Loads `n` messages in producer transactions of their own.
 async fn load(pool: &sqlx::PgPool, n: u64) -> anyhow::Result<()> {
-    for i in 0..n {
+    load_from(pool, 0, n).await
+}
+
+/// Loads `n` messages numbered from `first`.
+async fn load_from(pool: &sqlx::PgPool, first: u64, n: u64) -> anyhow::Result<()> {
+    for i in first..first + n {
         let (tenant, key) = shape(i);
         produce(pool, tenant, key.as_deref(), i).await?;
     }
@@ -152,6 +157,17 @@ async fn a_worker_stopped_with_sigterm_mid_batch_exits_cleanly_and_hands_over() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_restarted_immediately_under_load_loses_and_doubles_nothing() -> anyhow::Result<()>
 {
+    restarted_under_load("immediate", "PostgreSQL immediate restart under load").await
+}
+
+/// PostgreSQL restarted fast (clients disconnected, open transactions rolled
+/// back, a checkpoint) under ~200 messages/s: the same promises.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarted_fast_under_load_loses_and_doubles_nothing() -> anyhow::Result<()> {
+    restarted_under_load("fast", "PostgreSQL fast restart under load").await
+}
+
+async fn restarted_under_load(mode: &str, scenario: &str) -> anyhow::Result<()> {
     let cluster = PgCluster::start().await?;
     let pool = connect(&cluster.url(), 4).await?;
     prepare(&pool).await?;
@@ -186,7 +202,7 @@ async fn postgres_restarted_immediately_under_load_loses_and_doubles_nothing() -
         .collect();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let restarted = Instant::now();
-    cluster.restart("immediate").await?;
+    cluster.restart(mode).await?;
     let (mut committed, mut failed) = (0, 0);
     for producer in producers {
         let (c, f) = producer.await?;
@@ -203,11 +219,7 @@ async fn postgres_restarted_immediately_under_load_loses_and_doubles_nothing() -
         verdict.messages >= i64::try_from(committed)?,
         "every commit that succeeded has its oracle row"
     );
-    report(
-        "PostgreSQL immediate restart under load",
-        &verdict,
-        recovery,
-    )
+    report(scenario, &verdict, recovery)
 }
 
 /// A handler that panics after its writes, on the first attempt of every
@@ -286,4 +298,374 @@ async fn engine_connections_terminated_mid_drain_lose_and_double_nothing() -> an
         &verdict,
         recovery,
     )
+}
+
+/// A handler that aborts the process after its writes and before its
+/// transaction commits (on the first attempt of messages 0, 250 and 500),
+/// while a supervisor restarts the worker: the aborted writes never
+/// happened, the restarted worker applies each message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_aborting_the_process_before_its_commit_applies_once_after_restarts(
+) -> anyhow::Result<()> {
+    let cluster = PgCluster::start().await?;
+    let pool = connect(&cluster.url(), 4).await?;
+    prepare(&pool).await?;
+    load(&pool, 600).await?;
+    let started = Instant::now();
+    let worker = Supervised::start(
+        WORKER,
+        &cluster.url(),
+        Duration::from_millis(2),
+        &[("CHAOS_ABORT_EVERY", "250".to_owned())],
+    )
+    .await?;
+    drained(&pool, Duration::from_secs(120)).await?;
+    let recovery = started.elapsed();
+    let exits = worker.stop().await?;
+    let verdict = verdict(&pool).await?;
+    println!("the worker exited {exits:?}");
+    anyhow::ensure!(
+        exits.len() == 3 && exits.iter().all(Option::is_none),
+        "expected three aborts (signal exits), saw {exits:?}"
+    );
+    anyhow::ensure!(
+        verdict.dead_lettered == 0,
+        "{} dead letters",
+        verdict.dead_lettered
+    );
+    report(
+        "abort after writes, before commit (supervised)",
+        &verdict,
+        recovery,
+    )
+}
+
+/// A message that crashes the process on every attempt, while a supervisor
+/// restarts the worker: it is dead-lettered after exactly 3 crashes (the
+/// attempt limit), with one lease-expiry error per crash, and the worker then
+/// goes on with the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_crashes_the_worker_every_time_is_dead_lettered_after_three_crashes(
+) -> anyhow::Result<()> {
+    const POISON: u64 = 1_000_000;
+    let cluster = PgCluster::start().await?;
+    let pool = connect(&cluster.url(), 4).await?;
+    prepare(&pool).await?;
+    let worker = Supervised::start(
+        WORKER,
+        &cluster.url(),
+        Duration::from_millis(2),
+        &[("CHAOS_CRASH_ON", POISON.to_string())],
+    )
+    .await?;
+    load(&pool, 100).await?;
+    drained(&pool, Duration::from_secs(60)).await?;
+    // The poison message alone in flight, so no other message shares its crashes.
+    produce(&pool, "acme", None, POISON).await?;
+    let started = Instant::now();
+    let deadline = started + 4 * RECOVERY + Duration::from_secs(30);
+    let (attempts, errors): (i32, Vec<String>) = loop {
+        let dead: Option<(i32, sqlx::types::Json<Vec<serde_json::Value>>)> =
+            sqlx::query_as("SELECT attempts, errors FROM courier.deliveries WHERE state = 'dead'")
+                .fetch_optional(&pool)
+                .await?;
+        if let Some((attempts, errors)) = dead {
+            let errors = errors
+                .0
+                .iter()
+                .map(|e| e["message"].as_str().unwrap_or_default().to_owned())
+                .collect();
+            break (attempts, errors);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "not dead-lettered after {:?} ({} crashes)",
+            started.elapsed(),
+            worker.exits()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let recovery = started.elapsed();
+    // The worker still works, and crashes no more.
+    for n in 100..200 {
+        let (tenant, key) = shape(n);
+        produce(&pool, tenant, key.as_deref(), n).await?;
+    }
+    drained(&pool, Duration::from_secs(60)).await?;
+    let exits = worker.stop().await?;
+    let verdict = verdict(&pool).await?;
+    println!("dead after {attempts} attempts, errors {errors:?}; exits {exits:?}");
+    anyhow::ensure!(
+        exits.len() == 3,
+        "the worker crashed {} times, not 3",
+        exits.len()
+    );
+    anyhow::ensure!(attempts == 3, "dead-lettered at attempt {attempts}");
+    anyhow::ensure!(
+        errors.len() == 3 && errors.iter().all(|e| e.contains("lease expired")),
+        "errors {errors:?}"
+    );
+    anyhow::ensure!(verdict.dead_lettered == 1 && verdict.messages == 201);
+    report(
+        "crashes every time: dead after 3 (supervised)",
+        &verdict,
+        recovery,
+    )
+}
+
+/// The deliveries table held under `LOCK TABLE … ACCESS EXCLUSIVE` for 30 s
+/// mid-drain: no engine statement waits past its lock timeout (10 s, see
+/// `courier::postgres::SESSION_TIMEOUTS`), the workers back off and come
+/// back, and nothing is lost, doubled or dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_locked_for_30_s_times_engine_statements_out_and_corrupts_nothing(
+) -> anyhow::Result<()> {
+    let cluster = PgCluster::start().await?;
+    let pool = connect(&cluster.url(), 4).await?;
+    prepare(&pool).await?;
+    load(&pool, 1_200).await?;
+    let workers = [
+        Worker::start(WORKER, &cluster.url(), Duration::from_millis(10)).await?,
+        Worker::start(WORKER, &cluster.url(), Duration::from_millis(10)).await?,
+    ];
+    effects_reach(&pool, 200).await?;
+    let mut holder = pool.begin().await?;
+    sqlx::query("LOCK TABLE courier.deliveries IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *holder)
+        .await?;
+    let locked = Instant::now();
+    let (mut waiting_seen, mut longest) = (0_i64, 0.0_f64);
+    while locked.elapsed() < Duration::from_secs(30) {
+        let (waiting, wait): (i64, Option<f64>) = sqlx::query_as(
+            "SELECT count(*), max(extract(epoch FROM clock_timestamp() - query_start))::float8
+             FROM pg_stat_activity
+             WHERE application_name = $1 AND state = 'active' AND wait_event_type = 'Lock'",
+        )
+        .bind(courier_chaos::WORKER_APPLICATION)
+        .fetch_one(&pool)
+        .await?;
+        waiting_seen = waiting_seen.max(waiting);
+        longest = longest.max(wait.unwrap_or(0.0));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    holder.commit().await?;
+    let released = Instant::now();
+    drained(&pool, RECOVERY + Duration::from_secs(60)).await?;
+    let recovery = released.elapsed();
+    let verdict = verdict(&pool).await?;
+    drop(workers);
+    println!(
+        "while locked: up to {waiting_seen} engine statements waiting, the longest {longest:.1} s"
+    );
+    anyhow::ensure!(waiting_seen > 0, "no engine statement waited on the lock");
+    anyhow::ensure!(
+        longest < 12.0,
+        "an engine statement waited {longest:.1} s on the lock (lock_timeout is 10 s)"
+    );
+    anyhow::ensure!(
+        verdict.dead_lettered == 0,
+        "{} dead letters",
+        verdict.dead_lettered
+    );
+    report("LOCK TABLE deliveries 30 s", &verdict, recovery)
+}
+
+/// Inserts into `messages` failing with SQLSTATE 53100 (disk full) for 60 s:
+/// every producer call in that time gets the error and nothing of it is
+/// stored (its oracle row went with it), while the backlog from before
+/// drains; once the fault clears producers succeed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inserts_failing_with_disk_full_refuse_producers_while_existing_work_drains(
+) -> anyhow::Result<()> {
+    let cluster = PgCluster::start().await?;
+    let pool = connect(&cluster.url(), 4).await?;
+    prepare(&pool).await?;
+    sqlx::raw_sql(
+        "CREATE TABLE ledger.fault (disk_full boolean NOT NULL);
+         INSERT INTO ledger.fault VALUES (false);
+         CREATE FUNCTION ledger.disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF (SELECT disk_full FROM ledger.fault) THEN
+             RAISE EXCEPTION 'could not extend file: No space left on device'
+               USING ERRCODE = '53100';
+           END IF;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER disk_full BEFORE INSERT ON courier.messages
+           FOR EACH ROW EXECUTE FUNCTION ledger.disk_full();",
+    )
+    .execute(&pool)
+    .await?;
+    load(&pool, 1_500).await?;
+    sqlx::query("UPDATE ledger.fault SET disk_full = true")
+        .execute(&pool)
+        .await?;
+    let workers = [
+        Worker::start(WORKER, &cluster.url(), Duration::from_millis(20)).await?,
+        Worker::start(WORKER, &cluster.url(), Duration::from_millis(20)).await?,
+    ];
+    let faulted = Instant::now();
+    let (mut refused, mut other) = (0_u64, Vec::new());
+    let mut n = 1_500;
+    while faulted.elapsed() < Duration::from_secs(60) {
+        let (tenant, key) = shape(n);
+        match produce(&pool, tenant, key.as_deref(), n).await {
+            Ok(()) => anyhow::bail!("message {n} was accepted while inserts fail"),
+            Err(error) => {
+                let error = format!("{error:#}");
+                if error.contains("No space left on device") {
+                    refused += 1;
+                } else {
+                    other.push(error);
+                }
+            }
+        }
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let drained_during = drained(&pool, Duration::ZERO).await.is_ok();
+    sqlx::query("UPDATE ledger.fault SET disk_full = false")
+        .execute(&pool)
+        .await?;
+    let cleared = Instant::now();
+    load_from(&pool, n, 200).await?;
+    drained(&pool, Duration::from_secs(60)).await?;
+    let recovery = cleared.elapsed();
+    let verdict = verdict(&pool).await?;
+    drop(workers);
+    println!("{refused} producer calls refused with 53100 in 60 s; other errors {other:?}");
+    anyhow::ensure!(other.is_empty(), "producers saw other errors: {other:?}");
+    anyhow::ensure!(refused > 100, "only {refused} producer calls were tried");
+    anyhow::ensure!(
+        drained_during,
+        "the backlog from before the fault did not drain during it"
+    );
+    anyhow::ensure!(
+        verdict.messages == 1_700,
+        "{} oracle rows, not 1,700: a refused producer left something behind",
+        verdict.messages
+    );
+    report("inserts fail with 53100 for 60 s", &verdict, recovery)
+}
+
+/// A worker frozen with SIGSTOP past its lease and resumed after the new
+/// owner committed its deliveries: its late completions are refused and
+/// nothing is applied twice; it goes on working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_frozen_past_its_lease_and_resumed_after_the_new_owner_committed_applies_nothing_twice(
+) -> anyhow::Result<()> {
+    frozen(Resume::AfterTheNewOwnerCommitted).await
+}
+
+/// A worker frozen with SIGSTOP past its lease and resumed while the new
+/// owner still runs its deliveries (retries take 1.5 s): the same promises.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_frozen_past_its_lease_and_resumed_before_the_new_owner_committed_applies_nothing_twice(
+) -> anyhow::Result<()> {
+    frozen(Resume::BeforeTheNewOwnerCommitted).await
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Resume {
+    AfterTheNewOwnerCommitted,
+    BeforeTheNewOwnerCommitted,
+}
+
+async fn frozen(resume: Resume) -> anyhow::Result<()> {
+    let cluster = PgCluster::start().await?;
+    let pool = connect(&cluster.url(), 4).await?;
+    prepare(&pool).await?;
+    load(&pool, 400).await?;
+    // Handlers of 300 ms: the freeze lands inside the victim's transactions.
+    let mut victim = Worker::start(WORKER, &cluster.url(), Duration::from_millis(300)).await?;
+    // Resumed before the new owner commits: its retries take 1.5 s each.
+    let retries = match resume {
+        Resume::AfterTheNewOwnerCommitted => vec![],
+        Resume::BeforeTheNewOwnerCommitted => vec![("CHAOS_RETRY_HANDLER_MS", "1500".to_owned())],
+    };
+    let survivor =
+        Worker::start_with(WORKER, &cluster.url(), Duration::from_millis(300), &retries).await?;
+    effects_reach(&pool, 40).await?;
+    let held: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM courier.deliveries WHERE state = 'running' AND claimed_by = $1",
+    )
+    .bind(format!("chaos-{}", victim.pid))
+    .fetch_all(&pool)
+    .await?;
+    anyhow::ensure!(!held.is_empty(), "the victim held nothing when frozen");
+    victim.signal("STOP")?;
+    let stopped = Instant::now();
+    let deadline = stopped + 2 * RECOVERY + Duration::from_secs(30);
+    // The deliveries it held: still open (a delivery row) or taken over.
+    let taken_over = "SELECT count(*) FROM courier.deliveries
+                      WHERE id = ANY ($1) AND claimed_by = $2 AND attempts >= 2";
+    let open = "SELECT count(*) FROM courier.deliveries WHERE id = ANY ($1)";
+    let survivor_id = format!("chaos-{}", survivor.pid);
+    loop {
+        let done = match resume {
+            Resume::AfterTheNewOwnerCommitted => {
+                let left: i64 = sqlx::query_scalar(open)
+                    .bind(&held)
+                    .fetch_one(&pool)
+                    .await?;
+                left == 0
+            }
+            Resume::BeforeTheNewOwnerCommitted => {
+                let taken: i64 = sqlx::query_scalar(taken_over)
+                    .bind(&held)
+                    .bind(&survivor_id)
+                    .fetch_one(&pool)
+                    .await?;
+                taken > 0
+            }
+        };
+        if done {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the frozen worker's deliveries were not taken over within {:?}",
+            stopped.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let recovery = stopped.elapsed();
+    let still_running: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM courier.deliveries WHERE id = ANY ($1) AND state = 'running'",
+    )
+    .bind(&held)
+    .fetch_one(&pool)
+    .await?;
+    victim.signal("CONT")?;
+    drained(&pool, Duration::from_secs(120)).await?;
+    let alive = tokio::time::timeout(Duration::from_millis(100), victim.wait())
+        .await
+        .is_err();
+    let by_process = effects_by_process(&pool).await?;
+    let verdict = verdict(&pool).await?;
+    drop(survivor);
+    println!(
+        "{resume:?}: the frozen worker held {} deliveries, {still_running} still running at resume; \
+         effects by process {by_process:?}",
+        held.len()
+    );
+    anyhow::ensure!(alive, "the frozen worker exited after it was resumed");
+    if resume == Resume::BeforeTheNewOwnerCommitted {
+        anyhow::ensure!(
+            still_running > 0,
+            "the new owner had committed everything before the resume"
+        );
+    }
+    anyhow::ensure!(
+        verdict.dead_lettered == 0,
+        "{} dead letters",
+        verdict.dead_lettered
+    );
+    let scenario = match resume {
+        Resume::AfterTheNewOwnerCommitted => "SIGSTOP past the lease, resumed after the new commit",
+        Resume::BeforeTheNewOwnerCommitted => {
+            "SIGSTOP past the lease, resumed before the new commit"
+        }
+    };
+    report(scenario, &verdict, recovery)
 }

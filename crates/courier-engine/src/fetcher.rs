@@ -24,7 +24,7 @@
 //! withdraws it.
 //!
 //! Failure: a store error while claiming backs off (doubling, up to
-//! [`CLAIM_BACKOFF_MAX`]) and claims again; a failed announcement leaves the
+//! [`CLAIM_BACKOFF_MAX`], jittered) and claims again; a failed announcement leaves the
 //! worker polling. At shutdown the claims still in flight finish and what
 //! they took is handed back unstarted, with its attempt refunded.
 
@@ -386,7 +386,10 @@ impl<S: OutboxStore> Fetcher<S> {
             Err(error) => {
                 metrics::counter!(STORE_ERRORS, "operation" => "claim").increment(1);
                 tracing::warn!(subscription = self.params.subscription, %error, "claim failed; backing off");
-                self.backoff_until = Some(Instant::now() + self.error_backoff);
+                // Jittered over the upper half, so that workers cut off by
+                // one outage do not all come back in the same instant.
+                let jittered = self.error_backoff.mul_f64(0.5 + fastrand::f64() / 2.0);
+                self.backoff_until = Some(Instant::now() + jittered);
                 self.error_backoff = (self.error_backoff * 2).min(CLAIM_BACKOFF_MAX);
                 return;
             }

@@ -87,16 +87,36 @@ pub fn validate_schema(schema: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// The session settings [`connect_options`] gives every connection, each
+/// unless the URL's `options` parameter sets it (`options=-c
+/// statement_timeout=0` turns one off): a statement runs at most 30 s, waits
+/// at most 10 s for a lock, and a session idle inside a transaction for 2
+/// minutes (a process frozen or cut off mid-transaction) is ended by the
+/// server, so that its row locks do not hold up every other worker.
+/// Migrations lift the first two for their own transaction.
+pub const SESSION_TIMEOUTS: [(&str, &str); 3] = [
+    ("statement_timeout", "30s"),
+    ("lock_timeout", "10s"),
+    ("idle_in_transaction_session_timeout", "120s"),
+];
+
 /// The connection options Courier wants for `url`: the URL's own, with JIT
-/// off. Courier's statements are short, but once autovacuum has given a
-/// backlog's tables statistics, the claim's estimated cost passes PostgreSQL's
-/// default `jit_above_cost` and each claim spends far longer compiling than
-/// running (measured: 156 ms instead of 6.5 ms for 256 deliveries of a
-/// 100,000 backlog). Build your own pool from these when you share it with
-/// Courier; [`connect`] does.
+/// off and the [`SESSION_TIMEOUTS`] the URL does not set itself.
+///
+/// JIT is off because Courier's statements are short, but once autovacuum has
+/// given a backlog's tables statistics, the claim's estimated cost passes
+/// PostgreSQL's default `jit_above_cost` and each claim spends far longer
+/// compiling than running (measured: 156 ms instead of 6.5 ms for 256
+/// deliveries of a 100,000 backlog). Build your own pool from these when you
+/// share it with Courier; [`connect`] does. The timeouts apply to everything
+/// run on these connections, a transactional handler's own statements too.
 pub fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
     let options: PgConnectOptions = url.parse().map_err(map)?;
-    Ok(options.options([("jit", "off")]))
+    let own = options.get_options().unwrap_or_default().to_owned();
+    let timeouts = SESSION_TIMEOUTS
+        .into_iter()
+        .filter(|(name, _)| !own.contains(name));
+    Ok(options.options([("jit", "off")]).options(timeouts))
 }
 
 /// Opens a pool suited to Courier: [`connect_options`] (JIT off), at most

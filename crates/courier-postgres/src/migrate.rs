@@ -97,6 +97,10 @@ pub(crate) async fn run_to(
     target: i64,
 ) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.map_err(map)?;
+    sqlx::query(&queries.migrate_timeouts_off)
+        .execute(&mut *tx)
+        .await
+        .map_err(map)?;
     sqlx::query(&queries.migrate_lock)
         .bind(format!("courier-migrate:{schema}"))
         .execute(&mut *tx)

@@ -84,6 +84,7 @@ queries!(
     messages_list,
     migrate_bootstrap,
     migrate_lock,
+    migrate_timeouts_off,
     migrate_record,
     migrate_table_exists,
     migrate_version,

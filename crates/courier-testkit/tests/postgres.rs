@@ -706,6 +706,58 @@ async fn claiming_pauses_while_outcomes_wait_to_be_written() -> anyhow::Result<(
     Ok(())
 }
 
+/// Connections from `connect_options` bound statements, lock waits and
+/// idle transactions (a frozen worker's locks are not held forever), and a
+/// URL that sets one itself keeps its own.
+#[tokio::test]
+async fn courier_s_connection_options_bound_statements_lock_waits_and_idle_transactions(
+) -> anyhow::Result<()> {
+    use sqlx::postgres::PgPoolOptions;
+    async fn settings(url: &str) -> anyhow::Result<Vec<String>> {
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(courier::postgres::connect_options(url)?)
+            .await?;
+        let mut shown = Vec::new();
+        for name in [
+            "statement_timeout",
+            "lock_timeout",
+            "idle_in_transaction_session_timeout",
+        ] {
+            shown.push(
+                sqlx::query_scalar::<_, String>(&format!("SHOW {name}"))
+                    .fetch_one(&pool)
+                    .await?,
+            );
+        }
+        Ok(shown)
+    }
+    let url = courier_testkit::database_url();
+    assert_eq!(settings(&url).await?, ["30s", "10s", "2min"]);
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let own =
+        format!("{url}{separator}options=-c%20statement_timeout%3D0%20-c%20lock_timeout%3D1s");
+    assert_eq!(settings(&own).await?, ["0", "1s", "2min"]);
+
+    // A statement past the bound is cancelled, not left running.
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(courier::postgres::connect_options(&format!(
+            "{url}{separator}options=-c%20statement_timeout%3D200"
+        ))?)
+        .await?;
+    let error = sqlx::query("SELECT pg_sleep(5)")
+        .execute(&pool)
+        .await
+        .err()
+        .and_then(|e| {
+            e.as_database_error()
+                .and_then(|d| d.code().map(|c| c.into_owned()))
+        });
+    assert_eq!(error.as_deref(), Some("57014"), "query_canceled");
+    Ok(())
+}
+
 /// Pools built from `connect_options` do not JIT-compile (a claim of 256
 /// deliveries of an analysed 100,000 backlog took 156 ms with JIT and 6.5 ms
 /// without, see BENCHMARKS.md), and a store over a pool that does says so, so

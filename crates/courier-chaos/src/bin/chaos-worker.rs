@@ -14,13 +14,28 @@ use courier::{
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgConnection;
 
+/// The handler timeout: below the sessions' idle-in-transaction bound (see
+/// `courier_chaos::Worker`), so that only a frozen or cut-off process hits that.
+const HANDLER_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The ledgered effect.
 struct Ledgered {
     delay: Duration,
+    /// The delay on attempts after the first (`CHAOS_RETRY_HANDLER_MS`,
+    /// default `delay`).
+    retry_delay: Duration,
     pid: i32,
     /// Panic on the first attempt of every message whose payload `n` is a
-    /// multiple of this (0: never), after the effect was written.
+    /// multiple of this (`CHAOS_PANIC_EVERY`, 0: never), after the effect
+    /// was written.
     panic_every: u64,
+    /// Abort the process on the first attempt of every message whose `n` is
+    /// a multiple of this (`CHAOS_ABORT_EVERY`, 0: never), after the effect
+    /// was written and before its transaction commits.
+    abort_every: u64,
+    /// Abort the process on every attempt of the message whose `n` is this
+    /// (`CHAOS_CRASH_ON`), before any write.
+    crash_on: Option<u64>,
 }
 
 impl TransactionalHandler<PgConnection> for Ledgered {
@@ -32,11 +47,24 @@ impl TransactionalHandler<PgConnection> for Ledgered {
         conn: &mut PgConnection,
     ) -> Result<(), HandlerError> {
         let fail = |error: sqlx::Error| HandlerError::retry(error);
+        let n = message.payload["n"].as_u64().unwrap_or(1);
+        if self.crash_on == Some(n) {
+            eprintln!(
+                "chaos: message {n} crashes the process (attempt {})",
+                message.attempt
+            );
+            std::process::abort();
+        }
         let started: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
             .fetch_one(&mut *conn)
             .await
             .map_err(fail)?;
-        tokio::time::sleep(self.delay).await;
+        tokio::time::sleep(if message.attempt > 1 {
+            self.retry_delay
+        } else {
+            self.delay
+        })
+        .await;
         sqlx::query(
             "INSERT INTO ledger.effects (tenant, message_id, subscription) VALUES ($1, $2, $3)",
         )
@@ -58,9 +86,13 @@ impl TransactionalHandler<PgConnection> for Ledgered {
         .execute(&mut *conn)
         .await
         .map_err(fail)?;
-        let n = message.payload["n"].as_u64().unwrap_or(1);
-        if self.panic_every > 0 && n.is_multiple_of(self.panic_every) && message.attempt == 1 {
+        let first = message.attempt == 1;
+        if self.panic_every > 0 && n.is_multiple_of(self.panic_every) && first {
             panic!("chaos: a handler panic after its writes (message {n})");
+        }
+        if self.abort_every > 0 && n.is_multiple_of(self.abort_every) && first {
+            eprintln!("chaos: aborting after the writes of message {n}, before its commit");
+            std::process::abort();
         }
         Ok(())
     }
@@ -77,6 +109,18 @@ fn millis(name: &str) -> anyhow::Result<Duration> {
     Ok(Duration::from_millis(value))
 }
 
+/// A number from the environment, if set.
+fn optional(name: &str) -> anyhow::Result<Option<u64>> {
+    std::env::var(name)
+        .ok()
+        .map(|value| {
+            value
+                .parse()
+                .with_context(|| format!("{name} is not a number: {value:?}"))
+        })
+        .transpose()
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -87,20 +131,26 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let options = courier::postgres::connect_options(&env("CHAOS_DATABASE_URL")?)?;
+    // A connection for each of the 8 transactional groups that may run at
+    // once (concurrency 32 / groups of 4), and as many again for claims,
+    // heartbeats, settling and maintenance: a pool smaller than the groups
+    // starves the heartbeat while the groups wait on locks, and every lease
+    // lapses (seen with 8 connections while a frozen worker held receipts).
     let pool = PgPoolOptions::new()
-        .max_connections(8)
+        .max_connections(16)
         .connect_with(options)
         .await
         .context("connecting to the chaos cluster")?;
     let courier = Courier::postgres(pool);
     let lease = millis("CHAOS_LEASE_MS")?;
+    let delay = millis("CHAOS_HANDLER_MS")?;
     let handler = Ledgered {
-        delay: millis("CHAOS_HANDLER_MS")?,
+        delay,
+        retry_delay: optional("CHAOS_RETRY_HANDLER_MS")?.map_or(delay, Duration::from_millis),
         pid: i32::try_from(std::process::id()).unwrap_or(i32::MAX),
-        panic_every: std::env::var("CHAOS_PANIC_EVERY")
-            .ok()
-            .and_then(|every| every.parse().ok())
-            .unwrap_or(0),
+        panic_every: optional("CHAOS_PANIC_EVERY")?.unwrap_or(0),
+        abort_every: optional("CHAOS_ABORT_EVERY")?.unwrap_or(0),
+        crash_on: optional("CHAOS_CRASH_ON")?,
     };
     let mut retry = RetryPolicy::with_max_attempts(3);
     retry.base = Duration::from_millis(200);
@@ -131,6 +181,7 @@ async fn main() -> anyhow::Result<()> {
         // small groups, so that several run at once.
         .transaction_batch_size(4)
         .retry_policy(retry)
+        .handler_timeout(Some(HANDLER_TIMEOUT))
         .build()
         .await?
         .start();

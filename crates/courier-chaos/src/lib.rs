@@ -54,7 +54,18 @@ fn pg_bin() -> anyhow::Result<PathBuf> {
         .filter_map(|entry| entry.ok().map(|e| e.path().join("bin")))
         .filter(|bin| bin.join("initdb").exists())
         .collect();
-    versions.sort();
+    // By version number: 9.6 sorts before 15.
+    versions.sort_by_key(|bin| {
+        bin.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .map(|v| {
+                v.split('.')
+                    .map(|part| part.parse::<u32>().unwrap_or(0))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    });
     versions
         .pop()
         .context("no PostgreSQL version with initdb under /usr/lib/postgresql")
@@ -247,7 +258,8 @@ pub async fn prepare(pool: &PgPool) -> anyhow::Result<()> {
                                       subscription text NOT NULL);
          CREATE TABLE ledger.runs (message_id uuid NOT NULL, tenant text NOT NULL,
                                    ordering_key text, pid integer NOT NULL,
-                                   started_at timestamptz NOT NULL, ended_at timestamptz NOT NULL);",
+                                   started_at timestamptz NOT NULL, ended_at timestamptz NOT NULL,
+                                   attempt integer NOT NULL);",
     )
     .execute(pool)
     .await?;
@@ -416,7 +428,10 @@ impl Supervised {
     /// signal, such as the `SIGABRT` of an abort).
     pub async fn stop(mut self) -> anyhow::Result<Vec<Option<i32>>> {
         let _ = self.stop.send(true);
-        (&mut self.task).await?
+        let codes = (&mut self.task).await?;
+        // A commit it had already sent lands before the verdict is read.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        codes
     }
 }
 
@@ -432,8 +447,14 @@ impl Drop for Supervised {
 pub struct Verdict {
     /// Messages the load generator committed.
     pub messages: i64,
-    /// Oracle rows with neither a receipt nor a dead letter.
+    /// Oracle rows with neither an effect in the ledger nor a dead letter.
     pub lost: i64,
+    /// Receipts of the ledger's subscription with no effect behind them (the
+    /// engine says applied, the ledger disagrees).
+    pub unbacked: i64,
+    /// Dead letters the scenario expects (a message that always crashes);
+    /// any other number fails it.
+    pub expected_dead_letters: i64,
     /// Messages whose effect was applied more than once.
     pub doubled: i64,
     /// Dead letters.
@@ -454,6 +475,8 @@ impl Verdict {
     /// Whether every invariant holds.
     pub fn passed(&self) -> bool {
         self.lost == 0
+            && self.unbacked == 0
+            && self.dead_lettered == self.expected_dead_letters
             && self.doubled == 0
             && self.phantoms == 0
             && self.crossed == 0
@@ -472,6 +495,14 @@ pub async fn verdict(pool: &PgPool) -> anyhow::Result<Verdict> {
     Ok(Verdict {
         messages: count(pool, "SELECT count(*) FROM ledger.oracle").await?,
         lost: verdict_lost(pool).await?,
+        unbacked: count(
+            pool,
+            "SELECT count(*) FROM courier.receipts r
+             WHERE r.subscription = 'ledger'
+               AND NOT EXISTS (SELECT 1 FROM ledger.effects e WHERE e.message_id = r.message_id)",
+        )
+        .await?,
+        expected_dead_letters: 0,
         doubled: count(
             pool,
             "SELECT count(*) FROM (SELECT 1 FROM ledger.effects
@@ -495,16 +526,7 @@ pub async fn verdict(pool: &PgPool) -> anyhow::Result<Verdict> {
              WHERE e.tenant <> o.tenant",
         )
         .await?,
-        stuck: count(
-            pool,
-            &format!(
-                "SELECT count(*) FROM courier.deliveries
-                 WHERE state = 'running'
-                   AND lease_expires_at < clock_timestamp() - interval '{} milliseconds'",
-                RECOVERY.as_millis()
-            ),
-        )
-        .await?,
+        stuck: count(pool, &stuck_sql()).await?,
         overlapping: count(
             pool,
             "SELECT count(*) FROM ledger.runs a JOIN ledger.runs b
@@ -516,17 +538,32 @@ pub async fn verdict(pool: &PgPool) -> anyhow::Result<Verdict> {
         bad_attempts: count(
             pool,
             "SELECT count(*) FROM courier.deliveries
-             WHERE state = 'dead' AND (attempts > max_attempts OR jsonb_array_length(errors) = 0)",
+             WHERE state = 'dead'
+               AND (attempts > coalesce(max_attempts, 1) OR jsonb_array_length(errors) = 0)",
         )
         .await?,
     })
 }
 
-/// Waits until every oracle row has a receipt or a dead letter, for up to
-/// `limit`; how long that took.
+/// Waits until every oracle row has an effect or a dead letter, for up to
+/// `limit`; how long that took. Called once the fault is over, it fails at
+/// once when a delivery is stuck after the first R (running, its lease
+/// expired more than R ago: a fault such as a locked table can keep the
+/// rescuer from leases that expire meanwhile, but not past R after it).
 pub async fn drained(pool: &PgPool, limit: Duration) -> anyhow::Result<Duration> {
     let start = Instant::now();
     loop {
+        let checked = if start.elapsed() > RECOVERY {
+            count(pool, &stuck_sql()).await.ok()
+        } else {
+            None
+        };
+        if let Some(stuck) = checked {
+            anyhow::ensure!(
+                stuck == 0,
+                "{stuck} deliveries stuck: running, their lease expired over {RECOVERY:?} ago"
+            );
+        }
         let lost = verdict_lost(pool).await;
         if matches!(lost, Ok(0)) {
             return Ok(start.elapsed());
@@ -539,13 +576,23 @@ pub async fn drained(pool: &PgPool, limit: Duration) -> anyhow::Result<Duration>
     }
 }
 
-/// Oracle rows with neither a receipt nor a dead letter.
+/// Running deliveries whose lease expired more than R ago.
+fn stuck_sql() -> String {
+    format!(
+        "SELECT count(*) FROM courier.deliveries
+         WHERE state = 'running'
+           AND lease_expires_at < clock_timestamp() - interval '{} milliseconds'",
+        RECOVERY.as_millis()
+    )
+}
+
+/// Oracle rows with neither an effect in the ledger nor a dead letter.
 async fn verdict_lost(pool: &PgPool) -> anyhow::Result<i64> {
     count(
         pool,
         "SELECT count(*) FROM ledger.oracle o
-         WHERE NOT EXISTS (SELECT 1 FROM courier.receipts r
-                           WHERE r.message_id = o.message_id AND r.subscription = 'ledger')
+         WHERE NOT EXISTS (SELECT 1 FROM ledger.effects e
+                           WHERE e.message_id = o.message_id AND e.subscription = 'ledger')
            AND NOT EXISTS (SELECT 1 FROM courier.deliveries d
                            WHERE d.message_id = o.message_id AND d.subscription = 'ledger'
                              AND d.state = 'dead')",

@@ -36,7 +36,7 @@ use sqlx::{PgConnection, PgPool};
 
 pub use admin::MAX_MESSAGE_PAGE;
 pub use migrate::SCHEMA_VERSION;
-pub use notifier::PgNotifier;
+pub use notifier::{PgNotifier, LISTEN_CHECK};
 pub use streams::POLL_INTERVAL as STREAM_POLL_INTERVAL;
 
 use error::map;

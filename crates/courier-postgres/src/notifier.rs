@@ -7,8 +7,12 @@
 //! Failure: when the listening connection drops (server restart,
 //! `pg_terminate_backend`), notifications sent meanwhile are lost, so the
 //! notifier wakes every worker once (they claim and find what was missed) and
-//! reconnects with capped backoff. Workers also poll, so a notifier that
-//! cannot reconnect degrades latency, never correctness.
+//! reconnects with capped backoff. A connection that stays up but stops
+//! delivering (its server process frozen, a half-open TCP connection) is
+//! found by a probe: every [`LISTEN_CHECK`] the notifier sends a notification
+//! of its own through the pool, and when one has not come back by the next
+//! check it drops the connection and listens on a new one. Workers also poll,
+//! so a notifier that cannot reconnect degrades latency, never correctness.
 
 use std::time::Duration;
 
@@ -20,6 +24,13 @@ use crate::PgStore;
 
 const RECONNECT_MIN: Duration = Duration::from_millis(50);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+/// How often the listening connection is probed; one that has not delivered
+/// its probe by the next check is replaced.
+pub const LISTEN_CHECK: Duration = Duration::from_secs(5);
+
+/// The payload prefix of probes: they wake no worker.
+const CHECK_PREFIX: &str = "courier-listener-check:";
 
 /// Listens for the store's NOTIFY wake-ups.
 pub struct PgNotifier;
@@ -41,7 +52,7 @@ impl PgNotifier {
             warn_if_jit(&store).await;
             let mut backoff = RECONNECT_MIN;
             while !cancel.is_cancelled() {
-                match listen_until_lost(&pool, &channel, &wake, &cancel).await {
+                match listen_until_lost(&store, &pool, &channel, &wake, &cancel).await {
                     Ok(()) => backoff = RECONNECT_MIN,
                     Err(error) => {
                         tracing::warn!(%error, channel, "LISTEN connection failed; reconnecting");
@@ -75,6 +86,7 @@ async fn warn_if_jit(store: &PgStore) {
 }
 
 async fn listen_until_lost(
+    store: &PgStore,
     pool: &sqlx::PgPool,
     channel: &str,
     wake: &watch::Sender<u64>,
@@ -84,10 +96,38 @@ async fn listen_until_lost(
     listener.listen(channel).await?;
     tracing::debug!(channel, "listening for wake-ups");
     wake.send_modify(|n| *n = n.wrapping_add(1));
+    let token = format!("{CHECK_PREFIX}{}", uuid::Uuid::now_v7());
+    let mut checks = tokio::time::interval(LISTEN_CHECK);
+    checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // When the oldest probe not yet received was sent.
+    let mut awaiting: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             () = cancel.cancelled() => return Ok(()),
+            _ = checks.tick() => {
+                if awaiting.is_some_and(|sent| sent.elapsed() >= LISTEN_CHECK / 2) {
+                    tracing::warn!(
+                        channel,
+                        "LISTEN connection stopped delivering (its probe did not come back); \
+                         listening on a new one"
+                    );
+                    return Ok(());
+                }
+                // A failed probe proves nothing about the listener: the pool
+                // may be down too, and the next check tries again.
+                let sent = sqlx::query(&store.q().listener_check)
+                    .bind(channel)
+                    .bind(&token)
+                    .execute(pool)
+                    .await;
+                if sent.is_ok() && awaiting.is_none() {
+                    awaiting = Some(tokio::time::Instant::now());
+                }
+            }
             received = listener.try_recv() => match received? {
+                Some(notification) if notification.payload() == token => awaiting = None,
+                // Another process's probe.
+                Some(notification) if notification.payload().starts_with(CHECK_PREFIX) => {}
                 Some(_) => wake.send_modify(|n| *n = n.wrapping_add(1)),
                 None => {
                     tracing::warn!(channel, "LISTEN connection lost; reconnecting");

@@ -83,6 +83,7 @@ queries!(
     message_get,
     messages_list,
     migrate_bootstrap,
+    listener_check,
     migrate_lock,
     migrate_timeouts_off,
     migrate_record,

@@ -75,14 +75,16 @@ impl TransactionalHandler<PgConnection> for Ledgered {
         .await
         .map_err(fail)?;
         sqlx::query(
-            "INSERT INTO ledger.runs (message_id, tenant, ordering_key, pid, started_at, ended_at)
-             VALUES ($1, $2, $3, $4, $5, clock_timestamp())",
+            "INSERT INTO ledger.runs (message_id, tenant, ordering_key, pid, started_at, ended_at,
+                                      attempt)
+             VALUES ($1, $2, $3, $4, $5, clock_timestamp(), $6)",
         )
         .bind(message.id)
         .bind(&message.tenant)
         .bind(&message.ordering_key)
         .bind(self.pid)
         .bind(started)
+        .bind(message.attempt)
         .execute(&mut *conn)
         .await
         .map_err(fail)?;

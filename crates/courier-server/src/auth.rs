@@ -7,6 +7,8 @@
 //! appending) to another tenant 403.
 //! With no tokens configured the API is open (the configuration allows that
 //! on loopback addresses only) and every request acts with every role.
+//! Recognised callers are held to their tenant's request rate and refused
+//! callers counted per address ([`crate::limits`]).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -19,6 +21,8 @@ use subtle::ConstantTimeEq;
 
 use crate::config::{decode_sha256, ConfigError, Role, TokenConfig};
 use crate::error::ApiError;
+use crate::limits::{retry_after_seconds, ClientAddr, LimitSettings, Limits};
+use crate::metrics::RATE_LIMITED;
 
 /// The tenants a token sees.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,9 +113,11 @@ struct TokenEntry {
     roles: BTreeSet<Role>,
 }
 
-/// Checks bearer tokens against the configured digests.
+/// Checks bearer tokens against the configured digests, and the request
+/// limits ([`crate::limits`]) of the callers it recognises or refuses.
 pub struct Authenticator {
     tokens: Vec<TokenEntry>,
+    limits: Limits,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -147,12 +153,71 @@ impl Authenticator {
                 roles: token.roles.iter().copied().collect(),
             });
         }
-        Ok(Self { tokens: entries })
+        Ok(Self {
+            tokens: entries,
+            limits: Limits::new(LimitSettings::OFF),
+        })
+    }
+
+    /// The same tokens, with request limits (an open API has none).
+    pub fn with_limits(mut self, settings: LimitSettings) -> Self {
+        self.limits = Limits::new(settings);
+        self
     }
 
     /// An open API: every request may do everything.
     pub fn open() -> Self {
-        Self { tokens: Vec::new() }
+        Self {
+            tokens: Vec::new(),
+            limits: Limits::new(LimitSettings::OFF),
+        }
+    }
+
+    /// [`Authenticator::authenticate`] for a request from `client`, within
+    /// the limits: 429 for an address past its failed authentications (a
+    /// valid token included) or a tenant past its request rate. A request
+    /// without a known client address (a router served by other means than
+    /// the daemon's server) has no address limit.
+    pub fn admit(
+        &self,
+        headers: &HeaderMap,
+        client: Option<ClientAddr>,
+    ) -> Result<Principal, ApiError> {
+        if self.is_open() {
+            return Ok(Principal::open());
+        }
+        if let Some(left) = client.and_then(|c| self.limits.blocked(c.0)) {
+            metrics::counter!(RATE_LIMITED, "limit" => "auth_failures").increment(1);
+            return Err(ApiError::too_many_requests(
+                "too many failed authentications from this address; try again later",
+                retry_after_seconds(left),
+            ));
+        }
+        let principal = match self.authenticate(headers) {
+            Ok(principal) => principal,
+            Err(error) => {
+                if let Some(client) = client {
+                    self.limits.failed(client.0);
+                }
+                return Err(error);
+            }
+        };
+        let key = match &principal.tenants {
+            TenantScope::Only(tenants) if tenants.len() == 1 => {
+                tenants.iter().next().map(|t| format!("tenant:{t}"))
+            }
+            _ => None,
+        }
+        .unwrap_or_else(|| format!("token:{}", principal.name.as_deref().unwrap_or_default()));
+        if let Err(wait) = self.limits.take(&key) {
+            metrics::counter!(RATE_LIMITED, "limit" => "tenant_requests").increment(1);
+            return Err(ApiError::too_many_requests(
+                "this tenant is over its request rate (server.tenant_requests_per_second); \
+                 slow down",
+                retry_after_seconds(wait),
+            ));
+        }
+        Ok(principal)
     }
 
     /// Whether no tokens are configured.
@@ -203,7 +268,8 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        Arc::<Authenticator>::from_ref(state).authenticate(&parts.headers)
+        let client = parts.extensions.get::<ClientAddr>().copied();
+        Arc::<Authenticator>::from_ref(state).admit(&parts.headers, client)
     }
 }
 

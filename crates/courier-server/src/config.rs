@@ -728,6 +728,15 @@ pub struct ServerSection {
     /// Prometheus scraper (`127.0.0.1:9464`); none by default, and then
     /// `/metrics` on `listen` needs an `admin` token.
     pub metrics_listen: Option<SocketAddr>,
+    /// Requests per second a tenant may make, sustained (see
+    /// [`crate::limits`]); past it 429 with `Retry-After`. 0: no limit.
+    pub tenant_requests_per_second: u32,
+    /// Requests a tenant may make at once above its rate (at least 1).
+    pub tenant_request_burst: u32,
+    /// Requests with a missing or unknown token an address may make per
+    /// minute; past it every request from it is 429 until the minute ends.
+    /// 0: no limit.
+    pub auth_failures_per_minute: u32,
 }
 
 impl Default for ServerSection {
@@ -739,11 +748,30 @@ impl Default for ServerSection {
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
             metrics_listen: None,
+            tenant_requests_per_second: DEFAULT_TENANT_REQUESTS_PER_SECOND,
+            tenant_request_burst: DEFAULT_TENANT_REQUEST_BURST,
+            auth_failures_per_minute: DEFAULT_AUTH_FAILURES_PER_MINUTE,
         }
     }
 }
 
+/// The default of `server.tenant_requests_per_second`.
+pub const DEFAULT_TENANT_REQUESTS_PER_SECOND: u32 = 1_000;
+/// The default of `server.tenant_request_burst`.
+pub const DEFAULT_TENANT_REQUEST_BURST: u32 = 2_000;
+/// The default of `server.auth_failures_per_minute`.
+pub const DEFAULT_AUTH_FAILURES_PER_MINUTE: u32 = 20;
+
 impl ServerSection {
+    /// The API's request limits.
+    pub fn limit_settings(&self) -> crate::limits::LimitSettings {
+        crate::limits::LimitSettings {
+            tenant_requests_per_second: self.tenant_requests_per_second,
+            tenant_request_burst: self.tenant_request_burst,
+            auth_failures_per_minute: self.auth_failures_per_minute,
+        }
+    }
+
     /// The limits of each listener.
     pub fn limits(&self) -> crate::http_server::HttpLimits {
         crate::http_server::HttpLimits {
@@ -918,6 +946,13 @@ impl Config {
                     &format!("must be between 1 and {MAX_SERVER_TIMEOUT_MS} (one hour)"),
                 ));
             }
+        }
+        if self.server.tenant_requests_per_second > 0 && self.server.tenant_request_burst == 0 {
+            return Err(bad(
+                "server.tenant_request_burst",
+                &self.server.tenant_request_burst,
+                "must be at least 1 while server.tenant_requests_per_second is set",
+            ));
         }
         if self.server.max_connections == 0 || self.server.max_connections > MAX_CONNECTIONS {
             return Err(bad(

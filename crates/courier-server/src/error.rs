@@ -22,6 +22,9 @@ pub struct ApiError {
     pub message: String,
     /// The request field concerned (`tenant`, `messages[2].topic`, `body`), if any.
     pub field: Option<String>,
+    /// The `Retry-After` of a 429, in seconds (a 503 always says
+    /// [`RETRY_AFTER_SECONDS`]).
+    pub retry_after: Option<u64>,
 }
 
 /// The body of every error response.
@@ -54,7 +57,21 @@ impl ApiError {
             code,
             message: message.into(),
             field,
+            retry_after: None,
         }
+    }
+
+    /// 429: over a request limit (see [`crate::limits`]); the response
+    /// carries `Retry-After`, `seconds` (at least 1).
+    pub fn too_many_requests(message: impl Into<String>, seconds: u64) -> Self {
+        let mut error = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_requests",
+            message,
+            None,
+        );
+        error.retry_after = Some(seconds.max(1));
+        error
     }
 
     /// 401: no token, or one that matches none configured.
@@ -263,6 +280,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let unauthorized = self.status == StatusCode::UNAUTHORIZED;
         let unavailable = self.status == StatusCode::SERVICE_UNAVAILABLE;
+        let retry_after = self.retry_after;
         let body = ErrorBody {
             error: ErrorDetail {
                 code: self.code.to_owned(),
@@ -277,10 +295,10 @@ impl IntoResponse for ApiError {
                 HeaderValue::from_static("Bearer realm=\"courier\""),
             );
         }
-        if unavailable {
+        if let Some(seconds) = retry_after.or(unavailable.then_some(RETRY_AFTER_SECONDS)) {
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         response
     }

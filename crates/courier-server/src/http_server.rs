@@ -88,10 +88,10 @@ pub async fn serve(
                 Err(_) => break,
             },
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok(accepted) => accepted,
                 Err(error) => {
                     if !is_connection_error(&error) {
                         tracing::warn!(%error, "accepting a connection failed; retrying shortly");
@@ -102,8 +102,18 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
+        // Each request knows its client's address (the limits of failed
+        // authentication are per address).
+        let client = crate::limits::ClientAddr(peer.ip());
+        let app = tower::ServiceExt::map_request(
+            app.clone(),
+            move |mut request: axum::http::Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(client);
+                request
+            },
+        );
         let connection =
-            builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+            builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             // A client that goes away or sends garbage ends its connection only.

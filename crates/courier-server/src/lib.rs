@@ -25,6 +25,7 @@ pub mod daemon;
 pub mod error;
 pub mod guard;
 pub mod http_server;
+pub mod limits;
 pub mod metrics;
 pub mod outcomes;
 pub mod redact;

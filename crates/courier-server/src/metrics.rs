@@ -32,6 +32,11 @@ pub const RELAY_PUBLISHED: &str = "courier_relay_published_total";
 /// How long one relay of a message took, by `subscription`.
 pub const RELAY_SECONDS: &str = "courier_relay_duration_seconds";
 
+/// API requests refused with 429, by `limit` (`tenant_requests`: a tenant
+/// over its request rate; `auth_failures`: an address past its failed
+/// authentications). No tenant or address label.
+pub const RATE_LIMITED: &str = "courier_http_rate_limited_total";
+
 /// Histogram buckets for durations, in seconds.
 const SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,

@@ -492,3 +492,131 @@ async fn wrong_methods_large_heads_and_undecodable_paths_get_the_json_error_shap
     assert_eq!(status, 200);
     daemon.shutdown().await;
 }
+
+fn tenant_token(name: &str, tenants: &[&str], roles: &[Role]) -> TokenConfig {
+    TokenConfig {
+        tenants: tenants.iter().map(|t| (*t).to_owned()).collect(),
+        ..token(name, roles)
+    }
+}
+
+/// A tenant over its request rate gets 429 with `Retry-After`, and its
+/// other tokens share the limit; another tenant is not touched, and the
+/// tenant is served again once the wait is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_request_rate_gets_429_with_retry_after_and_others_do_not() {
+    let daemon = Daemon::start(|config| {
+        config.tokens = vec![
+            tenant_token("acme-1", &["acme"], &[Role::Read]),
+            tenant_token("acme-2", &["acme"], &[Role::Read]),
+            tenant_token("globex", &["globex"], &[Role::Read]),
+        ];
+        config.server.tenant_requests_per_second = 2;
+        config.server.tenant_request_burst = 5;
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let list = |token: &'static str| {
+        let request = client
+            .get(format!("http://{}/v1/messages", daemon.address))
+            .bearer_auth(token);
+        async move { request.send().await.unwrap() }
+    };
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        statuses.push(
+            list(if i % 2 == 0 { "acme-1" } else { "acme-2" })
+                .await
+                .status()
+                .as_u16(),
+        );
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 200, 429],
+        "the burst of 5, shared"
+    );
+    let refused = list("acme-1").await;
+    assert_eq!(refused.status(), 429);
+    let wait: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(wait, 1, "one request comes back every 0.5 s");
+    let body: serde_json::Value = serde_json::from_str(&refused.text().await.unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "too_many_requests");
+    assert_eq!(
+        list("globex").await.status(),
+        200,
+        "another tenant is not limited"
+    );
+    tokio::time::sleep(Duration::from_secs(wait)).await;
+    assert_eq!(
+        list("acme-2").await.status(),
+        200,
+        "served again after the wait"
+    );
+    daemon.shutdown().await;
+}
+
+/// An address that keeps sending unknown tokens is refused with 429 after
+/// `server.auth_failures_per_minute` of them, even with a valid token, and
+/// the refusals are counted in `courier_http_rate_limited_total`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_guessing_tokens_is_refused_after_its_failures_even_with_a_valid_token() {
+    let daemon = Daemon::start(|config| {
+        config.tokens = vec![token("ops", &[Role::Admin, Role::Read])];
+        config.server.auth_failures_per_minute = 5;
+        config.server.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let stats = |token: String| {
+        let request = client
+            .get(format!("http://{}/v1/stats", daemon.address))
+            .bearer_auth(token);
+        async move { request.send().await.unwrap() }
+    };
+    assert_eq!(stats("ops".into()).await.status(), 200);
+    for guess in 0..5 {
+        assert_eq!(stats(format!("guess-{guess}")).await.status(), 401);
+    }
+    let refused = stats("guess-5".into()).await;
+    assert_eq!(refused.status(), 429);
+    let wait: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((55..=60).contains(&wait), "Retry-After {wait}");
+    let valid = stats("ops".into()).await;
+    assert_eq!(
+        valid.status(),
+        429,
+        "a guess that finally matches is refused too"
+    );
+    let metrics = client
+        .get(format!("http://{}/metrics", daemon.address))
+        .bearer_auth("ops")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status(), 429, "the address is refused everywhere");
+    let scraped = client
+        .get(format!(
+            "http://{}/metrics",
+            daemon.metrics_address.expect("a metrics listener")
+        ))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        scraped.contains("courier_http_rate_limited_total{limit=\"auth_failures\"} 3"),
+        "{scraped}"
+    );
+    daemon.shutdown().await;
+}

@@ -139,7 +139,7 @@ impl ApiState {
     pub fn new<S: ApiStore>(store: S, config: &Config) -> Result<Self, ConfigError> {
         let mut state = Self::with_authenticator(
             store,
-            Authenticator::new(&config.tokens)?,
+            Authenticator::new(&config.tokens)?.with_limits(config.server.limit_settings()),
             config.max_payload_bytes,
         )
         .with_guard(RequestGuard::with_origins(&config.server));
@@ -389,7 +389,7 @@ fn api_routes(single_limit: usize, batch_limit: usize) -> OpenApiRouter<ApiState
         description = "Durable event delivery: publish messages, inspect their delivery, manage dead letters and subscriptions; append to streams and consume them through groups. Errors are always `{\"error\": {\"code\", \"message\", \"field\"}}`."
     ),
     components(schemas(ErrorBody)),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &RateLimited),
     tags(
         (name = "messages", description = "Publish and inspect messages"),
         (name = "dead-letters", description = "Messages a subscription gave up on"),
@@ -409,6 +409,54 @@ impl utoipa::Modify for BearerAuth {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+    }
+}
+
+/// Every route that takes a token may answer 429 (see [`crate::limits`]).
+struct RateLimited;
+
+impl utoipa::Modify for RateLimited {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::content::ContentBuilder;
+        use utoipa::openapi::header::HeaderBuilder;
+        use utoipa::openapi::schema::{Object, Type};
+        use utoipa::openapi::{Ref, RefOr, ResponseBuilder};
+        let limited = ResponseBuilder::new()
+            .description(
+                "Over a request limit (`too_many_requests`): the tenant's request rate, or this \
+                 address's failed authentications; `Retry-After` says when to try again",
+            )
+            .header(
+                "Retry-After",
+                HeaderBuilder::new()
+                    .schema(Object::with_type(Type::Integer))
+                    .description(Some("Seconds to wait"))
+                    .build(),
+            )
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+            .build();
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for operation in operations.into_iter().flatten() {
+                if operation.responses.responses.contains_key("401") {
+                    operation
+                        .responses
+                        .responses
+                        .insert("429".into(), RefOr::T(limited.clone()));
+                }
+            }
+        }
     }
 }
 

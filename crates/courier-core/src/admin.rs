@@ -493,4 +493,24 @@ pub trait AdminStore: Send + Sync {
 
     /// Whether the database answers and its schema is the one this build expects.
     fn ready(&self) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// What operators watch in the database itself: the oldest open
+    /// transaction and the dead row versions of the store's tables, where
+    /// the backend has them.
+    fn database_health(&self) -> impl Future<Output = Result<DatabaseHealth, StoreError>> + Send;
+}
+
+/// How the database behind a store is doing ([`AdminStore::database_health`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct DatabaseHealth {
+    /// How long, in seconds, the oldest transaction open in the database
+    /// (other than the one asking) has run: on PostgreSQL it holds back
+    /// the vacuum of every table, so dead rows pile up while it lasts.
+    /// `None` when none is open, on SQLite, or when the database's role may
+    /// not see other sessions' transactions (PostgreSQL shows them to
+    /// superusers and members of `pg_read_all_stats`).
+    pub oldest_transaction_seconds: Option<f64>,
+    /// Dead row versions per table of the store's schema, by the database's
+    /// statistics (PostgreSQL; empty on SQLite, which has no such count).
+    pub dead_tuples: BTreeMap<String, i64>,
 }

@@ -16,8 +16,8 @@ mod store;
 mod stream;
 
 pub use admin::{
-    AdminStore, CancelOutcome, DeliveryStats, DeliveryStatsPage, DeliveryTotals, MessageFilter,
-    MessageKey, MessagePage, RateLimit, StatsKey, StoredMessage, SubscriptionInfo,
+    AdminStore, CancelOutcome, DatabaseHealth, DeliveryStats, DeliveryStatsPage, DeliveryTotals,
+    MessageFilter, MessageKey, MessagePage, RateLimit, StatsKey, StoredMessage, SubscriptionInfo,
     SubscriptionPage, MAX_LIST_PAGE, MAX_MESSAGE_PAGE, MESSAGE_FILTER_STATES,
 };
 pub use error::{HandlerError, StoreError, ValidationError};

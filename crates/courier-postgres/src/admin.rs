@@ -4,9 +4,9 @@
 
 use chrono::{DateTime, Utc};
 use courier_core::{
-    AdminStore, CancelOutcome, DeadLetterStore, DeliveryStats, DeliveryStatsPage, DeliverySummary,
-    DeliveryTotals, MessageFilter, MessageKey, MessagePage, RateLimit, StatsKey, StoreError,
-    StoredMessage, SubscriptionInfo, SubscriptionPage, MAX_LIST_PAGE,
+    AdminStore, CancelOutcome, DatabaseHealth, DeadLetterStore, DeliveryStats, DeliveryStatsPage,
+    DeliverySummary, DeliveryTotals, MessageFilter, MessageKey, MessagePage, RateLimit, StatsKey,
+    StoreError, StoredMessage, SubscriptionInfo, SubscriptionPage, MAX_LIST_PAGE,
 };
 use sqlx::postgres::PgRow;
 use sqlx::Row;
@@ -330,6 +330,22 @@ impl AdminStore for PgStore {
             .await
             .map_err(map)?;
         Ok(self.schema_version().await? == migrate::SCHEMA_VERSION)
+    }
+
+    async fn database_health(&self) -> Result<DatabaseHealth, StoreError> {
+        let oldest_transaction_seconds: Option<f64> =
+            sqlx::query_scalar(&self.q().database_oldest_transaction)
+                .fetch_one(self.pool())
+                .await
+                .map_err(map)?;
+        let dead: Vec<(String, i64)> = sqlx::query_as(&self.q().database_dead_tuples)
+            .fetch_all(self.pool())
+            .await
+            .map_err(map)?;
+        Ok(DatabaseHealth {
+            oldest_transaction_seconds,
+            dead_tuples: dead.into_iter().collect(),
+        })
     }
 }
 

@@ -84,6 +84,8 @@ queries!(
     messages_list,
     migrate_bootstrap,
     listener_check,
+    database_dead_tuples,
+    database_oldest_transaction,
     migrate_lock,
     migrate_timeouts_off,
     migrate_record,

@@ -37,6 +37,13 @@ pub const RELAY_SECONDS: &str = "courier_relay_duration_seconds";
 /// authentications). No tenant or address label.
 pub const RATE_LIMITED: &str = "courier_http_rate_limited_total";
 
+/// Seconds the oldest transaction open in the database has run (PostgreSQL),
+/// set at scrape; 0 when none is (or it cannot be seen).
+pub const DATABASE_OLDEST_TRANSACTION: &str = "courier_database_oldest_transaction_seconds";
+/// Dead row versions of each of Courier's tables by `table` (PostgreSQL),
+/// set at scrape.
+pub const DATABASE_DEAD_TUPLES: &str = "courier_database_dead_tuples";
+
 /// Histogram buckets for durations, in seconds.
 const SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,

@@ -62,6 +62,8 @@ pub trait ApiStore: Send + Sync + 'static {
     fn set_subscription_paused(&self, name: String, paused: bool) -> StoreFuture<'_, bool>;
     /// Whether the database answers with the expected schema.
     fn ready(&self) -> StoreFuture<'_, bool>;
+    /// The oldest open transaction and dead rows (see `AdminStore::database_health`).
+    fn database_health(&self) -> StoreFuture<'_, courier::DatabaseHealth>;
     /// A page of dead letters.
     fn list_dead_letters(
         &self,
@@ -169,6 +171,10 @@ where
 
     fn ready(&self) -> StoreFuture<'_, bool> {
         Box::pin(AdminStore::ready(self))
+    }
+
+    fn database_health(&self) -> StoreFuture<'_, courier::DatabaseHealth> {
+        Box::pin(AdminStore::database_health(self))
     }
 
     fn list_dead_letters(

@@ -2023,3 +2023,60 @@ async fn readiness_tells_only_admins_why_the_database_is_not_ready() {
         );
     }
 }
+
+/// `/readyz` tells an admin token how the database is doing: the oldest open
+/// transaction (here one left open for over a second) and the dead rows of
+/// Courier's tables; other callers get the status only. `/metrics` has the
+/// same figures as gauges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_shows_an_admin_the_oldest_transaction_and_dead_rows() -> anyhow::Result<()> {
+    let fixture = courier_testkit::PgFixture::new().await?;
+    let courier = courier_testkit::Backend::courier(&fixture).clone();
+    let pg_app = app(courier.store().clone(), &standard_tokens(), LIMIT);
+    let mut open = fixture.pool.begin().await?;
+    sqlx::query("SELECT 1").execute(&mut *open).await?;
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+
+    let ready = get(&pg_app, "/readyz", Some("admin-all")).await;
+    assert_eq!(ready.status, StatusCode::OK, "{}", ready.text);
+    let oldest = ready.body["database"]["oldest_transaction_seconds"]
+        .as_f64()
+        .unwrap_or_default();
+    assert!(oldest >= 1.0, "{}", ready.text);
+    assert!(
+        ready.body["database"]["dead_tuples"]["deliveries"].is_i64(),
+        "{}",
+        ready.text
+    );
+    for token in [None, Some("reader-a")] {
+        let public = get(&pg_app, "/readyz", token).await;
+        assert_eq!(public.body, json!({"status": "ready"}), "{token:?}");
+    }
+    let metrics = get(&pg_app, "/metrics", Some("admin-all")).await;
+    assert!(
+        metrics
+            .text
+            .contains("courier_database_oldest_transaction_seconds"),
+        "{}",
+        metrics.text
+    );
+    assert!(
+        metrics
+            .text
+            .contains("courier_database_dead_tuples{table=\"deliveries\"}"),
+        "{}",
+        metrics.text
+    );
+    open.rollback().await?;
+
+    // SQLite has neither figure, and says so with null and nothing.
+    let sqlite = courier_testkit::SqliteFixture::new().await?;
+    let lite = courier_testkit::Backend::courier(&sqlite).clone();
+    let lite_app = app(lite.store().clone(), &standard_tokens(), LIMIT);
+    let ready = get(&lite_app, "/readyz", Some("admin-all")).await;
+    assert_eq!(
+        ready.body,
+        json!({"status": "ready", "database": {"oldest_transaction_seconds": null, "dead_tuples": {}}})
+    );
+    Ok(())
+}

@@ -47,14 +47,15 @@ pub use courier_core::{
 };
 pub use courier_core::{
     truncate_chars, validate_name, AdminStore, Availability, BatchItem, BatchRollback,
-    CancelOutcome, ClaimBatch, ClaimParams, ClaimedDelivery, DeadLetter, DeadLetterFilter,
-    DeadLetterKey, DeadLetterPage, DeadLetterStore, DeliveryStats, DeliveryStatsPage,
-    DeliverySummary, DeliveryTotals, EnqueueOutcome, ErrorEntry, Failure, FailureApplied,
-    HandlerError, LeaseRef, Message, MessageFilter, MessageKey, MessagePage, NewMessage,
-    OutboxStore, PruneReport, RateLimit, Registration, Replay, RescueParams, RetryPolicy, Route,
-    Snooze, StatsKey, StoreError, StoredMessage, SubscriptionInfo, SubscriptionPage,
-    SubscriptionSpec, TransactionalBatchOutcome, TransactionalOutcome, TxWork, ValidationError,
-    MAX_ERROR_CHARS, MAX_HOLD, MAX_LIST_PAGE, MAX_MESSAGE_PAGE, MAX_PAYLOAD_BYTES, MAX_SNOOZES,
+    CancelOutcome, ClaimBatch, ClaimParams, ClaimedDelivery, DatabaseHealth, DeadLetter,
+    DeadLetterFilter, DeadLetterKey, DeadLetterPage, DeadLetterStore, DeliveryStats,
+    DeliveryStatsPage, DeliverySummary, DeliveryTotals, EnqueueOutcome, ErrorEntry, Failure,
+    FailureApplied, HandlerError, LeaseRef, Message, MessageFilter, MessageKey, MessagePage,
+    NewMessage, OutboxStore, PruneReport, RateLimit, Registration, Replay, RescueParams,
+    RetryPolicy, Route, Snooze, StatsKey, StoreError, StoredMessage, SubscriptionInfo,
+    SubscriptionPage, SubscriptionSpec, TransactionalBatchOutcome, TransactionalOutcome, TxWork,
+    ValidationError, MAX_ERROR_CHARS, MAX_HOLD, MAX_LIST_PAGE, MAX_MESSAGE_PAGE, MAX_PAYLOAD_BYTES,
+    MAX_SNOOZES,
 };
 pub use courier_engine::{
     handler_fn, stream_handler_fn, EngineError, Handler, Maintenance, MaintenanceConfig,

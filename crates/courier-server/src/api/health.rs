@@ -31,7 +31,9 @@ use crate::config::Role;
 use crate::cursor;
 use crate::error::{ApiError, ErrorBody};
 use crate::guard::guard_requests;
-use crate::metrics::{OLDEST_PENDING_AGE, QUEUE_DEPTH};
+use crate::metrics::{
+    DATABASE_DEAD_TUPLES, DATABASE_OLDEST_TRANSACTION, OLDEST_PENDING_AGE, QUEUE_DEPTH,
+};
 
 /// The routes tagged `operations` (`/v1/openapi.json` is added by the router).
 pub(super) fn routes() -> OpenApiRouter<ApiState> {
@@ -52,6 +54,32 @@ pub struct Health {
     /// error text may name hosts, users and schemas).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// How the database is doing (`/readyz`, to an `admin` token, when the
+    /// database answers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub database: Option<DatabaseHealthView>,
+}
+
+/// The database's own health, as operators watch it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DatabaseHealthView {
+    /// Seconds the oldest transaction open in the database (other than the
+    /// daemon's question) has run; `null` when none is, on SQLite, or when
+    /// the daemon's role may not see other sessions (PostgreSQL shows them
+    /// to superusers and `pg_read_all_stats`). A long one holds back vacuum.
+    pub oldest_transaction_seconds: Option<f64>,
+    /// Dead row versions per table of Courier's schema (PostgreSQL; empty
+    /// on SQLite).
+    pub dead_tuples: BTreeMap<String, i64>,
+}
+
+impl From<courier::DatabaseHealth> for DatabaseHealthView {
+    fn from(health: courier::DatabaseHealth) -> Self {
+        Self {
+            oldest_transaction_seconds: health.oldest_transaction_seconds,
+            dead_tuples: health.dead_tuples,
+        }
+    }
 }
 
 /// Filters of `GET /v1/stats`.
@@ -108,6 +136,7 @@ async fn healthz() -> Json<Health> {
     Json(Health {
         status: "ok".into(),
         detail: None,
+        database: None,
     })
 }
 
@@ -148,24 +177,37 @@ async fn readyz(State(state): State<ApiState>, headers: HeaderMap) -> Response {
             problem = Some(detail);
         }
     }
-    let Some(problem) = problem else {
-        return Json(Health {
-            status: "ready".into(),
-            detail: None,
-        })
-        .into_response();
-    };
     // A bad or missing token is not refused here: it gets the public answer.
     let admin = state
         .auth
         .authenticate(&headers)
         .is_ok_and(|principal| principal.has(Role::Admin));
+    let Some(problem) = problem else {
+        let database = if admin {
+            match state.store.database_health().await {
+                Ok(health) => Some(health.into()),
+                Err(error) => {
+                    tracing::warn!(%error, "database health unavailable for /readyz");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        return Json(Health {
+            status: "ready".into(),
+            detail: None,
+            database,
+        })
+        .into_response();
+    };
     (
         StatusCode::SERVICE_UNAVAILABLE,
         [(header::RETRY_AFTER, crate::error::RETRY_AFTER_SECONDS)],
         Json(Health {
             status: "not_ready".into(),
             detail: admin.then_some(problem),
+            database: None,
         }),
     )
         .into_response()
@@ -236,6 +278,16 @@ async fn render_metrics(state: &ApiState) -> Response {
             }
         }
         Err(error) => tracing::warn!(%error, "queue depth unavailable for /metrics"),
+    }
+    match state.store.database_health().await {
+        Ok(health) => {
+            metrics::gauge!(DATABASE_OLDEST_TRANSACTION)
+                .set(health.oldest_transaction_seconds.unwrap_or(0.0));
+            for (table, dead) in health.dead_tuples {
+                metrics::gauge!(DATABASE_DEAD_TUPLES, "table" => table).set(dead as f64);
+            }
+        }
+        Err(error) => tracing::warn!(%error, "database health unavailable for /metrics"),
     }
     state.metrics.run_upkeep();
     (

@@ -106,6 +106,10 @@ impl<S: ApiStore> ApiStore for CountingStore<S> {
         self.count("ready");
         self.inner.ready()
     }
+    fn database_health(&self) -> Future<'_, courier::DatabaseHealth> {
+        self.count("database_health");
+        self.inner.database_health()
+    }
     fn list_dead_letters(
         &self,
         filter: DeadLetterFilter,

@@ -538,6 +538,18 @@ impl<S: OutboxStore> Executor<S> {
                         Ok(Ok(Ok(TransactionalOutcome::HandlerFailed(error)))) => {
                             Outcome::Failed(error)
                         }
+                        // Contention or a lost connection (a lock held by a
+                        // frozen worker's open transaction, a restart) is not
+                        // the message's fault: it waits and spends no attempt
+                        // (snoozes are bounded, so this cannot loop forever).
+                        Ok(Ok(Err(error))) if error.is_transient() => {
+                            Outcome::Failed(HandlerError::snooze(
+                                self.policy_of(&delivery.topic).backoff(1),
+                                format!(
+                                    "transient store error around the handler's transaction: {error}"
+                                ),
+                            ))
+                        }
                         Ok(Ok(Err(error))) => Outcome::Failed(HandlerError::retry(format!(
                             "store error around the handler's transaction: {error}"
                         ))),
@@ -707,6 +719,15 @@ impl<S: OutboxStore> Executor<S> {
         })
     }
 
+    /// The retry policy of `topic`'s deliveries.
+    fn policy_of(&self, topic: &str) -> RetryPolicy {
+        self.routes
+            .policies
+            .get(topic)
+            .copied()
+            .unwrap_or(self.retry)
+    }
+
     /// The settlement that records a finished delivery's outcome.
     fn settlement_for(&self, delivery: &ClaimedDelivery, outcome: Outcome) -> Settlement {
         let topic = delivery.topic.clone();
@@ -737,12 +758,7 @@ impl<S: OutboxStore> Executor<S> {
                 }
             }
             Outcome::Failed(error) => {
-                let policy = self
-                    .routes
-                    .policies
-                    .get(&delivery.topic)
-                    .copied()
-                    .unwrap_or(self.retry);
+                let policy = self.policy_of(&delivery.topic);
                 let retry_in = match &error {
                     HandlerError::Permanent(_) => None,
                     HandlerError::RetryAfter { delay, .. } => Some(*delay),

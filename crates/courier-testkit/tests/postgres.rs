@@ -791,3 +791,72 @@ async fn courier_s_connection_options_turn_jit_off_and_a_jit_pool_is_detected() 
     );
     Ok(())
 }
+
+/// A store error around a transactional handler's transaction that is not
+/// the message's fault spends no attempt: here its receipt insert times out
+/// on a lock (another transaction holds the same receipt uncommitted, as a
+/// frozen worker's open transaction would). The delivery snoozes instead of
+/// being dead-lettered at its only attempt, and applies once the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_timeout_around_a_transactional_handler_spends_no_attempt() -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    pg.create_effects_table().await?;
+    let url = courier_testkit::database_url();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(courier::postgres::connect_options(&format!(
+            "{url}{separator}options=-c%20lock_timeout%3D200%20-c%20search_path%3D{}",
+            pg.schema
+        ))?)
+        .await?;
+    let courier = courier::Courier::postgres_with_schema(pool, &pg.schema)?;
+    let handler = courier_testkit::RecordEffect::default();
+    let mut retry = courier::RetryPolicy::with_max_attempts(1);
+    retry.base = Duration::from_millis(50);
+    let worker = courier
+        .worker("sub")
+        .handle_transactional("topic", 1, handler)
+        .retry_policy(retry)
+        .poll_interval(Duration::from_millis(20))
+        .maintenance(None)
+        .build()
+        .await?;
+    let message = courier::NewMessage::new("acme", "topic", &Event { n: 1 })?;
+    pg.enqueue_committed(std::slice::from_ref(&message)).await?;
+    let mut holder = pg.pool.begin().await?;
+    sqlx::query(
+        "INSERT INTO receipts (tenant, subscription, message_id) VALUES ('acme', 'sub', $1)",
+    )
+    .bind(message.id)
+    .execute(&mut *holder)
+    .await?;
+    let running = worker.start();
+    let snoozed = eventually(Duration::from_secs(10), || async {
+        matches!(
+            pg.scalar("SELECT coalesce(max(snoozes), 0)::bigint FROM deliveries").await,
+            Ok(n) if n >= 2
+        )
+    })
+    .await;
+    let dead = pg
+        .scalar("SELECT count(*) FROM deliveries WHERE state = 'dead'")
+        .await?;
+    holder.rollback().await?;
+    let applied = eventually(Duration::from_secs(10), || async {
+        matches!(pg.scalar("SELECT count(*) FROM deliveries").await, Ok(0))
+    })
+    .await;
+    running.shutdown().await;
+    assert_eq!(dead, 0, "the lock timeout spent the only attempt");
+    assert!(
+        snoozed,
+        "the delivery did not wait for the lock by snoozing"
+    );
+    assert!(
+        applied,
+        "the delivery was not applied once the lock was gone"
+    );
+    assert_eq!(pg.scalar("SELECT count(*) FROM effects").await?, 1);
+    Ok(())
+}

@@ -26,6 +26,13 @@ async fn stop<W>(workers: W) {
     tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
+/// Whether `worker` has not exited.
+async fn still_up(worker: &mut Worker) -> bool {
+    tokio::time::timeout(Duration::from_millis(100), worker.wait())
+        .await
+        .is_err()
+}
+
 /// Loads `n` messages numbered from `first`.
 async fn load_from(pool: &sqlx::PgPool, first: u64, n: u64) -> anyhow::Result<()> {
     for i in first..first + n {
@@ -804,6 +811,249 @@ async fn a_listen_connection_terminated_then_frozen_still_delivers_and_comes_bac
     );
     report(
         "LISTEN connection terminated, then frozen",
+        &verdict,
+        recovery,
+    )
+}
+
+/// A handler that hangs after its writes (message 77, first attempt): with
+/// `async` the handler timeout (5 s) cancels it, its writes roll back and the
+/// retry applies it once; with `blocking` it ignores cancellation, so its
+/// lease runs out (it is not extended past the handler timeout), the other
+/// worker applies the message, and the late completion of the hung one is
+/// refused. Either way: one effect, no dead letter, both workers still up.
+async fn hung(blocking: bool) -> anyhow::Result<()> {
+    const HUNG: u64 = 77;
+    let cluster = PgCluster::start().await?;
+    let pool = connect(&cluster.url(), 4).await?;
+    prepare(&pool).await?;
+    load(&pool, 300).await?;
+    let env = [
+        ("CHAOS_HANG_ON", HUNG.to_string()),
+        (
+            "CHAOS_HANG",
+            if blocking { "blocking" } else { "async" }.to_owned(),
+        ),
+    ];
+    let mut first =
+        Worker::start_with(WORKER, &cluster.url(), Duration::from_millis(5), &env).await?;
+    let mut second =
+        Worker::start_with(WORKER, &cluster.url(), Duration::from_millis(5), &env).await?;
+    let started = Instant::now();
+    let hung_id: uuid::Uuid =
+        sqlx::query_scalar("SELECT id FROM courier.messages WHERE (payload->>'n')::bigint = $1")
+            .bind(i64::try_from(HUNG)?)
+            .fetch_one(&pool)
+            .await?;
+    drained(&pool, Duration::from_secs(90)).await?;
+    let recovery = started.elapsed();
+    // The blocked handler wakes after 12 s and tries to complete.
+    tokio::time::sleep(Duration::from_secs(if blocking { 14 } else { 1 })).await;
+    let both_up = still_up(&mut first).await && still_up(&mut second).await;
+    let runs: Vec<i32> =
+        sqlx::query_scalar("SELECT attempt FROM ledger.runs WHERE message_id = $1")
+            .bind(hung_id)
+            .fetch_all(&pool)
+            .await?;
+    stop((first, second)).await;
+    let verdict = verdict(&pool).await?;
+    println!("the hung message's committed runs (attempts): {runs:?}");
+    anyhow::ensure!(both_up, "a worker exited");
+    anyhow::ensure!(
+        runs.len() == 1 && runs[0] >= 2,
+        "the hung message committed {runs:?}, not once on a later attempt"
+    );
+    let scenario = if blocking {
+        "hung handler ignoring cancellation: lease lost, late completion refused"
+    } else {
+        "hung handler cancelled at its timeout"
+    };
+    report(scenario, &verdict, recovery)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_handler_is_cancelled_at_its_timeout_and_applied_once() -> anyhow::Result<()> {
+    hung(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_ignoring_cancellation_loses_its_lease_and_its_late_completion_is_refused(
+) -> anyhow::Result<()> {
+    hung(true).await
+}
+
+/// What the webhook receiver does, by phase.
+const FAILING: u8 = 0;
+const HANGING: u8 = 1;
+const RECOVERED: u8 = 2;
+
+/// The scenario's webhook endpoint: it answers 500, then hangs, then 2xx,
+/// as `phase` says; each 2xx call writes one effect (no dedupe, so a
+/// message delivered twice shows as doubled).
+#[derive(Clone)]
+struct Receiver {
+    phase: std::sync::Arc<std::sync::atomic::AtomicU8>,
+    calls: std::sync::Arc<std::sync::Mutex<Vec<(String, u16)>>>,
+    pool: sqlx::PgPool,
+}
+
+async fn receive(
+    axum::extract::State(receiver): axum::extract::State<Receiver>,
+    headers: axum::http::HeaderMap,
+) -> axum::http::StatusCode {
+    use axum::http::StatusCode;
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let id = header("webhook-id");
+    let log = |status: u16| {
+        receiver
+            .calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((id.clone(), status));
+    };
+    match receiver.phase.load(std::sync::atomic::Ordering::SeqCst) {
+        FAILING => {
+            log(500);
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+        HANGING => {
+            log(0);
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+        _ => {
+            let Some(message_id) = id
+                .split_once(':')
+                .and_then(|(_, m)| m.parse::<uuid::Uuid>().ok())
+            else {
+                log(400);
+                return StatusCode::BAD_REQUEST;
+            };
+            let written = sqlx::query(
+                "INSERT INTO ledger.effects (tenant, message_id, subscription) VALUES ($1, $2, 'ledger')",
+            )
+            .bind(header("courier-tenant"))
+            .bind(message_id)
+            .execute(&receiver.pool)
+            .await;
+            if written.is_err() {
+                log(503);
+                return StatusCode::SERVICE_UNAVAILABLE;
+            }
+            log(200);
+            StatusCode::OK
+        }
+    }
+}
+
+/// A webhook endpoint that answers 500 for 3 s, then hangs for 4 s (the
+/// daemon's request timeout is 1 s), then recovers, while messages keep
+/// coming: every message is delivered once it answers 2xx, none is marked
+/// delivered without a 2xx (a delivery gone without its effect counts as
+/// lost), none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_failing_then_hanging_then_recovering_marks_nothing_delivered_without_a_2xx(
+) -> anyhow::Result<()> {
+    let cluster = PgCluster::start().await?;
+    let pool = connect(&cluster.url(), 8).await?;
+    prepare(&pool).await?;
+    let receiver = Receiver {
+        phase: std::sync::Arc::new(std::sync::atomic::AtomicU8::new(FAILING)),
+        calls: std::sync::Arc::default(),
+        pool: pool.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let hook = listener.local_addr()?;
+    let app = axum::Router::new()
+        .route("/hook", axum::routing::post(receive))
+        .with_state(receiver.clone());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let config = courier_server::config::Config::from_toml_str(&format!(
+        r#"
+database_url = "{url}"
+listen = "127.0.0.1:0"
+shutdown_timeout_ms = 2000
+
+[[subscriptions]]
+name = "ledger"
+topics = ["{topic}"]
+[subscriptions.retry]
+max_attempts = 10
+base_ms = 200
+cap_ms = 5000
+[subscriptions.target]
+type = "webhook"
+url = "http://{hook}/hook"
+secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+timeout_ms = 1000
+"#,
+        url = cluster.url(),
+        topic = courier_chaos::TOPIC,
+    ))?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let daemon = courier_server::bind(config, async move {
+        let _ = stopped.await;
+    })
+    .await?;
+    let daemon = tokio::spawn(daemon.finished());
+    let started = Instant::now();
+    let producer = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            for n in 0..300_u64 {
+                let (tenant, key) = shape(n);
+                produce(&pool, tenant, key.as_deref(), n).await?;
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            anyhow::Ok(())
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    receiver
+        .phase
+        .store(HANGING, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    receiver
+        .phase
+        .store(RECOVERED, std::sync::atomic::Ordering::SeqCst);
+    let recovered = Instant::now();
+    producer.await??;
+    drained(&pool, Duration::from_secs(90)).await?;
+    let recovery = recovered.elapsed();
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(30), daemon).await???;
+    server.abort();
+    let calls = receiver
+        .calls
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let count = |status: u16| calls.iter().filter(|(_, s)| *s == status).count();
+    let verdict = verdict(&pool).await?;
+    println!(
+        "{} calls: {} answered 500, {} hung, {} answered 200; {:.1} s from recovery to drained",
+        calls.len(),
+        count(500),
+        count(0),
+        count(200),
+        recovery.as_secs_f64()
+    );
+    anyhow::ensure!(
+        count(500) > 0 && count(0) > 0,
+        "the endpoint's failing and hanging phases saw no calls"
+    );
+    anyhow::ensure!(
+        started.elapsed() > Duration::from_secs(7),
+        "the scenario ended before the endpoint recovered"
+    );
+    report(
+        "webhook 500, then hanging, then recovered",
         &verdict,
         recovery,
     )

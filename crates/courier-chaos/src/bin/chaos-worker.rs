@@ -36,6 +36,12 @@ struct Ledgered {
     /// Abort the process on every attempt of the message whose `n` is this
     /// (`CHAOS_CRASH_ON`), before any write.
     crash_on: Option<u64>,
+    /// Hang, after the writes of the first attempt of the message whose `n`
+    /// is this (`CHAOS_HANG_ON`), for a minute in a way cancellation stops
+    /// (`CHAOS_HANG=async`, the default) or for 12 s blocking the thread
+    /// (`CHAOS_HANG=blocking`: a handler that ignores cancellation).
+    hang_on: Option<u64>,
+    hang_blocking: bool,
 }
 
 impl TransactionalHandler<PgConnection> for Ledgered {
@@ -91,6 +97,17 @@ impl TransactionalHandler<PgConnection> for Ledgered {
         let first = message.attempt == 1;
         if self.panic_every > 0 && n.is_multiple_of(self.panic_every) && first {
             panic!("chaos: a handler panic after its writes (message {n})");
+        }
+        if self.hang_on == Some(n) && first {
+            eprintln!(
+                "chaos: message {n} hangs (blocking: {})",
+                self.hang_blocking
+            );
+            if self.hang_blocking {
+                std::thread::sleep(Duration::from_secs(12));
+            } else {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+            }
         }
         if self.abort_every > 0 && n.is_multiple_of(self.abort_every) && first {
             eprintln!("chaos: aborting after the writes of message {n}, before its commit");
@@ -153,6 +170,8 @@ async fn main() -> anyhow::Result<()> {
         panic_every: optional("CHAOS_PANIC_EVERY")?.unwrap_or(0),
         abort_every: optional("CHAOS_ABORT_EVERY")?.unwrap_or(0),
         crash_on: optional("CHAOS_CRASH_ON")?,
+        hang_on: optional("CHAOS_HANG_ON")?,
+        hang_blocking: std::env::var("CHAOS_HANG").is_ok_and(|mode| mode == "blocking"),
     };
     let mut retry = RetryPolicy::with_max_attempts(3);
     retry.base = Duration::from_millis(200);

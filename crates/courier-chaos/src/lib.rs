@@ -297,6 +297,27 @@ pub fn shape(n: u64) -> (&'static str, Option<String>) {
     (tenant, key)
 }
 
+/// The environment variable `name`, or an error naming it.
+pub fn env_var(name: &str) -> anyhow::Result<String> {
+    std::env::var(name).with_context(|| format!("{name} is not set"))
+}
+
+/// Completes when this process's stdin closes: the suite holds every child's
+/// stdin open, so that is the suite's end (it finished, was killed or timed
+/// out), and nothing may outlive it. Exit the process after it with
+/// `std::process::exit`: returning from `main` would wait for the blocking
+/// read of stdin.
+pub async fn stdin_closed() {
+    let mut buf = [0_u8; 64];
+    let mut stdin = tokio::io::stdin();
+    loop {
+        match tokio::io::AsyncReadExt::read(&mut stdin, &mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
 /// A `chaos-worker` process.
 pub struct Worker {
     child: Child,

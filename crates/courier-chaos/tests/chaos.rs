@@ -33,6 +33,15 @@ async fn still_up(worker: &mut Worker) -> bool {
         .is_err()
 }
 
+/// A cluster of the scenario's own with Courier's schema, the subscription
+/// and the ledger, and a pool of 4 on it.
+async fn ledgered_cluster() -> anyhow::Result<(PgCluster, sqlx::PgPool)> {
+    let cluster = PgCluster::start().await?;
+    let pool = connect(&cluster.url(), 4).await?;
+    prepare(&pool).await?;
+    Ok((cluster, pool))
+}
+
 /// Loads `n` messages numbered from `first`.
 async fn load_from(pool: &sqlx::PgPool, first: u64, n: u64) -> anyhow::Result<()> {
     for i in first..first + n {
@@ -63,9 +72,7 @@ async fn effects_reach(pool: &sqlx::PgPool, n: i64) -> anyhow::Result<()> {
 /// overlap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_mid_batch_loses_and_doubles_nothing() -> anyhow::Result<()> {
-    let cluster = PgCluster::start().await?;
-    let pool = connect(&cluster.url(), 4).await?;
-    prepare(&pool).await?;
+    let (cluster, pool) = ledgered_cluster().await?;
     load(&pool, 1_200).await?;
     let victim = Worker::start(WORKER, &cluster.url(), Duration::from_millis(20)).await?;
     let survivor = Worker::start(WORKER, &cluster.url(), Duration::from_millis(20)).await?;
@@ -125,9 +132,7 @@ async fn a_worker_killed_mid_batch_loses_and_doubles_nothing() -> anyhow::Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_stopped_with_sigterm_mid_batch_exits_cleanly_and_hands_over() -> anyhow::Result<()>
 {
-    let cluster = PgCluster::start().await?;
-    let pool = connect(&cluster.url(), 4).await?;
-    prepare(&pool).await?;
+    let (cluster, pool) = ledgered_cluster().await?;
     load(&pool, 1_200).await?;
     let mut stopped = Worker::start(WORKER, &cluster.url(), Duration::from_millis(20)).await?;
     let survivor = Worker::start(WORKER, &cluster.url(), Duration::from_millis(20)).await?;
@@ -193,9 +198,7 @@ async fn postgres_restarted_fast_under_load_loses_and_doubles_nothing() -> anyho
 }
 
 async fn restarted_under_load(mode: &str, scenario: &str) -> anyhow::Result<()> {
-    let cluster = PgCluster::start().await?;
-    let pool = connect(&cluster.url(), 4).await?;
-    prepare(&pool).await?;
+    let (cluster, pool) = ledgered_cluster().await?;
     let workers = [
         Worker::start(WORKER, &cluster.url(), Duration::from_millis(2)).await?,
         Worker::start(WORKER, &cluster.url(), Duration::from_millis(2)).await?,
@@ -259,9 +262,7 @@ async fn restarted_under_load(mode: &str, scenario: &str) -> anyhow::Result<()> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handler_panics_after_their_writes_leave_the_worker_up_and_apply_once() -> anyhow::Result<()>
 {
-    let cluster = PgCluster::start().await?;
-    let pool = connect(&cluster.url(), 4).await?;
-    prepare(&pool).await?;
+    let (cluster, pool) = ledgered_cluster().await?;
     load(&pool, 600).await?;
     let mut worker = Worker::start_with(
         WORKER,
@@ -307,9 +308,7 @@ async fn handler_panics_after_their_writes_leave_the_worker_up_and_apply_once() 
 /// while the workers drain: they reconnect and deliver everything once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_connections_terminated_mid_drain_lose_and_double_nothing() -> anyhow::Result<()> {
-    let cluster = PgCluster::start().await?;
-    let pool = connect(&cluster.url(), 4).await?;
-    prepare(&pool).await?;
+    let (cluster, pool) = ledgered_cluster().await?;
     load(&pool, 1_200).await?;
     let workers = [
         Worker::start(WORKER, &cluster.url(), Duration::from_millis(10)).await?,
@@ -350,9 +349,7 @@ async fn engine_connections_terminated_mid_drain_lose_and_double_nothing() -> an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_aborting_the_process_before_its_commit_applies_once_after_restarts(
 ) -> anyhow::Result<()> {
-    let cluster = PgCluster::start().await?;
-    let pool = connect(&cluster.url(), 4).await?;
-    prepare(&pool).await?;
+    let (cluster, pool) = ledgered_cluster().await?;
     load(&pool, 600).await?;
     let started = Instant::now();
     let worker = Supervised::start(
@@ -391,9 +388,7 @@ async fn a_handler_aborting_the_process_before_its_commit_applies_once_after_res
 async fn a_message_that_crashes_the_worker_every_time_is_dead_lettered_after_three_crashes(
 ) -> anyhow::Result<()> {
     const POISON: u64 = 1_000_000;
-    let cluster = PgCluster::start().await?;
-    let pool = connect(&cluster.url(), 4).await?;
-    prepare(&pool).await?;
+    let (cluster, pool) = ledgered_cluster().await?;
     let worker = Supervised::start(
         WORKER,
         &cluster.url(),
@@ -464,9 +459,7 @@ async fn a_message_that_crashes_the_worker_every_time_is_dead_lettered_after_thr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_locked_for_30_s_times_engine_statements_out_and_corrupts_nothing(
 ) -> anyhow::Result<()> {
-    let cluster = PgCluster::start().await?;
-    let pool = connect(&cluster.url(), 4).await?;
-    prepare(&pool).await?;
+    let (cluster, pool) = ledgered_cluster().await?;
     load(&pool, 1_200).await?;
     let workers = [
         Worker::start(WORKER, &cluster.url(), Duration::from_millis(10)).await?,
@@ -530,9 +523,7 @@ async fn a_table_locked_for_30_s_times_engine_statements_out_and_corrupts_nothin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inserts_failing_with_disk_full_refuse_producers_while_existing_work_drains(
 ) -> anyhow::Result<()> {
-    let cluster = PgCluster::start().await?;
-    let pool = connect(&cluster.url(), 4).await?;
-    prepare(&pool).await?;
+    let (cluster, pool) = ledgered_cluster().await?;
     sqlx::raw_sql(
         "CREATE TABLE ledger.fault (disk_full boolean NOT NULL);
          INSERT INTO ledger.fault VALUES (false);
@@ -625,9 +616,7 @@ enum Resume {
 }
 
 async fn frozen(resume: Resume) -> anyhow::Result<()> {
-    let cluster = PgCluster::start().await?;
-    let pool = connect(&cluster.url(), 4).await?;
-    prepare(&pool).await?;
+    let (cluster, pool) = ledgered_cluster().await?;
     load(&pool, 400).await?;
     // Handlers of 300 ms: the freeze lands inside the victim's transactions.
     let mut victim = Worker::start(WORKER, &cluster.url(), Duration::from_millis(300)).await?;
@@ -768,9 +757,7 @@ impl Drop for Frozen {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listen_connection_terminated_then_frozen_still_delivers_and_comes_back(
 ) -> anyhow::Result<()> {
-    let cluster = PgCluster::start().await?;
-    let pool = connect(&cluster.url(), 4).await?;
-    prepare(&pool).await?;
+    let (cluster, pool) = ledgered_cluster().await?;
     let worker = Worker::start(WORKER, &cluster.url(), Duration::from_millis(2)).await?;
     let first = new_listener(&pool, &[], Duration::from_secs(10)).await?;
     let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
@@ -827,9 +814,7 @@ async fn a_listen_connection_terminated_then_frozen_still_delivers_and_comes_bac
 /// refused. Either way: one effect, no dead letter, both workers still up.
 async fn hung(blocking: bool) -> anyhow::Result<()> {
     const HUNG: u64 = 77;
-    let cluster = PgCluster::start().await?;
-    let pool = connect(&cluster.url(), 4).await?;
-    prepare(&pool).await?;
+    let (cluster, pool) = ledgered_cluster().await?;
     load(&pool, 300).await?;
     let env = [
         ("CHAOS_HANG_ON", HUNG.to_string()),

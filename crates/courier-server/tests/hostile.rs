@@ -493,6 +493,15 @@ async fn wrong_methods_large_heads_and_undecodable_paths_get_the_json_error_shap
     daemon.shutdown().await;
 }
 
+/// A response's `Retry-After`, in seconds.
+fn retry_after(response: &reqwest::Response) -> u64 {
+    response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 fn tenant_token(name: &str, tenants: &[&str], roles: &[Role]) -> TokenConfig {
     TokenConfig {
         tenants: tenants.iter().map(|t| (*t).to_owned()).collect(),
@@ -538,11 +547,7 @@ async fn a_tenant_over_its_request_rate_gets_429_with_retry_after_and_others_do_
     );
     let refused = list("acme-1").await;
     assert_eq!(refused.status(), 429);
-    let wait: u64 = refused.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let wait = retry_after(&refused);
     assert_eq!(wait, 1, "one request comes back every 0.5 s");
     let body: serde_json::Value = serde_json::from_str(&refused.text().await.unwrap()).unwrap();
     assert_eq!(body["error"]["code"], "too_many_requests");
@@ -584,11 +589,7 @@ async fn an_address_guessing_tokens_is_refused_after_its_failures_even_with_a_va
     }
     let refused = stats("guess-5".into()).await;
     assert_eq!(refused.status(), 429);
-    let wait: u64 = refused.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let wait = retry_after(&refused);
     assert!((55..=60).contains(&wait), "Retry-After {wait}");
     let valid = stats("ops".into()).await;
     assert_eq!(

@@ -19,6 +19,7 @@ use courier::{
     Courier, HandlerError, MaintenanceConfig, Message, NewMessage, RetryPolicy,
     TransactionalHandler,
 };
+use courier_chaos::env_var as env;
 use sqlx::SqliteConnection;
 
 struct Ledgered;
@@ -40,10 +41,6 @@ impl TransactionalHandler<SqliteConnection> for Ledgered {
             .map_err(HandlerError::retry)?;
         Ok(())
     }
-}
-
-fn env(name: &str) -> anyhow::Result<String> {
-    std::env::var(name).with_context(|| format!("{name} is not set"))
 }
 
 fn number(name: &str) -> anyhow::Result<u64> {
@@ -90,16 +87,7 @@ async fn produce(courier: &Courier<courier::sqlite::SqliteStore>) -> anyhow::Res
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let courier = Courier::connect_sqlite(&env("CHAOS_SQLITE_PATH")?).await?;
-    let orphaned = async {
-        let mut buf = [0_u8; 64];
-        let mut stdin = tokio::io::stdin();
-        loop {
-            match tokio::io::AsyncReadExt::read(&mut stdin, &mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-        }
-    };
+    let orphaned = courier_chaos::stdin_closed();
     match env("CHAOS_ROLE")?.as_str() {
         "producer" => {
             println!("ready");

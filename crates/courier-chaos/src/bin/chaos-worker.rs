@@ -11,6 +11,7 @@ use anyhow::Context;
 use courier::{
     Courier, HandlerError, MaintenanceConfig, Message, RetryPolicy, TransactionalHandler,
 };
+use courier_chaos::env_var as env;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgConnection;
 
@@ -117,10 +118,6 @@ impl TransactionalHandler<PgConnection> for Ledgered {
     }
 }
 
-fn env(name: &str) -> anyhow::Result<String> {
-    std::env::var(name).with_context(|| format!("{name} is not set"))
-}
-
 fn millis(name: &str) -> anyhow::Result<Duration> {
     let value: u64 = env(name)?
         .parse()
@@ -210,16 +207,7 @@ async fn main() -> anyhow::Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     // The suite holds our stdin open: end of input means it died (a test
     // killed or timed out), and nothing must outlive it.
-    let orphaned = async {
-        let mut buf = [0_u8; 64];
-        let mut stdin = tokio::io::stdin();
-        loop {
-            match tokio::io::AsyncReadExt::read(&mut stdin, &mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-        }
-    };
+    let orphaned = courier_chaos::stdin_closed();
     tokio::select! {
         _ = term.recv() => {
             worker.shutdown().await;

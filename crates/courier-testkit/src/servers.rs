@@ -92,6 +92,20 @@ impl RedisServer {
         Ok(())
     }
 
+    /// Runs one command through `redis-cli` as a client of its own (for
+    /// faults such as `CLIENT KILL TYPE normal` or `CLIENT PAUSE 2000`);
+    /// its reply.
+    pub fn command(&self, args: &[&str]) -> anyhow::Result<String> {
+        let output = std::process::Command::new("redis-cli")
+            .arg("-p")
+            .arg(self.port.to_string())
+            .args(args)
+            .output()
+            .map_err(|e| anyhow::anyhow!("cannot run redis-cli (is it installed?): {e}"))?;
+        anyhow::ensure!(output.status.success(), "redis-cli {args:?} failed");
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    }
+
     /// Starts it again on the same port and directory.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.kill()?;

@@ -1,7 +1,8 @@
 //! Stream subscriptions across Redis restarts, on Redis servers these tests
 //! start for themselves (a free port each; never the shared server): a
-//! durable server killed mid-run loses and doubles nothing, and a server
-//! that comes back empty gets its group recreated at its start.
+//! durable server killed mid-run, or its clients killed and the server
+//! paused, loses and doubles nothing, and a server that comes back empty
+//! gets its group recreated at its start.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -123,13 +124,26 @@ async fn a_redis_killed_mid_run_loses_and_doubles_nothing() -> anyhow::Result<()
         }
     }
 
+    let stored = handled_and_acked(&streams, &key, &runs).await?;
+    running.shutdown().await;
+    every_entry_once(&stored, &runs, ENTRIES);
+    Ok(())
+}
+
+/// Waits (up to 60 s) until every stored entry was handled and none is
+/// pending; the stored entries.
+async fn handled_and_acked(
+    streams: &RedisStreamStore,
+    key: &StreamKey,
+    runs: &Runs,
+) -> anyhow::Result<Vec<(StreamEntryId, u64)>> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let stored = loop {
-        let stored = all_entries(&streams, &key).await?;
+    loop {
+        let stored = all_entries(streams, key).await?;
         let handled = runs.snapshot();
-        let pending = streams.pending_summary(&key, "workflow").await?.count;
+        let pending = streams.pending_summary(key, "workflow").await?.count;
         if stored.iter().all(|(id, _)| handled.contains_key(id)) && pending == 0 {
-            break stored;
+            return Ok(stored);
         }
         anyhow::ensure!(
             tokio::time::Instant::now() < deadline,
@@ -141,14 +155,17 @@ async fn a_redis_killed_mid_run_loses_and_doubles_nothing() -> anyhow::Result<()
             stored.len()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    running.shutdown().await;
+    }
+}
 
+/// Every acknowledged append (`0..entries`) is stored, and every stored
+/// entry was handled exactly once.
+fn every_entry_once(stored: &[(StreamEntryId, u64)], runs: &Runs, entries: u64) {
     let numbers: BTreeSet<u64> = stored.iter().map(|(_, n)| *n).collect();
     assert_eq!(
         numbers,
-        (0..ENTRIES).collect(),
-        "every acknowledged append survived the kill"
+        (0..entries).collect(),
+        "every acknowledged append survived the fault"
     );
     let handled = runs.snapshot();
     let twice: Vec<_> = handled.iter().filter(|(_, (_, runs))| *runs != 1).collect();
@@ -161,6 +178,47 @@ async fn a_redis_killed_mid_run_loses_and_doubles_nothing() -> anyhow::Result<()
         stored.len(),
         "only stored entries were handled"
     );
+}
+
+/// Every client connection killed (`CLIENT KILL TYPE normal`) and then the
+/// server paused for 2 s (`CLIENT PAUSE 2000`) while entries are appended
+/// and handled: the subscription reconnects and waits, nothing is lost or
+/// handled twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_kill_and_client_pause_mid_run_lose_and_double_nothing() -> anyhow::Result<()> {
+    const ENTRIES: u64 = 1_000;
+    let server = RedisServer::start(true).await?;
+    let streams = RedisStreamStore::connect(&server.url(), "fault:").await?;
+    let receipts = SqliteFixture::new().await?;
+    let key = StreamKey::new("acme", "events")?;
+    let runs = Runs::default();
+    let subscription = StreamSubscription::new(
+        streams.clone(),
+        receipts.courier().store().clone(),
+        config(&key)?,
+        runs.handler(),
+    )?;
+    subscription.ensure_group().await?;
+    let running = subscription.start();
+    let mut killed = 0;
+    for n in 0..ENTRIES {
+        if n == ENTRIES / 3 {
+            killed = server
+                .command(&["CLIENT", "KILL", "TYPE", "normal"])?
+                .parse()?;
+        }
+        if n == 2 * ENTRIES / 3 {
+            anyhow::ensure!(server.command(&["CLIENT", "PAUSE", "2000"])? == "OK");
+        }
+        append_retrying(&streams, &key, n).await?;
+        if n % 50 == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let stored = handled_and_acked(&streams, &key, &runs).await?;
+    running.shutdown().await;
+    assert!(killed >= 2, "CLIENT KILL reached {killed} connections");
+    every_entry_once(&stored, &runs, ENTRIES);
     Ok(())
 }
 

@@ -92,7 +92,14 @@ async fn listen_until_lost(
     wake: &watch::Sender<u64>,
     cancel: &CancellationToken,
 ) -> Result<(), sqlx::Error> {
-    let mut listener = PgListener::connect_with(pool).await?;
+    // A connection of its own, outside the store's pool: a listener dropped
+    // because it stopped delivering sends `UNLISTEN *` before its connection
+    // goes back to its pool, and on a frozen or half-open connection that
+    // never returns. It must not hold one of the store's connections then.
+    let own = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with((*pool.connect_options()).clone());
+    let mut listener = PgListener::connect_with(&own).await?;
     listener.listen(channel).await?;
     tracing::debug!(channel, "listening for wake-ups");
     wake.send_modify(|n| *n = n.wrapping_add(1));

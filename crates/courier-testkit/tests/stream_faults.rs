@@ -99,18 +99,13 @@ async fn all_entries(
 async fn a_redis_killed_mid_run_loses_and_doubles_nothing() -> anyhow::Result<()> {
     const ENTRIES: u64 = 1_000;
     let mut server = RedisServer::start(true).await?;
-    let streams = RedisStreamStore::connect(&server.url(), "fault:").await?;
-    let receipts = SqliteFixture::new().await?;
-    let key = StreamKey::new("acme", "events")?;
-    let runs = Runs::default();
-    let subscription = StreamSubscription::new(
-        streams.clone(),
-        receipts.courier().store().clone(),
-        config(&key)?,
-        runs.handler(),
-    )?;
-    subscription.ensure_group().await?;
-    let running = subscription.start();
+    let Subscribed {
+        streams,
+        _receipts,
+        key,
+        runs,
+        running,
+    } = subscribed(&server).await?;
 
     for n in 0..ENTRIES {
         if n == ENTRIES / 3 {
@@ -128,6 +123,37 @@ async fn a_redis_killed_mid_run_loses_and_doubles_nothing() -> anyhow::Result<()
     running.shutdown().await;
     every_entry_once(&stored, &runs, ENTRIES);
     Ok(())
+}
+
+/// A stream subscription started on `acme/events` of a test's own server
+/// (prefix `fault:`), its receipts in SQLite.
+struct Subscribed {
+    streams: RedisStreamStore,
+    _receipts: SqliteFixture,
+    key: StreamKey,
+    runs: Runs,
+    running: courier::StreamSubscriptionHandle,
+}
+
+async fn subscribed(server: &RedisServer) -> anyhow::Result<Subscribed> {
+    let streams = RedisStreamStore::connect(&server.url(), "fault:").await?;
+    let receipts = SqliteFixture::new().await?;
+    let key = StreamKey::new("acme", "events")?;
+    let runs = Runs::default();
+    let subscription = StreamSubscription::new(
+        streams.clone(),
+        receipts.courier().store().clone(),
+        config(&key)?,
+        runs.handler(),
+    )?;
+    subscription.ensure_group().await?;
+    Ok(Subscribed {
+        streams,
+        _receipts: receipts,
+        key,
+        runs,
+        running: subscription.start(),
+    })
 }
 
 /// Waits (up to 60 s) until every stored entry was handled and none is
@@ -188,18 +214,13 @@ fn every_entry_once(stored: &[(StreamEntryId, u64)], runs: &Runs, entries: u64) 
 async fn client_kill_and_client_pause_mid_run_lose_and_double_nothing() -> anyhow::Result<()> {
     const ENTRIES: u64 = 1_000;
     let server = RedisServer::start(true).await?;
-    let streams = RedisStreamStore::connect(&server.url(), "fault:").await?;
-    let receipts = SqliteFixture::new().await?;
-    let key = StreamKey::new("acme", "events")?;
-    let runs = Runs::default();
-    let subscription = StreamSubscription::new(
-        streams.clone(),
-        receipts.courier().store().clone(),
-        config(&key)?,
-        runs.handler(),
-    )?;
-    subscription.ensure_group().await?;
-    let running = subscription.start();
+    let Subscribed {
+        streams,
+        _receipts,
+        key,
+        runs,
+        running,
+    } = subscribed(&server).await?;
     let mut killed = 0;
     for n in 0..ENTRIES {
         if n == ENTRIES / 3 {
@@ -225,18 +246,13 @@ async fn client_kill_and_client_pause_mid_run_lose_and_double_nothing() -> anyho
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_lost_with_an_empty_restart_is_recreated_at_its_start() -> anyhow::Result<()> {
     let mut server = RedisServer::start(false).await?;
-    let streams = RedisStreamStore::connect(&server.url(), "fault:").await?;
-    let receipts = SqliteFixture::new().await?;
-    let key = StreamKey::new("acme", "events")?;
-    let runs = Runs::default();
-    let subscription = StreamSubscription::new(
-        streams.clone(),
-        receipts.courier().store().clone(),
-        config(&key)?,
-        runs.handler(),
-    )?;
-    subscription.ensure_group().await?;
-    let running = subscription.start();
+    let Subscribed {
+        streams,
+        _receipts,
+        key,
+        runs,
+        running,
+    } = subscribed(&server).await?;
     for n in 0..10 {
         append_retrying(&streams, &key, n).await?;
     }

@@ -253,14 +253,66 @@ pub async fn prepare(pool: &PgPool) -> anyhow::Result<()> {
     sqlx::raw_sql(
         "CREATE SCHEMA ledger;
          CREATE TABLE ledger.oracle (tenant text NOT NULL, message_id uuid PRIMARY KEY,
-                                     ordering_key text);
+                                     ordering_key text,
+                                     at timestamptz NOT NULL DEFAULT clock_timestamp());
          CREATE TABLE ledger.effects (tenant text NOT NULL, message_id uuid NOT NULL,
-                                      subscription text NOT NULL);
+                                      subscription text NOT NULL,
+                                      at timestamptz NOT NULL DEFAULT clock_timestamp());
          CREATE TABLE ledger.runs (message_id uuid NOT NULL, tenant text NOT NULL,
                                    ordering_key text, pid integer NOT NULL,
                                    started_at timestamptz NOT NULL, ended_at timestamptz NOT NULL,
                                    attempt integer NOT NULL);",
     )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// A cluster of the scenario's own with Courier's schema, the subscription
+/// and the ledger, and a pool of 4 on it.
+pub async fn ledgered_cluster() -> anyhow::Result<(PgCluster, PgPool)> {
+    let cluster = PgCluster::start().await?;
+    let pool = connect(&cluster.url(), 4).await?;
+    prepare(&pool).await?;
+    Ok((cluster, pool))
+}
+
+/// Waits until the ledger's subscription has no open delivery (each
+/// completed or dead-lettered), for up to `limit`; how long that took.
+pub async fn outbox_drained(pool: &PgPool, limit: Duration) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    loop {
+        let open = count(
+            pool,
+            "SELECT count(*) FROM courier.deliveries WHERE subscription = 'ledger' AND state <> 'dead'",
+        )
+        .await;
+        if matches!(open, Ok(0)) {
+            return Ok(start.elapsed());
+        }
+        anyhow::ensure!(
+            start.elapsed() < limit,
+            "{open:?} deliveries still open after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Records what arrived downstream as the ledger's effects: one row per
+/// entry or message found there, under the tenant whose stream or subject
+/// held it (so a copy shows as doubled, a missing one as lost, one in
+/// another tenant's stream as crossed).
+pub async fn record_downstream(
+    pool: &PgPool,
+    arrived: &[(String, uuid::Uuid)],
+) -> anyhow::Result<()> {
+    let (tenants, ids): (Vec<String>, Vec<uuid::Uuid>) = arrived.iter().cloned().unzip();
+    sqlx::query(
+        "INSERT INTO ledger.effects (tenant, message_id, subscription)
+         SELECT t, m, 'ledger' FROM unnest($1::text[], $2::uuid[]) AS a (t, m)",
+    )
+    .bind(&tenants)
+    .bind(&ids)
     .execute(pool)
     .await?;
     Ok(())
@@ -281,6 +333,25 @@ pub async fn produce(pool: &PgPool, tenant: &str, key: Option<&str>, n: u64) -> 
         .execute(&mut *tx)
         .await?;
     courier.enqueue(&mut tx, &message).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Writes messages `first..first + n` of `tenant` (no ordering key) and
+/// their oracle rows in one producer transaction.
+pub async fn produce_batch(pool: &PgPool, tenant: &str, first: u64, n: u64) -> anyhow::Result<()> {
+    let courier = Courier::postgres(pool.clone());
+    let messages = (first..first + n)
+        .map(|i| NewMessage::new(tenant, TOPIC, &serde_json::json!({ "n": i })))
+        .collect::<Result<Vec<_>, _>>()?;
+    let ids: Vec<uuid::Uuid> = messages.iter().map(|message| message.id).collect();
+    let mut tx = pool.begin().await?;
+    sqlx::query("INSERT INTO ledger.oracle (tenant, message_id) SELECT $1, unnest($2::uuid[])")
+        .bind(tenant)
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await?;
+    courier.enqueue_batch(&mut tx, &messages).await?;
     tx.commit().await?;
     Ok(())
 }

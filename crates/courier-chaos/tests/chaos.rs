@@ -6,9 +6,12 @@
 
 use std::time::{Duration, Instant};
 
+mod common;
+use common::InProcessDaemon;
+
 use courier_chaos::{
-    connect, drained, effects_by_process, prepare, produce, report, shape, verdict, PgCluster,
-    Supervised, Worker, RECOVERY,
+    connect, drained, effects_by_process, ledgered_cluster, prepare, produce, report, shape,
+    verdict, PgCluster, Supervised, Worker, RECOVERY,
 };
 
 /// The worker process's binary.
@@ -31,15 +34,6 @@ async fn still_up(worker: &mut Worker) -> bool {
     tokio::time::timeout(Duration::from_millis(100), worker.wait())
         .await
         .is_err()
-}
-
-/// A cluster of the scenario's own with Courier's schema, the subscription
-/// and the ledger, and a pool of 4 on it.
-async fn ledgered_cluster() -> anyhow::Result<(PgCluster, sqlx::PgPool)> {
-    let cluster = PgCluster::start().await?;
-    let pool = connect(&cluster.url(), 4).await?;
-    prepare(&pool).await?;
-    Ok((cluster, pool))
 }
 
 /// Loads `n` messages numbered from `first`.
@@ -962,7 +956,7 @@ async fn a_webhook_failing_then_hanging_then_recovering_marks_nothing_delivered_
         .route("/hook", axum::routing::post(receive))
         .with_state(receiver.clone());
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let config = courier_server::config::Config::from_toml_str(&format!(
+    let daemon = InProcessDaemon::start(&format!(
         r#"
 database_url = "{url}"
 listen = "127.0.0.1:0"
@@ -983,13 +977,8 @@ timeout_ms = 1000
 "#,
         url = cluster.url(),
         topic = courier_chaos::TOPIC,
-    ))?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let daemon = courier_server::bind(config, async move {
-        let _ = stopped.await;
-    })
+    ))
     .await?;
-    let daemon = tokio::spawn(daemon.finished());
     let started = Instant::now();
     let producer = {
         let pool = pool.clone();
@@ -1014,8 +1003,7 @@ timeout_ms = 1000
     producer.await??;
     drained(&pool, Duration::from_secs(90)).await?;
     let recovery = recovered.elapsed();
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(30), daemon).await???;
+    daemon.stop().await?;
     server.abort();
     let calls = receiver
         .calls
@@ -1259,5 +1247,122 @@ async fn sqlite_processes_killed_every_20_s_lose_nothing_and_leave_the_file_inta
         "SQLite: 4 producers, 2 workers, kill -9 every 20 s for 2 min",
         &verdict,
         drained_at.duration_since(last_kill),
+    )
+}
+
+/// The big tenant's effects per second between two instants of the
+/// cluster's clock.
+async fn big_rate(
+    pool: &sqlx::PgPool,
+    from: chrono::DateTime<chrono::Utc>,
+    to: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<f64> {
+    let effects: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM ledger.effects WHERE tenant = 'big' AND at >= $1 AND at < $2",
+    )
+    .bind(from)
+    .bind(to)
+    .fetch_one(pool)
+    .await?;
+    let seconds = (to - from).num_milliseconds() as f64 / 1000.0;
+    Ok(effects as f64 / seconds)
+}
+
+/// The cluster's clock.
+async fn now(pool: &sqlx::PgPool) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
+    Ok(sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(pool)
+        .await?)
+}
+
+/// Load: one tenant with a 200,000-message backlog, then 50 small tenants
+/// at 1 message/s each while it drains. The small tenants' end-to-end
+/// latency (producer's insert to effect) stays under 2 s at the 99th
+/// percentile, and the big tenant drains at 70 % or more of its rate alone
+/// (measured over the 15 s before the small tenants start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_200_000_message_backlog_does_not_hold_up_fifty_small_tenants() -> anyhow::Result<()> {
+    const BACKLOG: u64 = 200_000;
+    const SMALL: usize = 50;
+    const SOLO: Duration = Duration::from_secs(15);
+    const MIXED: Duration = Duration::from_secs(30);
+    let (cluster, pool) = ledgered_cluster().await?;
+    for batch in 0..BACKLOG / 1_000 {
+        courier_chaos::produce_batch(&pool, "big", batch * 1_000, 1_000).await?;
+    }
+    let worker = Worker::start(WORKER, &cluster.url(), Duration::ZERO).await?;
+    // The first seconds warm up (connections, the first claims).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let solo_from = now(&pool).await?;
+    tokio::time::sleep(SOLO).await;
+    let solo_to = now(&pool).await?;
+    let small_tenants: Vec<_> = (0..SMALL)
+        .map(|i| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                // Spread over the second, so they do not arrive together.
+                tokio::time::sleep(Duration::from_millis(1_000 * i as u64 / SMALL as u64)).await;
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                let tenant = format!("small-{i:02}");
+                for n in 0..MIXED.as_secs() {
+                    tick.tick().await;
+                    produce(&pool, &tenant, None, BACKLOG + n).await?;
+                }
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    let mixed_from = now(&pool).await?;
+    for producer in small_tenants {
+        producer.await??;
+    }
+    let mixed_to = now(&pool).await?;
+    let started = Instant::now();
+    drained(&pool, Duration::from_secs(300)).await?;
+    let rest = started.elapsed();
+    stop(worker).await;
+
+    let solo = big_rate(&pool, solo_from, solo_to).await?;
+    let mixed = big_rate(&pool, mixed_from, mixed_to).await?;
+    let (p50, p99, small): (f64, f64, i64) = sqlx::query_as(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s), percentile_cont(0.99) WITHIN GROUP (ORDER BY s),
+                count(*)
+         FROM (SELECT extract(epoch FROM e.at - o.at)::float8 AS s
+               FROM ledger.oracle o JOIN ledger.effects e USING (message_id)
+               WHERE o.tenant LIKE 'small-%') l",
+    )
+    .fetch_one(&pool)
+    .await?;
+    let big_left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM ledger.effects WHERE tenant = 'big' AND at >= $1")
+            .bind(mixed_to)
+            .fetch_one(&pool)
+            .await?;
+    let verdict = verdict(&pool).await?;
+    println!(
+        "big tenant: {solo:.0}/s alone, {mixed:.0}/s beside the small tenants ({:.0} %), \
+         {big_left} left after them; {small} small-tenant messages: p50 {p50:.3} s, p99 {p99:.3} s",
+        100.0 * mixed / solo
+    );
+    anyhow::ensure!(
+        big_left > 0,
+        "the backlog was gone before the small tenants stopped: nothing was measured beside it"
+    );
+    anyhow::ensure!(
+        small == (SMALL as i64) * MIXED.as_secs() as i64,
+        "{small} small-tenant messages"
+    );
+    anyhow::ensure!(p99 < 2.0, "small tenants' p99 latency {p99:.3} s");
+    anyhow::ensure!(
+        mixed >= 0.7 * solo,
+        "the big tenant drained at {mixed:.0}/s beside the small tenants, {solo:.0}/s alone"
+    );
+    report(
+        &format!(
+            "backlog 200,000 + 50 tenants at 1/s (p99 {p99:.2} s, {:.0} % of solo)",
+            100.0 * mixed / solo
+        ),
+        &verdict,
+        rest,
     )
 }

@@ -137,3 +137,151 @@ async fn ping(port: u16) -> bool {
         Ok(Ok(_))
     ) && &reply == b"+PONG\r\n"
 }
+
+/// A `nats-server` with JetStream (file storage in a temporary directory)
+/// of the test's own, killed when dropped.
+pub struct NatsServer {
+    /// The port it listens on.
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl NatsServer {
+    /// Starts a server on a free port.
+    pub async fn start() -> anyhow::Result<Self> {
+        let mut server = Self {
+            port: free_port()?,
+            dir: tempfile::tempdir()?,
+            child: None,
+        };
+        server.spawn().await?;
+        Ok(server)
+    }
+
+    /// `nats://127.0.0.1:{port}`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    async fn spawn(&mut self) -> anyhow::Result<()> {
+        let child = Command::new("nats-server")
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start nats-server (is it installed?): {e}"))?;
+        self.child = Some(child);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .is_err()
+        {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "nats-server on port {} did not listen within 20 s",
+                self.port
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to the server process.
+    pub fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let pid = self
+            .child
+            .as_ref()
+            .map(Child::id)
+            .ok_or_else(|| anyhow::anyhow!("nats-server is not running"))?;
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()?;
+        anyhow::ensure!(status.success(), "kill -{signal} {pid} failed");
+        Ok(())
+    }
+
+    /// Kills the server with SIGKILL.
+    pub fn kill(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Starts it again on the same port and store directory.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill()?;
+        self.spawn().await
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A TCP proxy on a free port in front of `127.0.0.1:{target}`, for a
+/// client whose connections a test cuts ([`Proxy::cut`]) while the server
+/// stays up. Stops when dropped.
+pub struct Proxy {
+    /// The port clients connect to.
+    pub port: u16,
+    cut: tokio::sync::watch::Sender<u64>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Starts forwarding to `target`.
+    pub async fn start(target: u16) -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let (cut, _) = tokio::sync::watch::channel(0_u64);
+        let cuts = cut.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let mut cut = cuts.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut server) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                    else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        // Both sockets dropped: the client sees its connection closed.
+                        _ = cut.changed() => {}
+                    }
+                });
+            }
+        });
+        Ok(Self { port, cut, accept })
+    }
+
+    /// Closes every connection open through the proxy; new ones are
+    /// accepted as before.
+    pub fn cut(&self) {
+        self.cut.send_modify(|cuts| *cuts += 1);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cut();
+    }
+}

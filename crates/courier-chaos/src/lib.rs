@@ -258,6 +258,10 @@ pub async fn prepare(pool: &PgPool) -> anyhow::Result<()> {
          CREATE TABLE ledger.effects (tenant text NOT NULL, message_id uuid NOT NULL,
                                       subscription text NOT NULL,
                                       at timestamptz NOT NULL DEFAULT clock_timestamp());
+         CREATE TABLE ledger.stream_effects (entry_id text NOT NULL, n bigint NOT NULL,
+                                             consumer text NOT NULL, deliveries bigint NOT NULL);
+         CREATE TABLE ledger.quota (open boolean NOT NULL);
+         INSERT INTO ledger.quota VALUES (true);
          CREATE TABLE ledger.runs (message_id uuid NOT NULL, tenant text NOT NULL,
                                    ordering_key text, pid integer NOT NULL,
                                    started_at timestamptz NOT NULL, ended_at timestamptz NOT NULL,
@@ -421,28 +425,40 @@ impl Worker {
             "{url}?application_name={WORKER_APPLICATION}\
              &options=-c%20idle_in_transaction_session_timeout%3D{IDLE_IN_TRANSACTION_MS}"
         );
+        let lease = LEASE.as_millis().to_string();
+        let handler = handler.as_millis().to_string();
+        let mut all: Vec<(&str, String)> = vec![
+            ("CHAOS_DATABASE_URL", url),
+            ("CHAOS_SUBSCRIPTION", SUBSCRIPTION.to_owned()),
+            ("CHAOS_TOPIC", TOPIC.to_owned()),
+            ("CHAOS_LEASE_MS", lease),
+            ("CHAOS_HANDLER_MS", handler),
+        ];
+        all.extend(env.iter().cloned());
+        Self::spawn(program, &all).await
+    }
+
+    /// Starts `program` with `env` and waits until it prints `ready`: the
+    /// chaos worker as [`Worker::start_with`] configures it, or another of
+    /// the suite's processes (`chaos-stream`).
+    pub async fn spawn(program: &str, env: &[(&str, String)]) -> anyhow::Result<Self> {
         let mut child = Command::new(program)
             .envs(env.iter().map(|(key, value)| (*key, value.as_str())))
-            .env("CHAOS_DATABASE_URL", &url)
-            .env("CHAOS_SUBSCRIPTION", SUBSCRIPTION)
-            .env("CHAOS_TOPIC", TOPIC)
-            .env("CHAOS_LEASE_MS", LEASE.as_millis().to_string())
-            .env("CHAOS_HANDLER_MS", handler.as_millis().to_string())
             .stdout(Stdio::piped())
             .stdin(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .context("starting chaos-worker")?;
-        let pid = child.id().context("chaos-worker exited at once")?;
-        let stdin = child.stdin.take().context("chaos-worker's stdin")?;
-        let stdout = child.stdout.take().context("chaos-worker's stdout")?;
+            .with_context(|| format!("starting {program}"))?;
+        let pid = child.id().context("the process exited at once")?;
+        let stdin = child.stdin.take().context("the process's stdin")?;
+        let stdout = child.stdout.take().context("the process's stdout")?;
         let mut lines = BufReader::new(stdout).lines();
         let ready = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
             .await
-            .context("chaos-worker did not start within 60 s")??;
+            .with_context(|| format!("{program} did not start within 60 s"))??;
         anyhow::ensure!(
             ready.as_deref() == Some("ready"),
-            "chaos-worker said {ready:?}"
+            "{program} said {ready:?}"
         );
         Ok(Self {
             child,

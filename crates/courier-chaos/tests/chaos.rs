@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 mod common;
-use common::InProcessDaemon;
+use common::CourierDaemon;
 
 use courier_chaos::{
     connect, drained, effects_by_process, ledgered_cluster, prepare, produce, report, shape,
@@ -956,10 +956,9 @@ async fn a_webhook_failing_then_hanging_then_recovering_marks_nothing_delivered_
         .route("/hook", axum::routing::post(receive))
         .with_state(receiver.clone());
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let daemon = InProcessDaemon::start(&format!(
+    let daemon = CourierDaemon::start(&format!(
         r#"
 database_url = "{url}"
-listen = "127.0.0.1:0"
 shutdown_timeout_ms = 2000
 
 [[subscriptions]]

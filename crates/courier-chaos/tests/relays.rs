@@ -1,5 +1,5 @@
 //! Relays under downstream faults. The outbox is on the scenario's own
-//! PostgreSQL cluster, and the daemon (the library behind `courier serve`)
+//! PostgreSQL cluster, and the daemon (`courier serve`, a process of its own)
 //! relays to a Redis or NATS server of the scenario's own while messages
 //! keep coming: its connections are cut, the server is paused, then killed
 //! and started again. Afterwards the ledger reads what arrived downstream
@@ -10,7 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::InProcessDaemon;
+use common::CourierDaemon;
 use courier::redis::RedisStreamStore;
 use courier::{StreamEntryId, StreamKey, StreamStore};
 use courier_chaos::{
@@ -85,10 +85,9 @@ async fn a_redis_relay_through_client_kill_pause_and_restart_loses_and_doubles_n
 ) -> anyhow::Result<()> {
     let (cluster, pool) = ledgered_cluster().await?;
     let mut redis = RedisServer::start(true).await?;
-    let daemon = InProcessDaemon::start(&format!(
+    let daemon = CourierDaemon::start(&format!(
         r#"
 database_url = "{url}"
-listen = "127.0.0.1:0"
 shutdown_timeout_ms = 2000
 [redis]
 url = "{redis}"
@@ -169,10 +168,9 @@ async fn a_nats_relay_through_cut_connections_pause_and_restart_loses_and_double
             ..Default::default()
         })
         .await?;
-    let daemon = InProcessDaemon::start(&format!(
+    let daemon = CourierDaemon::start(&format!(
         r#"
 database_url = "{url}"
-listen = "127.0.0.1:0"
 shutdown_timeout_ms = 2000
 [nats]
 url = "nats://127.0.0.1:{proxied}"

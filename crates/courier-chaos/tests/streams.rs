@@ -232,7 +232,7 @@ fn reads(redis: &RedisServer) -> anyhow::Result<u64> {
 }
 
 /// A tenant over its quota for 3 periods of 4 s (open for 2 s between):
-/// the handler defers every entry, which stays pending; the subscription
+/// the handler defers every entry, which stays pending (none applied); the subscription
 /// pauses its reads and claims (1 s, growing to 2 s), so the reads per
 /// second stay bounded; deferrals spend no delivery (with a limit of 3
 /// deliveries, nothing is dead-lettered and every effect saw its first
@@ -266,7 +266,7 @@ async fn a_tenant_over_its_quota_for_three_periods_spends_no_delivery_and_reads_
     )
     .await?;
     let appender = append_steadily(&store, 500, Duration::from_millis(40));
-    let mut rates = Vec::new();
+    let (mut rates, mut held_pending) = (Vec::new(), Vec::new());
     for period in 0..3 {
         if period > 0 {
             quota(false).await?;
@@ -275,9 +275,17 @@ async fn a_tenant_over_its_quota_for_three_periods_spends_no_delivery_and_reads_
         // return entries and are not paused).
         tokio::time::sleep(Duration::from_secs(1)).await;
         let (before, from) = (reads(&redis)?, Instant::now());
+        let effects_before = effects(&pool).await?.len();
         tokio::time::sleep(CLOSED - Duration::from_secs(1)).await;
         let calls = reads(&redis)? - before;
         rates.push(calls as f64 / from.elapsed().as_secs_f64());
+        let applied_meanwhile = effects(&pool).await?.len() - effects_before;
+        let pending = store.pending_summary(&key()?, "ledger").await?.count;
+        anyhow::ensure!(
+            applied_meanwhile == 0 && pending > 0,
+            "over quota (period {period}): {applied_meanwhile} entries applied, {pending} pending"
+        );
+        held_pending.push(pending);
         quota(true).await?;
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
@@ -291,7 +299,8 @@ async fn a_tenant_over_its_quota_for_three_periods_spends_no_delivery_and_reads_
             .await?;
     let verdict = stream_verdict(&pool, &store, &appended).await?;
     println!(
-        "reads and claims per second while over quota: {rates:.1?}; the most deliveries an \
+        "reads and claims per second while over quota: {rates:.1?}, entries pending at each \
+         period's end: {held_pending:?}; the most deliveries an \
          effect saw: {most_deliveries}; {} entries; {:.1} s to apply the rest",
         appended.len(),
         opened.elapsed().as_secs_f64()

@@ -667,10 +667,13 @@ pub async fn drained(pool: &PgPool, limit: Duration) -> anyhow::Result<Duration>
             None
         };
         if let Some(stuck) = checked {
-            anyhow::ensure!(
-                stuck == 0,
-                "{stuck} deliveries stuck: running, their lease expired over {RECOVERY:?} ago"
-            );
+            if stuck > 0 {
+                anyhow::bail!(
+                    "{stuck} deliveries stuck: running, their lease expired over {RECOVERY:?} \
+                     ago\n{}",
+                    stuck_report(pool).await
+                );
+            }
         }
         let lost = verdict_lost(pool).await;
         if matches!(lost, Ok(0)) {
@@ -682,6 +685,36 @@ pub async fn drained(pool: &PgPool, limit: Duration) -> anyhow::Result<Duration>
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// What a failure report needs to explain stuck deliveries: who holds
+/// them, and what every session of the cluster is doing or waiting for.
+async fn stuck_report(pool: &PgPool) -> String {
+    let lines = |sql: &'static str| async move {
+        match sqlx::query_scalar::<_, String>(sql).fetch_all(pool).await {
+            Ok(rows) => rows
+                .iter()
+                .map(|row| format!("  {row}\n"))
+                .collect::<String>(),
+            Err(error) => format!("  {error}\n"),
+        }
+    };
+    let stuck = lines(
+        "SELECT format('%s claimed by %s, attempt %s, expired %s ago', id, claimed_by, attempts,
+                       clock_timestamp() - lease_expires_at)
+         FROM courier.deliveries WHERE state = 'running' AND lease_expires_at < clock_timestamp()
+         ORDER BY id LIMIT 20",
+    )
+    .await;
+    let sessions = lines(
+        "SELECT format('pid %s %s %s wait %s, in a transaction for %s, blocked by %s: %s', pid,
+                       application_name, state, wait_event_type || ':' || wait_event,
+                       clock_timestamp() - xact_start, pg_blocking_pids(pid), left(query, 90))
+         FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+         ORDER BY pid",
+    )
+    .await;
+    format!("stuck:\n{stuck}sessions:\n{sessions}")
 }
 
 /// Running deliveries whose lease expired more than R ago.

@@ -96,7 +96,7 @@ pub(crate) async fn run_to(
     schema: &str,
     target: i64,
 ) -> Result<(), StoreError> {
-    let mut tx = pool.begin().await.map_err(map)?;
+    let mut tx = crate::outbox::begin(pool, None).await?;
     sqlx::query(&queries.migrate_timeouts_off)
         .execute(&mut *tx)
         .await

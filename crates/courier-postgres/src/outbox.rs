@@ -142,7 +142,7 @@ impl OutboxStore for PgStore {
         &'c self,
         messages: &'c [NewMessage],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        let mut tx = self.inner.pool.begin().await.map_err(map)?;
+        let mut tx = begin(&self.inner.pool, None).await?;
         let outcomes = self.enqueue_batch(&mut tx, messages).await?;
         tx.commit().await.map_err(map)?;
         Ok(outcomes)
@@ -380,7 +380,7 @@ impl OutboxStore for PgStore {
         batch: Vec<(&'c ClaimedDelivery, TxWork<PgConnection>)>,
         isolate_failures: bool,
     ) -> Result<TransactionalBatchOutcome, StoreError> {
-        let mut tx = self.inner.pool.begin().await.map_err(map)?;
+        let mut tx = begin(&self.inner.pool, None).await?;
         let (tenants, subscriptions, message_ids): (Vec<&str>, Vec<&str>, Vec<Uuid>) = batch
             .iter()
             .map(|(d, _)| (d.tenant.as_str(), d.subscription.as_str(), d.message_id))
@@ -557,6 +557,37 @@ impl OutboxStore for PgStore {
     }
 }
 
+/// A transaction on a connection of `pool`, opened with `statement` (a
+/// plain `BEGIN` when `None`), such that dropping the caller at any point
+/// leaves no pooled connection inside it. sqlx's `begin` alone is not
+/// cancel-safe on PostgreSQL: dropped between sending `BEGIN` and reading
+/// its reply, it returns the connection to the pool inside a transaction
+/// nothing will end (launchbadge/sqlx#2054, transact-rs/sqlx#4393; 0.8.6 and
+/// 0.9.0), and every later borrower's statements run in it and keep their
+/// locks. Courier drops work mid-way by design (a handler whose lease is
+/// lost or whose timeout passed), so the round trip runs on a task of its
+/// own: a caller gone by its end drops the transaction there, which rolls
+/// it back before the connection is used again.
+pub(crate) async fn begin(
+    pool: &sqlx::PgPool,
+    statement: Option<String>,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+    let pool = pool.clone();
+    let begun = tokio::spawn(async move {
+        match statement {
+            Some(statement) => pool.begin_with(statement).await,
+            None => pool.begin().await,
+        }
+    });
+    match begun.await {
+        Ok(begun) => begun.map_err(map),
+        Err(error) => Err(StoreError::Database {
+            source: Box::new(error),
+            transient: true,
+        }),
+    }
+}
+
 impl PgStore {
     /// A transaction of the store's own at READ COMMITTED, whatever the
     /// database's default: its statements each see what committed before
@@ -564,11 +595,11 @@ impl PgStore {
     pub(crate) async fn begin_read_committed(
         &self,
     ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
-        self.inner
-            .pool
-            .begin_with(self.q().begin_read_committed.clone())
-            .await
-            .map_err(map)
+        begin(
+            &self.inner.pool,
+            Some(self.q().begin_read_committed.clone()),
+        )
+        .await
     }
 
     /// Takes the fan-out lock exclusively in `tx` (see fan_out_lock_try.sql)

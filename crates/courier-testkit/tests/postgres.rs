@@ -860,3 +860,66 @@ async fn a_lock_timeout_around_a_transactional_handler_spends_no_attempt() -> an
     assert_eq!(pg.scalar("SELECT count(*) FROM effects").await?, 1);
     Ok(())
 }
+
+/// A call dropped while its transaction's BEGIN is on the wire (a handler
+/// stopped at its lease or timeout, a cancelled request) must not return
+/// the connection to the pool inside that transaction: sqlx's `begin` is
+/// not cancel-safe on PostgreSQL (the BEGIN is sent, the reply not read,
+/// and nothing rolls it back), so the next borrower's statements would run
+/// in a transaction that never ends and hold their locks for good (seen in
+/// the chaos suite: a maintenance lease row locked that way stopped every
+/// rescue). Each try polls a publish once (it sends BEGIN and waits for the
+/// reply), drops it, and asks the pool's only connection whether its next
+/// statement runs in a transaction of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_dropped_during_begin_leaves_no_pooled_connection_in_a_transaction(
+) -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    // One connection, named so that another can watch it.
+    let options: sqlx::postgres::PgConnectOptions = courier_testkit::database_url().parse()?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            options
+                .options([("search_path", pg.schema.as_str())])
+                .application_name(&pg.schema),
+        )
+        .await?;
+    let courier = courier::Courier::postgres_with_schema(pool, &pg.schema)?;
+    let message = courier::NewMessage::new("acme", "invoice.paid", &serde_json::json!({}))?;
+    let mut dropped_pending = 0;
+    for round in 0..40 {
+        {
+            // Dropped after `round % 4` more polls, each a millisecond
+            // after the last (the acquire's ping has had its reply): one of
+            // them lands between BEGIN sent and its reply read.
+            let mut publish = std::pin::pin!(courier.publish(std::slice::from_ref(&message)));
+            let mut pending = futures_util::poll!(publish.as_mut()).is_pending();
+            for _ in 0..round % 4 {
+                if !pending {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+                pending = futures_util::poll!(publish.as_mut()).is_pending();
+            }
+            if pending {
+                dropped_pending += 1;
+            }
+        }
+        // Its BEGIN lands, and the connection is back in the pool.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let in_transaction: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE application_name = $1 AND state LIKE 'idle in transaction%'",
+        )
+        .bind(&pg.schema)
+        .fetch_one(&pg.pool)
+        .await?;
+        assert_eq!(
+            in_transaction, 0,
+            "the pool's connection was left inside a transaction"
+        );
+    }
+    assert!(dropped_pending > 0, "no publish was dropped mid-way");
+    Ok(())
+}

@@ -24,6 +24,17 @@ const MESSAGES: u64 = 1_500;
 /// cannot reach its target spends attempts, as a webhook does.
 const RETRY: &str = "[subscriptions.retry]\nmax_attempts = 10\nbase_ms = 200\ncap_ms = 5000\n";
 
+/// The daemon's configuration: the outbox on `cluster`, the downstream
+/// server's `section`, and the ledger's subscription relaying to `target`.
+fn relay_config(cluster: &courier_chaos::PgCluster, section: &str, target: &str) -> String {
+    format!(
+        "database_url = \"{url}\"\nshutdown_timeout_ms = 2000\n{section}\n\n\
+         [[subscriptions]]\nname = \"ledger\"\ntopics = [\"{TOPIC}\"]\n{RETRY}\n\
+         [subscriptions.target]\n{target}\n",
+        url = cluster.url()
+    )
+}
+
 /// Produces `MESSAGES` messages (each with its oracle row), reporting how
 /// many are committed.
 fn produce_steadily(
@@ -85,24 +96,13 @@ async fn a_redis_relay_through_client_kill_pause_and_restart_loses_and_doubles_n
 ) -> anyhow::Result<()> {
     let (cluster, pool) = ledgered_cluster().await?;
     let mut redis = RedisServer::start(true).await?;
-    let daemon = CourierDaemon::start(&format!(
-        r#"
-database_url = "{url}"
-shutdown_timeout_ms = 2000
-[redis]
-url = "{redis}"
-key_prefix = "chaos:"
-
-[[subscriptions]]
-name = "ledger"
-topics = ["{TOPIC}"]
-{RETRY}
-[subscriptions.target]
-type = "redis_stream"
-stream = "relayed"
-"#,
-        url = cluster.url(),
-        redis = redis.url(),
+    let daemon = CourierDaemon::start(&relay_config(
+        &cluster,
+        &format!(
+            "[redis]\nurl = \"{}\"\nkey_prefix = \"chaos:\"",
+            redis.url()
+        ),
+        "type = \"redis_stream\"\nstream = \"relayed\"",
     ))
     .await?;
     let (mut progress, producer) = produce_steadily(&pool);
@@ -168,25 +168,10 @@ async fn a_nats_relay_through_cut_connections_pause_and_restart_loses_and_double
             ..Default::default()
         })
         .await?;
-    let daemon = CourierDaemon::start(&format!(
-        r#"
-database_url = "{url}"
-shutdown_timeout_ms = 2000
-[nats]
-url = "nats://127.0.0.1:{proxied}"
-
-[[subscriptions]]
-name = "ledger"
-topics = ["{TOPIC}"]
-{RETRY}
-[subscriptions.target]
-type = "nats"
-subject = "relayed.{{tenant}}.{{topic}}"
-stream = "RELAYED"
-timeout_ms = 1000
-"#,
-        url = cluster.url(),
-        proxied = proxy.port,
+    let daemon = CourierDaemon::start(&relay_config(
+        &cluster,
+        &format!("[nats]\nurl = \"nats://127.0.0.1:{}\"", proxy.port),
+        "type = \"nats\"\nsubject = \"relayed.{tenant}.{topic}\"\nstream = \"RELAYED\"\ntimeout_ms = 1000",
     ))
     .await?;
     let (mut progress, producer) = produce_steadily(&pool);

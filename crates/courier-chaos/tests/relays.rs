@@ -57,6 +57,25 @@ fn produce_steadily(
     (produced, task)
 }
 
+/// Once the last fault is over (at `restarted`): waits for the producer and
+/// for the outbox to drain, then stops the daemon. How long the drain took
+/// from `restarted`, and how many publishes failed and were retried.
+async fn drained_after(
+    restarted: Instant,
+    producer: tokio::task::JoinHandle<anyhow::Result<()>>,
+    pool: &sqlx::PgPool,
+    daemon: CourierDaemon,
+) -> anyhow::Result<(Duration, f64)> {
+    producer.await??;
+    outbox_drained(pool, Duration::from_secs(120)).await?;
+    let recovery = restarted.elapsed();
+    let retried = daemon
+        .counter("courier_relay_published_total", "outcome=\"retry\"")
+        .await?;
+    daemon.stop().await?;
+    Ok((recovery, retried))
+}
+
 /// Waits until `n` messages are produced.
 async fn produced(progress: &mut tokio::sync::watch::Receiver<u64>, n: u64) -> anyhow::Result<()> {
     progress.wait_for(|produced| *produced >= n).await?;
@@ -116,14 +135,7 @@ async fn a_redis_relay_through_client_kill_pause_and_restart_loses_and_doubles_n
     redis.kill()?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     redis.restart().await?;
-    let restarted = Instant::now();
-    producer.await??;
-    outbox_drained(&pool, Duration::from_secs(120)).await?;
-    let recovery = restarted.elapsed();
-    let retried = daemon
-        .counter("courier_relay_published_total", "outcome=\"retry\"")
-        .await?;
-    daemon.stop().await?;
+    let (recovery, retried) = drained_after(Instant::now(), producer, &pool, daemon).await?;
 
     let store = RedisStreamStore::connect(&redis.url(), "chaos:").await?;
     let mut arrived = relayed_to_redis(&store, "acme").await?;
@@ -185,14 +197,7 @@ async fn a_nats_relay_through_cut_connections_pause_and_restart_loses_and_double
     nats.kill()?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     nats.restart().await?;
-    let restarted = Instant::now();
-    producer.await??;
-    outbox_drained(&pool, Duration::from_secs(120)).await?;
-    let recovery = restarted.elapsed();
-    let retried = daemon
-        .counter("courier_relay_published_total", "outcome=\"retry\"")
-        .await?;
-    daemon.stop().await?;
+    let (recovery, retried) = drained_after(Instant::now(), producer, &pool, daemon).await?;
 
     // Read back by sequence, on a connection of the test's own.
     let jetstream = async_nats::jetstream::new(async_nats::connect(nats.url()).await?);

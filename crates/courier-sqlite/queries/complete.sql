@@ -1,6 +1,6 @@
 -- Completes claimed deliveries of plain handlers whose lease is still held:
 -- deletes them. No receipt: only transactional handlers write one, in their
--- effect's transaction (receipt_insert.sql); the admin views derive
+-- effect's transaction (receipts_insert_many.sql); the admin views derive
 -- `completed` from a retained message with no open delivery.
 -- ?1 is a JSON array of [delivery id, lease token].
 -- Touches: deliveries (delete). Locks: one autocommit statement.

@@ -41,6 +41,16 @@ fn leases_json<'a>(leases: impl Iterator<Item = &'a LeaseRef>) -> String {
     .to_string()
 }
 
+/// [`leases_json`] of claimed deliveries.
+fn claimed_leases_json<'a>(deliveries: impl Iterator<Item = &'a ClaimedDelivery>) -> String {
+    Value::Array(
+        deliveries
+            .map(|d| json!([d.delivery_id, d.lease_token.to_string()]))
+            .collect(),
+    )
+    .to_string()
+}
+
 /// Keeps `ids` in the order of `requested` (the caller's order), once each.
 fn in_request_order(requested: impl Iterator<Item = i64>, applied: &HashSet<i64>) -> Vec<i64> {
     let mut seen = HashSet::new();
@@ -566,87 +576,106 @@ impl OutboxStore for SqliteStore {
     ) -> Result<TransactionalBatchOutcome, StoreError> {
         let _turn = self.write_turn().await?;
         let mut tx = self.begin().await?;
+        // Each statement is a hand-off to sqlx's SQLite thread, made while
+        // this transaction holds the database's only write lock: the group's
+        // own statements are one per group (lease check, receipts,
+        // completions), so only the handlers' statements are per message.
+        //
         // Every lease is checked before any work runs: from here to commit
         // this transaction holds the write lock, so nobody can take one over.
-        let leases: Vec<(i64, String)> = batch
-            .iter()
-            .map(|(d, _)| (d.delivery_id, d.lease_token.to_string()))
-            .collect();
-        for (delivery_id, lease_token) in &leases {
-            let held: i64 = sqlx::query_scalar(queries::LEASE_CHECK)
-                .bind(delivery_id)
-                .bind(lease_token)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(map)?;
-            if held != 1 {
-                tx.rollback().await.map_err(map)?;
-                return Ok(TransactionalBatchOutcome::RolledBack(
-                    BatchRollback::LeaseLost,
-                ));
-            }
+        let leases = claimed_leases_json(batch.iter().map(|(d, _)| *d));
+        let held: i64 = sqlx::query_scalar(queries::LEASE_CHECK_MANY)
+            .bind(&leases)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map)?;
+        if usize::try_from(held).ok() != Some(batch.len()) {
+            tx.rollback().await.map_err(map)?;
+            return Ok(TransactionalBatchOutcome::RolledBack(
+                BatchRollback::LeaseLost,
+            ));
         }
-        // Each savepoint statement is a hand-off to SQLite's thread: taken
-        // only when the caller asks for failures to be isolated.
+        let receipts = Value::Array(
+            batch
+                .iter()
+                .map(|(d, _)| json!([d.tenant, d.subscription, d.message_id.to_string()]))
+                .collect(),
+        )
+        .to_string();
+        let inserted = sqlx::query(queries::RECEIPTS_INSERT_MANY)
+            .bind(receipts)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map)?;
+        let mut fresh = HashSet::with_capacity(inserted.len());
+        for row in &inserted {
+            fresh.insert((
+                get::<String>(row, "message_id")?,
+                get::<String>(row, "subscription")?,
+            ));
+        }
         let mut items = Vec::with_capacity(batch.len());
+        let mut done = Vec::with_capacity(batch.len());
         for (index, (delivery, work)) in batch.into_iter().enumerate() {
+            let message_id = delivery.message_id.to_string();
+            if !fresh.contains(&(message_id, delivery.subscription.clone())) {
+                items.push(BatchItem::AlreadyApplied);
+                done.push(delivery);
+                continue;
+            }
+            // Savepoints cost two more hand-offs a message: taken only when
+            // the caller asks for failures to be isolated.
             if isolate_failures {
                 sqlx::Executor::execute(&mut *tx, "SAVEPOINT courier_item")
                     .await
                     .map_err(map)?;
             }
-            let fresh = sqlx::query(queries::RECEIPT_INSERT)
-                .bind(&delivery.tenant)
-                .bind(&delivery.subscription)
-                .bind(delivery.message_id.to_string())
-                .execute(&mut *tx)
-                .await
-                .map_err(map)?
-                .rows_affected()
-                == 1;
-            if fresh {
-                if let Err(error) = work(&mut tx).await {
-                    if !isolate_failures {
-                        tx.rollback().await.map_err(map)?;
-                        return Ok(TransactionalBatchOutcome::RolledBack(
-                            BatchRollback::HandlerFailed { index, error },
-                        ));
+            match work(&mut tx).await {
+                Ok(()) => {
+                    if isolate_failures {
+                        sqlx::Executor::execute(&mut *tx, "RELEASE SAVEPOINT courier_item")
+                            .await
+                            .map_err(map)?;
                     }
-                    // Its receipt and writes go; its lease stays for the caller.
+                    items.push(BatchItem::Applied);
+                    done.push(delivery);
+                }
+                Err(error) if isolate_failures => {
+                    // Its writes and receipt go; its lease stays for the caller.
                     sqlx::Executor::execute(
                         &mut *tx,
                         "ROLLBACK TO SAVEPOINT courier_item; RELEASE SAVEPOINT courier_item",
                     )
                     .await
                     .map_err(map)?;
+                    sqlx::query(queries::RECEIPT_DELETE)
+                        .bind(delivery.message_id.to_string())
+                        .bind(&delivery.subscription)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(map)?;
                     items.push(BatchItem::Failed(error));
-                    continue;
+                }
+                Err(error) => {
+                    tx.rollback().await.map_err(map)?;
+                    return Ok(TransactionalBatchOutcome::RolledBack(
+                        BatchRollback::HandlerFailed { index, error },
+                    ));
                 }
             }
-            let completed = sqlx::query(queries::COMPLETE_ONE)
-                .bind(delivery.delivery_id)
-                .bind(delivery.lease_token.to_string())
-                .execute(&mut *tx)
+        }
+        if !done.is_empty() {
+            let completed = sqlx::query(queries::COMPLETE_IN_TX)
+                .bind(claimed_leases_json(done.iter().copied()))
+                .fetch_all(&mut *tx)
                 .await
-                .map_err(map)?
-                .rows_affected()
-                == 1;
-            if !completed {
+                .map_err(map)?;
+            if completed.len() != done.len() {
                 tx.rollback().await.map_err(map)?;
                 return Ok(TransactionalBatchOutcome::RolledBack(
                     BatchRollback::LeaseLost,
                 ));
             }
-            if isolate_failures {
-                sqlx::Executor::execute(&mut *tx, "RELEASE SAVEPOINT courier_item")
-                    .await
-                    .map_err(map)?;
-            }
-            items.push(if fresh {
-                BatchItem::Applied
-            } else {
-                BatchItem::AlreadyApplied
-            });
         }
         tx.commit().await.map_err(map)?;
         Ok(TransactionalBatchOutcome::Committed(items))

@@ -397,6 +397,13 @@ async fn windows(
         .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
         .await
         .context("opening the held transaction")?;
+    // The pool is Courier's, whose sessions end a transaction idle for two
+    // minutes; the long transaction stands for an application's (a report,
+    // a migration), which no such bound ends.
+    sqlx::query("SET LOCAL idle_in_transaction_session_timeout = 0")
+        .execute(&mut *hold)
+        .await
+        .context("lifting the idle-transaction bound of the held transaction")?;
     sqlx::query("SELECT 1")
         .execute(&mut *hold)
         .await

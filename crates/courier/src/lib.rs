@@ -113,18 +113,16 @@ pub const POSTGRES_CONNECTIONS: u32 = 16;
 pub const SQLITE_CONNECTIONS: u32 = 8;
 /// Handlers running at once per worker by default on SQLite: twice the batch
 /// size, so a second full claim can be on its way while the first one's
-/// handlers run. On the bench machine (`courier bench --scenario drain`, two
-/// runs each, once transactional groups wrote their receipts, lease checks and
-/// completions as one statement each) 256 / 128 drained no-op messages at
-/// 28,664 / 35,354 msg/s against 21,288 / 22,727 at 128 / 64, exactly-once
-/// 12,857 / 13,005 against 10,468 / 11,676, and 50 tenants 12,165 / 10,230
-/// against 7,784 / 9,899; 512 / 256 was no faster and more erratic
-/// (24,182-30,614 no-op). Transactional groups hold SQLite's single write
-/// lock while their handlers run, and claims, outcomes and heartbeats wait
-/// behind them, so it is kept from growing further.
-pub const SQLITE_CONCURRENCY: usize = 256;
+/// handlers run. Against the engine's 64 / 100 (one claim in flight, of 64)
+/// the no-op drain on the bench machine went 16,743 -> 22,423 msg/s (medians
+/// of 3 full runs). Larger defaults drained no-op messages faster still
+/// (512 / 256: 31,300 msg/s in a single run) but transactional handlers hold
+/// SQLite's single write lock while they run: every transactional group in
+/// flight queues for it, and claims, outcomes and heartbeats wait behind the
+/// queue, so it is kept short.
+pub const SQLITE_CONCURRENCY: usize = 128;
 /// Deliveries claimed per round trip by default on SQLite.
-pub const SQLITE_BATCH_SIZE: usize = 128;
+pub const SQLITE_BATCH_SIZE: usize = 64;
 
 /// Starts the wake-up source of a store (a LISTEN connection, or an
 /// in-process signal) and returns a receiver workers wait on.

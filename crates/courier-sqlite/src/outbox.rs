@@ -32,23 +32,18 @@ const ENQUEUE_ROWS_PER_STATEMENT: usize = MAX_BOUND_PARAMETERS / queries::ENQUEU
 pub const MAX_TENANTS_PER_TURN: usize = 1000;
 
 /// `[delivery id, lease token]` pairs as the JSON array the settle queries read.
-fn leases_json<'a>(leases: impl Iterator<Item = &'a LeaseRef>) -> String {
+fn leases_json(leases: impl Iterator<Item = (i64, Uuid)>) -> String {
     Value::Array(
         leases
-            .map(|lease| json!([lease.delivery_id, lease.lease_token.to_string()]))
+            .map(|(delivery_id, lease_token)| json!([delivery_id, lease_token.to_string()]))
             .collect(),
     )
     .to_string()
 }
 
-/// [`leases_json`] of claimed deliveries.
-fn claimed_leases_json<'a>(deliveries: impl Iterator<Item = &'a ClaimedDelivery>) -> String {
-    Value::Array(
-        deliveries
-            .map(|d| json!([d.delivery_id, d.lease_token.to_string()]))
-            .collect(),
-    )
-    .to_string()
+/// [`leases_json`] of lease references.
+fn lease_refs_json<'a>(leases: impl Iterator<Item = &'a LeaseRef>) -> String {
+    leases_json(leases.map(|l| (l.delivery_id, l.lease_token)))
 }
 
 /// Keeps `ids` in the order of `requested` (the caller's order), once each.
@@ -432,7 +427,7 @@ impl OutboxStore for SqliteStore {
             return Ok(Vec::new());
         }
         let rows = sqlx::query(queries::COMPLETE)
-            .bind(leases_json(completions.iter()))
+            .bind(lease_refs_json(completions.iter()))
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
@@ -517,7 +512,7 @@ impl OutboxStore for SqliteStore {
             return Ok(Vec::new());
         }
         let ids: Vec<i64> = sqlx::query_scalar(queries::EXTEND)
-            .bind(leases_json(leases.iter()))
+            .bind(lease_refs_json(leases.iter()))
             .bind(millis(lease))
             .fetch_all(&self.inner.pool)
             .await
@@ -535,7 +530,7 @@ impl OutboxStore for SqliteStore {
             return Ok(Vec::new());
         }
         let ids: Vec<i64> = sqlx::query_scalar(queries::RELEASE)
-            .bind(leases_json(leases.iter()))
+            .bind(lease_refs_json(leases.iter()))
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
@@ -583,7 +578,7 @@ impl OutboxStore for SqliteStore {
         //
         // Every lease is checked before any work runs: from here to commit
         // this transaction holds the write lock, so nobody can take one over.
-        let leases = claimed_leases_json(batch.iter().map(|(d, _)| *d));
+        let leases = leases_json(batch.iter().map(|(d, _)| (d.delivery_id, d.lease_token)));
         let held: i64 = sqlx::query_scalar(queries::LEASE_CHECK_MANY)
             .bind(&leases)
             .fetch_one(&mut *tx)
@@ -666,7 +661,9 @@ impl OutboxStore for SqliteStore {
         }
         if !done.is_empty() {
             let completed = sqlx::query(queries::COMPLETE_IN_TX)
-                .bind(claimed_leases_json(done.iter().copied()))
+                .bind(leases_json(
+                    done.iter().map(|d| (d.delivery_id, d.lease_token)),
+                ))
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(map)?;

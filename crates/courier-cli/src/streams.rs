@@ -1,4 +1,5 @@
-//! `courier streams …`: the streams API's operations from the command line.
+//! `courier streams …`: the streams API's operations from the command line,
+//! and the listing of streams with their groups (`courier streams list`).
 //!
 //! Each verb builds the same request body the HTTP API takes and sends it to
 //! one [`StreamsTarget`]: a running daemon (`--url`, `--token`), or a stream
@@ -80,6 +81,23 @@ pub struct StreamArgs {
 /// `courier streams …`.
 #[derive(Debug, Subcommand)]
 pub enum StreamsCommand {
+    /// List streams (every tenant's, or --tenant's) with their consumer
+    /// groups, by tenant then stream: one page, as `GET /v1/streams`
+    /// answers it (pass its `next_cursor` as --cursor for the next).
+    List {
+        /// Only this tenant's streams.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Streams per page (1-500) [default: 50].
+        #[arg(long)]
+        limit: Option<usize>,
+        /// The `next_cursor` of the previous page.
+        #[arg(long)]
+        cursor: Option<String>,
+        /// Where the verb goes.
+        #[command(flatten)]
+        target: TargetArgs,
+    },
     /// Append entries, all or nothing: each `--payload`, or else one JSON
     /// payload per line of standard input (in appends of 1,000).
     Append {
@@ -332,6 +350,36 @@ fn payloads(given: &[String], input: impl BufRead) -> anyhow::Result<Vec<Value>>
 pub async fn run(command: StreamsCommand) -> anyhow::Result<()> {
     let never = CancellationToken::new();
     let answer = match command {
+        StreamsCommand::List {
+            tenant,
+            limit,
+            cursor,
+            target,
+        } => match StreamsTarget::open(&target).await? {
+            StreamsTarget::Remote(remote) => {
+                let query = query(&[
+                    ("tenant", tenant),
+                    ("limit", limit.map(|l| l.to_string())),
+                    ("cursor", cursor),
+                ]);
+                remote.get(&format!("/v1/streams{query}")).await?
+            }
+            StreamsTarget::Direct(streams) => {
+                // No token on the direct path: every tenant is visible.
+                if let Some(tenant) = &tenant {
+                    courier::validate_name("tenant", tenant).map_err(|e| refused(e.into()))?;
+                }
+                let tenants = tenant.map(|tenant| vec![tenant]);
+                let limit = stream_api::page_limit(limit).map_err(refused)?;
+                let after = courier_server::cursor::decode_optional::<StreamKey>(cursor.as_deref())
+                    .map_err(refused)?;
+                json(
+                    &stream_api::list(streams.as_ref(), tenants, after, limit)
+                        .await
+                        .map_err(refused)?,
+                )?
+            }
+        },
         StreamsCommand::Append {
             stream,
             payloads: given,

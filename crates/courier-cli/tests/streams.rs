@@ -46,6 +46,28 @@ async fn streams(dir: &Path, target: &[String], verb: &str, args: &[&str], stdin
     child.wait_with_output().await.expect("courier ends")
 }
 
+/// The JSON `courier streams list {target} {args}` printed.
+async fn list(dir: &Path, target: &[String], args: &[&str]) -> Value {
+    let output = tokio::process::Command::new(BINARY)
+        .args(["streams", "list"])
+        .args(target)
+        .args(args)
+        .current_dir(dir)
+        .env_remove("COURIER_URL")
+        .env_remove("COURIER_TOKEN")
+        .env_remove("COURIER_DATABASE_URL")
+        .env_remove("COURIER_STREAMS__BACKEND")
+        .output()
+        .await
+        .expect("courier ends");
+    assert!(
+        output.status.success(),
+        "streams list {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("stdout is one JSON document")
+}
+
 /// The JSON a successful verb printed.
 async fn ok(dir: &Path, target: &[String], verb: &str, args: &[&str]) -> Value {
     ok_with(dir, target, verb, args, "").await
@@ -247,6 +269,51 @@ async fn every_verb_works_and_refuses_bad_input(dir: &Path, target: &[String]) {
         [all[3].clone()]
     );
 
+    // The listing shows the stream, its group and what the verbs left.
+    let listed = list(dir, target, &[]).await;
+    assert_eq!(
+        listed,
+        json!({
+            "items": [{
+                "tenant": "a",
+                "stream": "orders",
+                "length": 1,
+                "last_id": all[3],
+                "groups": [{
+                    "name": "g",
+                    "consumers": 1,
+                    "pending": 0,
+                    "lag": 1,
+                    "last_delivered_id": all[2],
+                }],
+            }],
+            "next_cursor": null,
+        })
+    );
+    assert_eq!(
+        list(dir, target, &["--tenant", "a", "--limit", "1"]).await,
+        listed
+    );
+    for (args, field) in [
+        (vec!["--limit", "0"], "limit"),
+        (vec!["--tenant", "a:b"], "tenant"),
+        (vec!["--cursor", "nope"], "cursor"),
+    ] {
+        let output = tokio::process::Command::new(BINARY)
+            .args(["streams", "list"])
+            .args(target)
+            .args(&args)
+            .current_dir(dir)
+            .env_remove("COURIER_URL")
+            .env_remove("COURIER_TOKEN")
+            .output()
+            .await
+            .expect("courier ends");
+        let error = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "list {args:?}");
+        assert!(error.contains(field), "list {args:?}: {error}");
+    }
+
     // Refusals name the field, and change nothing.
     for (verb, args, field) in [
         ("ack", vec!["--group", "g", "x"], "ids[0]"),
@@ -376,6 +443,16 @@ async fn streams_verbs_through_the_daemon() {
     )
     .await;
     assert!(forbidden.contains("403"), "{forbidden}");
+    let other_tenant = tokio::process::Command::new(BINARY)
+        .args([
+            "streams", "list", "--tenant", "b", "--url", &url, "--token", "all",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(!other_tenant.status.success());
+    let error = String::from_utf8_lossy(&other_tenant.stderr);
+    assert!(error.contains("403") && error.contains("tenant"), "{error}");
 
     let _ = stop.send(());
     done.await.unwrap().unwrap();

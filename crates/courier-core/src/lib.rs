@@ -35,9 +35,10 @@ pub use store::{
     TxWork, MAX_SNOOZES,
 };
 pub use stream::{
-    dead_letter_entry, group_not_found, validate_block, validate_count, ClaimIdle, ClaimedEntries,
-    ConsumerInfo, ConsumerRemoval, DeliveredEntry, EntryOrigin, GroupStart, NewStreamEntry,
-    PendingDetail, PendingEntry, PendingQuery, PendingSummary, ReadNew, ReceiptOutcome,
-    StreamEntry, StreamEntryId, StreamKey, StreamReceipts, StreamStore, TrimBound,
-    DEAD_STREAM_SUFFIX, MAX_STREAM_BATCH, MAX_STREAM_BLOCK,
+    dead_letter_entry, group_not_found, validate_block, validate_count, validate_tenants,
+    ClaimIdle, ClaimedEntries, ConsumerInfo, ConsumerRemoval, DeliveredEntry, EntryOrigin,
+    GroupStart, GroupSummary, NewStreamEntry, PendingDetail, PendingEntry, PendingQuery,
+    PendingSummary, ReadNew, ReceiptOutcome, StreamEntry, StreamEntryId, StreamKey, StreamPage,
+    StreamReceipts, StreamStore, StreamSummary, TrimBound, DEAD_STREAM_SUFFIX, MAX_STREAM_BATCH,
+    MAX_STREAM_BLOCK, MAX_STREAM_PAGE,
 };

@@ -433,6 +433,57 @@ pub enum ConsumerRemoval {
     HasPending(u64),
 }
 
+/// The most streams one page of [`StreamStore::list_streams`] holds.
+pub const MAX_STREAM_PAGE: usize = 500;
+
+/// A consumer group of a listed stream, summed up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupSummary {
+    /// The group's name.
+    pub name: String,
+    /// How many consumers it has (created by their first read or claim,
+    /// gone when deleted), idle or not.
+    pub consumers: u64,
+    /// How many entries are pending in it (handed out, not acked; trimmed
+    /// ones included until acked or claimed), as
+    /// [`StreamStore::pending_summary`] counts them.
+    pub pending: u64,
+    /// Its cursor: the last id it handed out, or where it was told to start
+    /// (on PostgreSQL a group created at the end starts below the
+    /// transactions running then, so the id need not be an entry's).
+    pub last_delivered: StreamEntryId,
+    /// Entries it has not handed out yet, as [`StreamStore::lag`] counts
+    /// them; `None` where the backend cannot tell (Redis, after entries were
+    /// deleted or trimmed from the part not read yet).
+    pub lag: Option<u64>,
+}
+
+/// A stream as a listing shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamSummary {
+    /// The tenant that owns it.
+    pub tenant: String,
+    /// Its name within the tenant (dead-letter streams, `{stream}.dead`,
+    /// are streams like any other).
+    pub stream: String,
+    /// How many entries it holds now (trims and deletions lower it).
+    pub length: u64,
+    /// Its newest entry's id; `None` when it holds no entry.
+    pub last_id: Option<StreamEntryId>,
+    /// Its consumer groups, by name in byte order.
+    pub groups: Vec<GroupSummary>,
+}
+
+/// One page of streams, by (tenant, stream) in byte order.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StreamPage {
+    /// The streams.
+    pub items: Vec<StreamSummary>,
+    /// Pass as `after` to get the next page (the last stream shown); `None`
+    /// on the last page.
+    pub next: Option<StreamKey>,
+}
+
 /// The error for an operation on `group`, which `key` does not have.
 pub fn group_not_found(key: &StreamKey, group: &str) -> StoreError {
     StoreError::NotFound {
@@ -643,6 +694,32 @@ pub trait StreamStore: Clone + Send + Sync + 'static {
         entry: &'c DeliveredEntry,
         errors: &'c [String],
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'c;
+
+    /// Lists the streams of `tenants` (`None`: every tenant's) that come
+    /// after `after` in (tenant, stream) byte order, at most `limit` (clamped
+    /// to 1..=[`MAX_STREAM_PAGE`]), each with its length, newest id and
+    /// groups (see [`StreamSummary`]). A stream exists while it has entries
+    /// or groups (on Redis: while its key does, even emptied by a trim).
+    /// Tenants that break the name grammar are refused
+    /// ([`StoreError::Invalid`] naming `tenant`). Each page is summed up as
+    /// of one moment; pages are not one snapshot, so a stream created or
+    /// removed between them shows or not by where it falls. On Redis only
+    /// the store's own keys (`{prefix}{tenant}:{stream}`) are listed, not
+    /// raw keys mapped to a stream.
+    fn list_streams<'c>(
+        &'c self,
+        tenants: Option<&'c [String]>,
+        after: Option<&'c StreamKey>,
+        limit: usize,
+    ) -> impl Future<Output = Result<StreamPage, StoreError>> + Send + 'c;
+}
+
+/// Checks the tenants a stream listing is filtered by.
+pub fn validate_tenants(tenants: Option<&[String]>) -> Result<(), ValidationError> {
+    for tenant in tenants.unwrap_or_default() {
+        validate_name("tenant", tenant)?;
+    }
+    Ok(())
 }
 
 /// What a receipt-guarded run of a stream subscription's effect did.

@@ -28,6 +28,7 @@ queries!(
     stream_group_ensure,
     stream_horizon,
     stream_lag,
+    stream_list,
     stream_pending_detail,
     stream_pending_summary,
     stream_range,

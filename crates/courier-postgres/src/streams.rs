@@ -20,11 +20,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use courier_core::{
-    dead_letter_entry, group_not_found, validate_count, validate_name, ClaimIdle, ClaimedEntries,
-    ConsumerInfo, ConsumerRemoval, DeliveredEntry, EntryOrigin, GroupStart, NewStreamEntry,
-    PendingDetail, PendingEntry, PendingQuery, PendingSummary, ReadNew, ReceiptOutcome, StoreError,
-    StreamEntry, StreamEntryId, StreamKey, StreamReceipts, StreamStore, TrimBound, TxWork,
-    MAX_PAYLOAD_BYTES,
+    dead_letter_entry, group_not_found, validate_count, validate_name, validate_tenants, ClaimIdle,
+    ClaimedEntries, ConsumerInfo, ConsumerRemoval, DeliveredEntry, EntryOrigin, GroupStart,
+    GroupSummary, NewStreamEntry, PendingDetail, PendingEntry, PendingQuery, PendingSummary,
+    ReadNew, ReceiptOutcome, StoreError, StreamEntry, StreamEntryId, StreamKey, StreamPage,
+    StreamReceipts, StreamStore, StreamSummary, TrimBound, TxWork, MAX_PAYLOAD_BYTES,
+    MAX_STREAM_PAGE,
 };
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::Row;
@@ -231,6 +232,60 @@ fn entry_from_row(row: &PgRow, id: StreamEntryId) -> Result<StreamEntry, StoreEr
 fn deliveries(row: &PgRow) -> Result<u64, StoreError> {
     let n: i32 = row.try_get("deliveries").map_err(map)?;
     Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// A count column, which is never negative.
+fn count_column(row: &PgRow, column: &str) -> Result<u64, StoreError> {
+    let count: i64 = row.try_get(column).map_err(map)?;
+    u64::try_from(count).map_err(|_| StoreError::Corrupt(format!("{column} is {count}")))
+}
+
+/// The page `stream_list.sql`'s rows describe: one row per (stream, group),
+/// in listing order, a stream without groups with NULL group columns.
+fn stream_page(rows: &[PgRow]) -> Result<StreamPage, StoreError> {
+    let mut page = StreamPage::default();
+    let mut more = false;
+    for row in rows {
+        more = row.try_get("more").map_err(map)?;
+        let tenant: String = row.try_get("tenant").map_err(map)?;
+        let stream: String = row.try_get("stream").map_err(map)?;
+        let same = page
+            .items
+            .last()
+            .is_some_and(|last| last.tenant == tenant && last.stream == stream);
+        if !same {
+            page.items.push(StreamSummary {
+                tenant,
+                stream,
+                length: count_column(row, "length")?,
+                last_id: id_columns(row, "last_major", "last_minor")?,
+                groups: Vec::new(),
+            });
+        }
+        let Some(name) = row.try_get::<Option<String>, _>("grp").map_err(map)? else {
+            continue;
+        };
+        let group = GroupSummary {
+            name,
+            consumers: count_column(row, "consumers")?,
+            pending: count_column(row, "pending")?,
+            last_delivered: id_columns(row, "group_major", "group_minor")?
+                .ok_or_else(|| no_id("stream_list group"))?,
+            lag: Some(count_column(row, "lag")?),
+        };
+        if let Some(summary) = page.items.last_mut() {
+            summary.groups.push(group);
+        }
+    }
+    if more {
+        page.next = page
+            .items
+            .last()
+            .map(|last| StreamKey::new(last.tenant.as_str(), last.stream.as_str()))
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("a listed stream's name: {e}")))?;
+    }
+    Ok(page)
 }
 
 fn found(rows: &[PgRow], key: &StreamKey, group: &str) -> Result<(), StoreError> {
@@ -859,6 +914,24 @@ impl StreamStore for PgStore {
             .transpose()
             .map_err(map)?
             .unwrap_or(false))
+    }
+
+    async fn list_streams<'c>(
+        &'c self,
+        tenants: Option<&'c [String]>,
+        after: Option<&'c StreamKey>,
+        limit: usize,
+    ) -> Result<StreamPage, StoreError> {
+        validate_tenants(tenants)?;
+        let rows = sqlx::query(&self.q().stream_list)
+            .bind(tenants)
+            .bind(after.map(StreamKey::tenant))
+            .bind(after.map(StreamKey::stream))
+            .bind(count_param(limit.clamp(1, MAX_STREAM_PAGE)))
+            .fetch_all(self.pool())
+            .await
+            .map_err(map)?;
+        stream_page(&rows)
     }
 }
 

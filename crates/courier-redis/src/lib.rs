@@ -64,6 +64,10 @@
 //!   (which alone would drop them).
 //! - `dead_letter`: the pending check, the XADD to the dead-letter stream and
 //!   the XACK; an error leaves both streams unchanged.
+//! - `list_streams`: the summaries of a page's streams (length, newest id,
+//!   groups), so they are of one moment and no entry's payload is sent.
+//!   The page's keys come from a `SCAN` of the prefix (`TYPE stream`),
+//!   sorted in memory: a listing walks every key of the prefix.
 //!
 //! Each script opens with what it touches and why it is shaped so
 //! (`scripts/*.lua`).
@@ -270,6 +274,7 @@ struct Scripts {
     ack: Script,
     delete_consumer: Script,
     dead_letter: Script,
+    stream_summaries: Script,
 }
 
 impl Scripts {
@@ -282,6 +287,7 @@ impl Scripts {
             ack: Script::new(include_str!("../scripts/ack.lua")),
             delete_consumer: Script::new(include_str!("../scripts/delete_consumer.lua")),
             dead_letter: Script::new(include_str!("../scripts/dead_letter.lua")),
+            stream_summaries: Script::new(include_str!("../scripts/stream_summaries.lua")),
         }
     }
 }

@@ -1,13 +1,14 @@
 //! [`StreamStore`] on Redis Streams: one command or one script per operation.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use courier_core::{
-    dead_letter_entry, group_not_found, validate_count, validate_name, ClaimIdle, ClaimedEntries,
-    ConsumerInfo, ConsumerRemoval, DeliveredEntry, GroupStart, NewStreamEntry, PendingDetail,
-    PendingEntry, PendingQuery, PendingSummary, ReadNew, StoreError, StreamEntry, StreamEntryId,
-    StreamKey, StreamStore, TrimBound, ValidationError, MAX_PAYLOAD_BYTES,
+    dead_letter_entry, group_not_found, validate_count, validate_name, validate_tenants, ClaimIdle,
+    ClaimedEntries, ConsumerInfo, ConsumerRemoval, DeliveredEntry, GroupStart, GroupSummary,
+    NewStreamEntry, PendingDetail, PendingEntry, PendingQuery, PendingSummary, ReadNew, StoreError,
+    StreamEntry, StreamEntryId, StreamKey, StreamPage, StreamStore, StreamSummary, TrimBound,
+    ValidationError, MAX_PAYLOAD_BYTES, MAX_STREAM_PAGE,
 };
 use redis::{Cmd, ScriptInvocation, Value};
 
@@ -15,6 +16,80 @@ use crate::encoding::{decode, encode, Fields};
 use crate::error::{corrupt, map, map_group};
 use crate::reply::{array, bytes, count, id, int, pairs, text, tuple};
 use crate::RedisStreamStore;
+
+/// Keys one `SCAN` call looks at (a hint to Redis, not a bound).
+const SCAN_COUNT: usize = 1000;
+
+/// `text` as a `SCAN ... MATCH` pattern that matches it literally.
+fn glob_literal(text: &str) -> String {
+    let mut pattern = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern
+}
+
+/// The stream at Redis key `key` under `prefix` (`{prefix}{tenant}:{stream}`),
+/// if the rest of the key is a valid tenant and stream name.
+fn stream_key_of(prefix: &str, key: &[u8]) -> Option<StreamKey> {
+    let rest = key.strip_prefix(prefix.as_bytes())?;
+    let (tenant, stream) = std::str::from_utf8(rest).ok()?.split_once(':')?;
+    StreamKey::new(tenant, stream).ok()
+}
+
+/// A group of an `XINFO GROUPS` reply.
+fn group_summary(row: Value) -> Result<GroupSummary, StoreError> {
+    let mut name = None;
+    let mut last_delivered = None;
+    let mut group = GroupSummary {
+        name: String::new(),
+        consumers: 0,
+        pending: 0,
+        last_delivered: StreamEntryId::ZERO,
+        lag: None,
+    };
+    for (field, value) in pairs(row, "a group of XINFO GROUPS")? {
+        match field.as_str() {
+            "name" => name = Some(text(value, "a group name")?),
+            "consumers" => group.consumers = count(value, "a group's consumers")?,
+            "pending" => group.pending = count(value, "a group's pending count")?,
+            "last-delivered-id" => last_delivered = Some(id(value, "a group's last id")?),
+            "lag" if value != Value::Nil => group.lag = Some(count(value, "a group's lag")?),
+            _ => {}
+        }
+    }
+    group.name = name.ok_or_else(|| corrupt("a group without a name"))?;
+    group.last_delivered =
+        last_delivered.ok_or_else(|| corrupt("a group without a last-delivered-id"))?;
+    Ok(group)
+}
+
+/// The summary of `key` in `stream_summaries.lua`'s reply; `None` when the
+/// key no longer held a stream.
+fn stream_summary(key: StreamKey, value: Value) -> Result<Option<StreamSummary>, StoreError> {
+    if value == Value::Nil {
+        return Ok(None);
+    }
+    let [length, last_id, groups] = tuple(value, "a stream's summary")?;
+    let mut groups = array(groups, "XINFO GROUPS")?
+        .into_iter()
+        .map(group_summary)
+        .collect::<Result<Vec<_>, _>>()?;
+    groups.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Some(StreamSummary {
+        tenant: key.tenant().to_owned(),
+        stream: key.stream().to_owned(),
+        length: count(length, "a stream's length")?,
+        last_id: match last_id {
+            Value::Nil => None,
+            last_id => Some(id(last_id, "a stream's newest id")?),
+        },
+        groups,
+    }))
+}
 
 /// An entry as a read returns it: its id and fields, `None` when it was
 /// trimmed or deleted.
@@ -101,6 +176,57 @@ impl RedisStreamStore {
     /// Runs `command` on the shared connection.
     async fn query(&self, command: &Cmd) -> redis::RedisResult<Value> {
         command.query_async(&mut self.connection()).await
+    }
+
+    /// The store's streams of `tenants` (`None`: all) after `after`, the
+    /// first `limit + 1` in (tenant, stream) order, from a `SCAN` of its
+    /// prefix (one of `{prefix}{tenant}:*` for a single tenant).
+    async fn scan_streams(
+        &self,
+        tenants: Option<&[String]>,
+        after: Option<&StreamKey>,
+        limit: usize,
+    ) -> Result<BTreeSet<StreamKey>, StoreError> {
+        let pattern = match tenants {
+            Some([tenant]) => format!("{}*", glob_literal(&format!("{}{tenant}:", self.prefix))),
+            _ => format!("{}*", glob_literal(&self.prefix)),
+        };
+        let wanted: Option<BTreeSet<&str>> =
+            tenants.map(|tenants| tenants.iter().map(String::as_str).collect());
+        let mut found = BTreeSet::new();
+        let mut cursor = "0".to_owned();
+        loop {
+            let mut command = redis::cmd("SCAN");
+            command
+                .arg(&cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT)
+                .arg("TYPE")
+                .arg("stream");
+            let reply = self.query(&command).await.map_err(map)?;
+            let [next, keys] = tuple(reply, "SCAN's reply")?;
+            for key in array(keys, "SCAN's keys")? {
+                let Some(key) = stream_key_of(&self.prefix, &bytes(key, "a key")?) else {
+                    continue;
+                };
+                if wanted.as_ref().is_some_and(|w| !w.contains(key.tenant()))
+                    || after.is_some_and(|after| &key <= after)
+                {
+                    continue;
+                }
+                found.insert(key);
+                // Only the first limit + 1 are wanted: keep memory bounded.
+                if found.len() > limit + 1 {
+                    found.pop_last();
+                }
+            }
+            cursor = text(next, "SCAN's cursor")?;
+            if cursor == "0" {
+                return Ok(found);
+            }
+        }
     }
 
     /// Runs a script on the shared connection.
@@ -314,13 +440,13 @@ impl StreamStore for RedisStreamStore {
         count(reply, "ack's count")
     }
 
-    /// From `XINFO GROUPS` (Redis 7.0 or later): its `lag`, which Redis
-    /// leaves out (nil) when entries were deleted from the part not read yet.
     async fn visibility_wait(&self, _key: &StreamKey) -> Result<Option<Duration>, StoreError> {
         // An XADD is readable as soon as it is answered.
         Ok(None)
     }
 
+    /// From `XINFO GROUPS` (Redis 7.0 or later): its `lag`, which Redis
+    /// leaves out (nil) when entries were deleted from the part not read yet.
     async fn lag(&self, key: &StreamKey, group: &str) -> Result<Option<u64>, StoreError> {
         validate_name("group", group)?;
         let mut command = redis::cmd("XINFO");
@@ -564,6 +690,54 @@ impl StreamStore for RedisStreamStore {
             .map_err(|e| map_group(e, key, group))?;
         Ok(int(reply, "dead_letter's outcome")? == 1)
     }
+
+    /// Walks every key of the store's prefix with `SCAN ... TYPE stream`
+    /// (of `{prefix}{tenant}:` for one tenant), skipping keys whose rest is
+    /// not a valid `{tenant}:{stream}`, and sums up the page's streams with
+    /// one script. A stream deleted between the two is left out of its page.
+    async fn list_streams(
+        &self,
+        tenants: Option<&[String]>,
+        after: Option<&StreamKey>,
+        limit: usize,
+    ) -> Result<StreamPage, StoreError> {
+        validate_tenants(tenants)?;
+        let limit = limit.clamp(1, MAX_STREAM_PAGE);
+        if tenants.is_some_and(<[String]>::is_empty) {
+            return Ok(StreamPage::default());
+        }
+        let mut keys: Vec<StreamKey> = self
+            .scan_streams(tenants, after, limit)
+            .await?
+            .into_iter()
+            .collect();
+        let more = keys.len() > limit;
+        keys.truncate(limit);
+        let mut page = StreamPage {
+            items: Vec::with_capacity(keys.len()),
+            next: if more { keys.last().cloned() } else { None },
+        };
+        if keys.is_empty() {
+            return Ok(page);
+        }
+        let mut invocation = self.shared.scripts.stream_summaries.prepare_invoke();
+        for key in &keys {
+            invocation.key(format!("{}{}:{}", self.prefix, key.tenant(), key.stream()));
+        }
+        let reply = self.invoke(&invocation).await.map_err(map)?;
+        let summaries = array(reply, "stream_summaries's reply")?;
+        if summaries.len() != keys.len() {
+            return Err(corrupt(format_args!(
+                "{} summaries of {} streams",
+                summaries.len(),
+                keys.len()
+            )));
+        }
+        for (key, summary) in keys.into_iter().zip(summaries) {
+            page.items.extend(stream_summary(key, summary)?);
+        }
+        Ok(page)
+    }
 }
 
 #[cfg(test)]
@@ -575,6 +749,22 @@ mod tests {
         assert_eq!(block_millis(Duration::from_micros(1)), 1);
         assert_eq!(block_millis(Duration::from_micros(1_500)), 2);
         assert_eq!(block_millis(Duration::from_secs(30)), 30_000);
+    }
+
+    #[test]
+    fn keys_parse_under_their_prefix_and_patterns_match_it_literally() {
+        let key = stream_key_of("p*:", b"p*:acme:orders.dead").unwrap();
+        assert_eq!((key.tenant(), key.stream()), ("acme", "orders.dead"));
+        for foreign in [
+            &b"q:acme:orders"[..],
+            b"p*:acme",
+            b"p*:acme:a:b",
+            b"p*::orders",
+            b"p*:acme:\xff",
+        ] {
+            assert_eq!(stream_key_of("p*:", foreign), None, "{foreign:?}");
+        }
+        assert_eq!(glob_literal("a*b?[c]\\^:"), "a\\*b\\?\\[c\\]\\\\\\^:");
     }
 
     #[test]

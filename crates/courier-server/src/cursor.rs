@@ -6,14 +6,15 @@
 //! the same request with `cursor` set to that value. A cursor is the base64url
 //! (unpadded) text of a versioned key naming the last item shown and the kind
 //! of list it belongs to (`m1:` messages, `d1:` dead letters, `s1:`
-//! subscriptions, `t1:` stats rows). Clients must not build or read them: the
-//! encoding may change with the version tag. A cursor that does not decode,
-//! or that belongs to another list, is refused with 400 naming `cursor`.
+//! subscriptions, `t1:` stats rows, `st1:` streams). Clients must not build
+//! or read them: the encoding may change with the version tag. A cursor that
+//! does not decode, or that belongs to another list, is refused with 400
+//! naming `cursor`.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use chrono::{DateTime, Utc};
-use courier::{DeadLetterKey, MessageKey, StatsKey};
+use courier::{DeadLetterKey, MessageKey, StatsKey, StreamKey};
 use uuid::Uuid;
 
 use crate::error::ApiError;
@@ -135,6 +136,20 @@ impl PageKey for StatsKey {
     }
 }
 
+impl PageKey for StreamKey {
+    const TAG: &'static str = "st1";
+
+    fn write(&self) -> String {
+        // Names never hold `:`, so it separates them.
+        format!("{}:{}", self.tenant(), self.stream())
+    }
+
+    fn read(text: &str) -> Option<Self> {
+        let (tenant, stream) = text.split_once(':')?;
+        StreamKey::new(tenant, stream).ok()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,7 +172,12 @@ mod tests {
         };
         assert_eq!(decode::<StatsKey>(&encode(&stats)), Ok(stats.clone()));
         let name = SubscriptionKey("billing".into());
-        assert_eq!(decode::<SubscriptionKey>(&encode(&name)), Ok(name));
+        assert_eq!(decode::<SubscriptionKey>(&encode(&name)), Ok(name.clone()));
+        let stream = StreamKey::new("acme", "orders.dead").unwrap();
+        assert_eq!(decode::<StreamKey>(&encode(&stream)), Ok(stream.clone()));
+        assert!(decode::<SubscriptionKey>(&encode(&stream)).is_err());
+        assert!(decode::<StreamKey>(&encode(&name)).is_err());
+        assert!(decode::<StreamKey>(&URL_SAFE_NO_PAD.encode("st1:acme:a:b")).is_err());
 
         let field = |result: Result<MessageKey, ApiError>| result.err().and_then(|e| e.field);
         assert_eq!(field(decode(&encode(&dead))), Some("cursor".to_owned()));

@@ -1,6 +1,7 @@
-//! The streams API under `/v1/streams/{tenant}/{stream}`: append and range,
-//! consumer groups (create, read, ack, claim, pending, consumers) and trim,
-//! over the daemon's stream backend ([`ApiStreams`]).
+//! The streams API under `/v1/streams`: the listing of streams with their
+//! groups (`GET /v1/streams`), and under `/v1/streams/{tenant}/{stream}`
+//! append and range, consumer groups (create, read, ack, claim, pending,
+//! consumers) and trim, over the daemon's stream backend ([`ApiStreams`]).
 //!
 //! Each operation is a plain function here (`append`, `read`, ...) taking
 //! the backend, the stream and its typed request: the HTTP handlers call them
@@ -16,12 +17,15 @@
 //! `max_payload_bytes` is 413 (`entries[i].payload`); a body that is not JSON
 //! is 400. An append is all or nothing.
 //!
-//! Access: `publish` appends; `read` (or `admin`) lists entries, pending
-//! entries and consumers; `consume` reads, acks and claims through a group;
-//! `admin` creates groups, trims and deletes consumers. A stream of a tenant
-//! the token does not see is 404 to it, and appending to it 403. An unknown
-//! group is 404 (`group`). When the backend is unreachable the answer is 503
-//! with `Retry-After`.
+//! Access: `publish` appends; `read` (or `admin`) lists streams, entries,
+//! pending entries and consumers; `consume` reads, acks and claims through a
+//! group; `admin` creates groups, trims and deletes consumers. A stream of a
+//! tenant the token does not see is 404 to it, and appending to it 403. The
+//! listing shows only the token's tenants, and asking it for another tenant
+//! is 403 (`tenant`); it pages like every list of the API (`limit`, an
+//! opaque `cursor`, see [`crate::cursor`]). An unknown group is 404
+//! (`group`). When the backend is unreachable the answer is 503 with
+//! `Retry-After`.
 //!
 //! A blocking read waits on its own request (other requests go on), and ends
 //! early when the client goes away (its request future is dropped, and the
@@ -39,13 +43,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use courier::{
     validate_count, validate_name, ClaimIdle, ConsumerInfo, ConsumerRemoval, DeliveredEntry,
-    EntryOrigin, GroupStart, NewStreamEntry, PendingDetail, PendingQuery, ReadNew, StoreError,
-    StreamEntry, StreamEntryId, StreamKey, TrimBound, MAX_HEADERS, MAX_STREAM_BATCH,
-    MAX_STREAM_BLOCK,
+    EntryOrigin, GroupStart, GroupSummary, NewStreamEntry, PendingDetail, PendingQuery, ReadNew,
+    StoreError, StreamEntry, StreamEntryId, StreamKey, StreamPage, StreamSummary, TrimBound,
+    MAX_HEADERS, MAX_STREAM_BATCH, MAX_STREAM_BLOCK, MAX_STREAM_PAGE,
 };
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -55,8 +59,9 @@ pub use courier_api::{
     ReadRequest, TrimRequest,
 };
 
-use crate::api::{ApiJson, ApiQuery, ApiState};
+use crate::api::{ApiJson, ApiQuery, ApiState, DEFAULT_PAGE, MAX_PAGE};
 use crate::auth::{Admin, Consumer, Principal, Publisher, Reader};
+use crate::cursor;
 use crate::error::{ApiError, ErrorBody};
 use crate::metrics::{STREAM_ENTRIES_APPENDED, STREAM_READS_BLOCKED};
 use crate::stream_store::ApiStreams;
@@ -288,6 +293,90 @@ pub struct ConsumerList {
 pub struct Trimmed {
     /// The count (entries still pending stay pending).
     pub removed: u64,
+}
+
+/// Filter and paging of `GET /v1/streams`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct StreamListQuery {
+    /// Only this tenant's streams (it must be one of the token's).
+    pub tenant: Option<String>,
+    /// Streams per page, 1 to 500 (default 50).
+    pub limit: Option<usize>,
+    /// The `next_cursor` of the previous page, unchanged (opaque).
+    pub cursor: Option<String>,
+}
+
+/// A consumer group of a listed stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct GroupSummaryView {
+    /// The group.
+    pub name: String,
+    /// Its consumers, idle or not.
+    pub consumers: u64,
+    /// Entries handed out and not acked yet.
+    pub pending: u64,
+    /// Entries it has not handed out yet; `null` when the backend cannot
+    /// tell (Redis, after entries were deleted or trimmed from the part not
+    /// read yet).
+    pub lag: Option<u64>,
+    /// Its cursor (`a-b`): the last id it handed out, or where it started.
+    #[schema(value_type = String)]
+    pub last_delivered_id: StreamEntryId,
+}
+
+impl From<GroupSummary> for GroupSummaryView {
+    fn from(group: GroupSummary) -> Self {
+        Self {
+            name: group.name,
+            consumers: group.consumers,
+            pending: group.pending,
+            lag: group.lag,
+            last_delivered_id: group.last_delivered,
+        }
+    }
+}
+
+/// A stream with its groups.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StreamSummaryView {
+    /// The stream's tenant.
+    pub tenant: String,
+    /// The stream (dead letters are the stream `{stream}.dead`).
+    pub stream: String,
+    /// How many entries it holds.
+    pub length: u64,
+    /// Its newest entry's id (`a-b`); `null` when it holds none.
+    #[schema(value_type = Option<String>)]
+    pub last_id: Option<StreamEntryId>,
+    /// Its consumer groups, by name in byte order.
+    pub groups: Vec<GroupSummaryView>,
+}
+
+impl From<StreamSummary> for StreamSummaryView {
+    fn from(summary: StreamSummary) -> Self {
+        Self {
+            tenant: summary.tenant,
+            stream: summary.stream,
+            length: summary.length,
+            last_id: summary.last_id,
+            groups: summary
+                .groups
+                .into_iter()
+                .map(GroupSummaryView::from)
+                .collect(),
+        }
+    }
+}
+
+/// A page of streams, by tenant then stream in byte order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StreamPageView {
+    /// The streams.
+    pub items: Vec<StreamSummaryView>,
+    /// Pass as `cursor` for the next page (opaque); `null` on the last.
+    pub next_cursor: Option<String>,
 }
 
 // ---------------------------------------------------------------- operations
@@ -654,6 +743,59 @@ pub async fn delete_consumer(
     }
 }
 
+/// The tenants a listing for `principal` covers: `requested` if the token
+/// sees it (403 naming `tenant` if not, 422 if it is no name), else every
+/// tenant the token sees (`None`: all). The same rule as the API's other
+/// lists (`crate::api`'s own copy is private to it).
+fn listing_tenants(
+    principal: &Principal,
+    requested: Option<String>,
+) -> Result<Option<Vec<String>>, ApiError> {
+    match requested {
+        Some(tenant) => {
+            validate_name("tenant", &tenant)?;
+            principal.require_tenant(&tenant, "tenant")?;
+            Ok(Some(vec![tenant]))
+        }
+        None => Ok(principal.tenants.filter()),
+    }
+}
+
+/// A page size: `limit`, 1 to 500 (422 naming `limit` outside), or 50.
+pub fn page_limit(limit: Option<usize>) -> Result<usize, ApiError> {
+    let most = MAX_PAGE.min(MAX_STREAM_PAGE);
+    match limit {
+        None => Ok(DEFAULT_PAGE.min(most)),
+        Some(limit) if (1..=most).contains(&limit) => Ok(limit),
+        Some(limit) => Err(ApiError::invalid(
+            "limit",
+            format!("must be between 1 and {most}, got {limit}"),
+        )),
+    }
+}
+
+/// A page of the streams of `tenants` (`None`: all) after `after`, at most
+/// `limit`, each with its groups.
+pub async fn list(
+    streams: &dyn ApiStreams,
+    tenants: Option<Vec<String>>,
+    after: Option<StreamKey>,
+    limit: usize,
+) -> Result<StreamPageView, ApiError> {
+    let page: StreamPage = streams
+        .list_streams(tenants, after, limit)
+        .await
+        .map_err(|e| backend_error(streams, e))?;
+    Ok(StreamPageView {
+        next_cursor: page.next.as_ref().map(cursor::encode),
+        items: page
+            .items
+            .into_iter()
+            .map(StreamSummaryView::from)
+            .collect(),
+    })
+}
+
 /// Removes the oldest entries down to the request's one bound.
 pub async fn trim(
     streams: &dyn ApiStreams,
@@ -738,6 +880,7 @@ pub(crate) fn routes(append_limit: usize, other_limit: usize) -> OpenApiRouter<A
         .layer(limit(append_limit))
         .merge(
             OpenApiRouter::new()
+                .routes(routes!(list_streams))
                 .routes(routes!(trim_stream))
                 .routes(routes!(create_group))
                 .routes(routes!(read_group))
@@ -748,6 +891,35 @@ pub(crate) fn routes(append_limit: usize, other_limit: usize) -> OpenApiRouter<A
                 .routes(routes!(remove_consumer))
                 .layer(limit(other_limit)),
         )
+}
+
+/// The streams of the token's tenants (or of `tenant`) with their
+/// consumer groups, by tenant then stream in byte order, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/streams",
+    tag = "streams",
+    params(StreamListQuery),
+    responses(
+        (status = 200, body = StreamPageView),
+        (status = 400, description = "The cursor is not one of this list's", body = ErrorBody),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `read` role, or another tenant (`tenant`)", body = ErrorBody),
+        (status = 404, description = "This daemon has no stream backend", body = ErrorBody),
+        (status = 422, description = "A bad query parameter (named)", body = ErrorBody),
+        (status = 503, description = "The stream backend is unreachable; see Retry-After", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn list_streams(
+    State(state): State<ApiState>,
+    Reader(principal): Reader,
+    ApiQuery(query): ApiQuery<StreamListQuery>,
+) -> Result<Json<StreamPageView>, ApiError> {
+    let tenants = listing_tenants(&principal, query.tenant)?;
+    let limit = page_limit(query.limit)?;
+    let after = cursor::decode_optional::<StreamKey>(query.cursor.as_deref())?;
+    Ok(Json(list(state.streams()?, tenants, after, limit).await?))
 }
 
 /// Append entries, all or nothing.

@@ -5,7 +5,7 @@
 use courier::{
     ClaimIdle, ClaimedEntries, ConsumerInfo, ConsumerRemoval, DeliveredEntry, GroupStart,
     NewStreamEntry, PendingDetail, PendingQuery, PendingSummary, ReadNew, StoreError, StreamEntry,
-    StreamEntryId, StreamKey, StreamStore, TrimBound,
+    StreamEntryId, StreamKey, StreamPage, StreamStore, TrimBound,
 };
 use futures_util::future::BoxFuture;
 
@@ -62,6 +62,14 @@ pub trait ApiStreams: Send + Sync + 'static {
     ) -> StreamFuture<'_, Vec<StreamEntry>>;
     /// Removes the oldest entries down to a bound; how many.
     fn trim(&self, key: StreamKey, bound: TrimBound) -> StreamFuture<'_, u64>;
+    /// A page of the streams of some tenants (`None`: all) after a stream,
+    /// by (tenant, stream) in byte order, with their groups.
+    fn list_streams(
+        &self,
+        tenants: Option<Vec<String>>,
+        after: Option<StreamKey>,
+        limit: usize,
+    ) -> StreamFuture<'_, StreamPage>;
 }
 
 impl<S: StreamStore> ApiStreams for S {
@@ -135,5 +143,16 @@ impl<S: StreamStore> ApiStreams for S {
 
     fn trim(&self, key: StreamKey, bound: TrimBound) -> StreamFuture<'_, u64> {
         Box::pin(async move { StreamStore::trim(self, &key, bound).await })
+    }
+
+    fn list_streams(
+        &self,
+        tenants: Option<Vec<String>>,
+        after: Option<StreamKey>,
+        limit: usize,
+    ) -> StreamFuture<'_, StreamPage> {
+        Box::pin(async move {
+            StreamStore::list_streams(self, tenants.as_deref(), after.as_ref(), limit).await
+        })
     }
 }

@@ -1054,6 +1054,183 @@ async fn roles_decide_who_appends_consumes_and_administers_and_other_tenants_are
     daemon.stopped().await;
 }
 
+// ---------------------------------------------------------------- listing
+
+/// (tenant, stream) of each item of a `GET /v1/streams` page.
+fn listed(reply: &Reply) -> Vec<(String, String)> {
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    reply.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| {
+            (
+                item["tenant"].as_str().unwrap().to_owned(),
+                item["stream"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Follows `next_cursor` from `query` (which pages by 1 or 2) to the end;
+/// every stream of every page, and how many pages.
+async fn walk(daemon: &Daemon, query: &str, token: &str) -> (Vec<(String, String)>, usize) {
+    let (mut walked, mut pages) = (Vec::new(), 0);
+    let mut path = format!("/v1/streams?{query}");
+    loop {
+        let reply = daemon.get(&path, token).await;
+        walked.extend(listed(&reply));
+        pages += 1;
+        assert!(pages <= 10, "paging does not end: {walked:?}");
+        match reply.body["next_cursor"].as_str() {
+            Some(cursor) => path = format!("/v1/streams?{query}&cursor={cursor}"),
+            None => return (walked, pages),
+        }
+    }
+}
+
+async fn the_stream_listing_shows_a_token_its_tenants_streams_a_page_at_a_time(backend: Backend) {
+    let store = store(backend).await;
+    let mut config = store.config.clone();
+    config.tokens = tokens();
+    let daemon = Daemon::start(config).await;
+    let ids = daemon.append("orders", &[json!(1), json!(2)]).await;
+    daemon.append("audit", &[json!(3)]).await;
+    let group = daemon
+        .put(
+            "/v1/streams/a/orders/groups/g",
+            "all",
+            json!({"start": "beginning"}),
+        )
+        .await;
+    assert_eq!(group.status, StatusCode::CREATED, "{}", group.text);
+    daemon.read_n("orders", "g", "c", 1).await;
+    let empty = daemon
+        .put("/v1/streams/a/empty/groups/g", "all", json!({}))
+        .await;
+    assert_eq!(empty.status, StatusCode::CREATED, "{}", empty.text);
+    let other = daemon
+        .post(
+            "/v1/streams/b/orders/entries",
+            "all",
+            json!({"entries": [{"payload": 4}]}),
+        )
+        .await;
+    assert_eq!(other.status, StatusCode::CREATED, "{}", other.text);
+    let pair = |tenant: &str, stream: &str| (tenant.to_owned(), stream.to_owned());
+    let of_a = vec![pair("a", "audit"), pair("a", "empty"), pair("a", "orders")];
+    let every = [of_a.clone(), vec![pair("b", "orders")]].concat();
+
+    // Everything, in one page, in the documented shape.
+    let all = daemon.get("/v1/streams", "all").await;
+    assert_eq!(listed(&all), every);
+    assert_eq!(all.body["next_cursor"], Value::Null);
+    assert_eq!(
+        all.body["items"][2],
+        json!({
+            "tenant": "a",
+            "stream": "orders",
+            "length": 2,
+            "last_id": ids[1],
+            "groups": [{
+                "name": "g",
+                "consumers": 1,
+                "pending": 1,
+                "lag": 1,
+                "last_delivered_id": ids[0],
+            }],
+        })
+    );
+    assert_eq!(all.body["items"][1]["last_id"], Value::Null);
+    assert_eq!(all.body["items"][1]["length"], json!(0));
+
+    // A token sees its tenants only; asking for another is 403.
+    for token in ["reader-a", "admin-a"] {
+        assert_eq!(
+            listed(&daemon.get("/v1/streams", token).await),
+            of_a,
+            "{token}"
+        );
+        let mine = daemon.get("/v1/streams?tenant=a", token).await;
+        assert_eq!(listed(&mine), of_a, "{token}");
+        let theirs = daemon.get("/v1/streams?tenant=b", token).await;
+        assert_eq!(theirs.status, StatusCode::FORBIDDEN, "{}", theirs.text);
+        assert_eq!(theirs.field(), Some("tenant"));
+    }
+    let only_b = daemon.get("/v1/streams?tenant=b", "all").await;
+    assert_eq!(listed(&only_b), vec![pair("b", "orders")]);
+    for token in ["publisher-a", "consumer-a"] {
+        let refused = daemon.get("/v1/streams", token).await;
+        assert_eq!(
+            refused.status,
+            StatusCode::FORBIDDEN,
+            "{token}: {}",
+            refused.text
+        );
+    }
+    let anonymous = daemon
+        .send(Method::GET, "/v1/streams", None, None, "")
+        .await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+
+    // Pages walk every stream once, each page continuing the last.
+    assert_eq!(walk(&daemon, "limit=1", "all").await, (every.clone(), 4));
+    assert_eq!(
+        walk(&daemon, "limit=2", "reader-a").await,
+        (of_a.clone(), 2)
+    );
+    assert_eq!(
+        walk(&daemon, "limit=1&tenant=b", "all").await.0,
+        vec![pair("b", "orders")]
+    );
+    // A cursor carries no access: reader-a following the full list's stays in a.
+    let first = daemon.get("/v1/streams?limit=3", "all").await;
+    let cursor = first.body["next_cursor"].as_str().unwrap().to_owned();
+    let after = daemon
+        .get(&format!("/v1/streams?cursor={cursor}"), "reader-a")
+        .await;
+    assert_eq!(listed(&after), Vec::<(String, String)>::new());
+
+    // Bad parameters are refused naming them.
+    for (query, status, field) in [
+        ("limit=0", StatusCode::UNPROCESSABLE_ENTITY, "limit"),
+        ("limit=501", StatusCode::UNPROCESSABLE_ENTITY, "limit"),
+        ("limit=many", StatusCode::UNPROCESSABLE_ENTITY, "limit"),
+        ("tenant=a:b", StatusCode::UNPROCESSABLE_ENTITY, "tenant"),
+        ("cursor=nope", StatusCode::BAD_REQUEST, "cursor"),
+        ("group=g", StatusCode::UNPROCESSABLE_ENTITY, "group"),
+    ] {
+        let reply = daemon.get(&format!("/v1/streams?{query}"), "all").await;
+        assert_eq!(reply.status, status, "{query}: {}", reply.text);
+        assert_eq!(reply.field(), Some(field), "{query}");
+    }
+    daemon.stopped().await;
+}
+
+/// A router built without a stream backend answers the listing 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_listing_is_404_without_a_stream_backend() {
+    use tower::ServiceExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("courier.db");
+    let store = courier::sqlite::SqliteStore::new(
+        courier::sqlite::connect(path.to_str().unwrap(), 1)
+            .await
+            .unwrap(),
+    );
+    let auth = courier_server::Authenticator::new(&tokens()).unwrap();
+    let router = courier_server::router(courier_server::ApiState::with_authenticator(
+        store, auth, LIMIT,
+    ));
+    let request = axum::http::Request::builder()
+        .uri("/v1/streams")
+        .header("authorization", "Bearer all")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = router.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+}
+
 // ---------------------------------------------------------------- blocking reads
 
 async fn a_blocking_read_waits_alone_and_returns_on_append(backend: Backend) {
@@ -1626,4 +1803,5 @@ per_backend! {
     a_blocking_read_ends_when_its_client_goes_away: [Sqlite, Postgres, Redis],
     a_blocking_read_ends_when_the_daemon_shuts_down: [Sqlite, Redis],
     a_stream_subscription_delivers_each_entry_once_retries_defers_and_dead_letters: [Sqlite, Postgres, Redis],
+    the_stream_listing_shows_a_token_its_tenants_streams_a_page_at_a_time: [Sqlite, Postgres, Redis],
 }

@@ -69,6 +69,7 @@ queries!(
     STREAM_GROUP_CURSOR => "stream_group_cursor.sql",
     STREAM_HAS_NEW => "stream_has_new.sql",
     STREAM_LAG => "stream_lag.sql",
+    STREAM_LIST => "stream_list.sql",
     STREAM_PENDING_DETAIL => "stream_pending_detail.sql",
     STREAM_PENDING_INSERT => "stream_pending_insert.sql",
     STREAM_PENDING_PER_CONSUMER => "stream_pending_per_consumer.sql",

@@ -37,10 +37,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use courier_core::{
-    dead_letter_entry, group_not_found, validate_count, validate_name, ClaimIdle, ClaimedEntries,
-    ConsumerInfo, ConsumerRemoval, DeliveredEntry, GroupStart, NewStreamEntry, PendingDetail,
-    PendingEntry, PendingQuery, PendingSummary, ReadNew, StoreError, StreamEntry, StreamEntryId,
-    StreamKey, StreamStore, TrimBound, ValidationError, MAX_PAYLOAD_BYTES, MAX_STREAM_BATCH,
+    dead_letter_entry, group_not_found, validate_count, validate_name, validate_tenants, ClaimIdle,
+    ClaimedEntries, ConsumerInfo, ConsumerRemoval, DeliveredEntry, GroupStart, GroupSummary,
+    NewStreamEntry, PendingDetail, PendingEntry, PendingQuery, PendingSummary, ReadNew, StoreError,
+    StreamEntry, StreamEntryId, StreamKey, StreamPage, StreamStore, StreamSummary, TrimBound,
+    ValidationError, MAX_PAYLOAD_BYTES, MAX_STREAM_BATCH, MAX_STREAM_PAGE,
 };
 use serde_json::{json, Value};
 use sqlx::sqlite::SqliteRow;
@@ -131,6 +132,55 @@ fn entries_json(entries: &[NewStreamEntry]) -> Result<String, StoreError> {
         ]));
     }
     Ok(Value::Array(rows).to_string())
+}
+
+/// The page `stream_list.sql`'s rows describe: one row per (stream, group),
+/// in listing order, a stream without groups with NULL group columns.
+fn stream_page(listed: &[SqliteRow]) -> Result<StreamPage, StoreError> {
+    let mut page = StreamPage::default();
+    let mut more = false;
+    for row in listed {
+        more = get(row, "more")?;
+        let tenant: String = get(row, "tenant")?;
+        let stream: String = get(row, "stream")?;
+        let same = page
+            .items
+            .last()
+            .is_some_and(|last| last.tenant == tenant && last.stream == stream);
+        if !same {
+            page.items.push(StreamSummary {
+                tenant,
+                stream,
+                length: unsigned(row, "length")?,
+                last_id: get::<Option<i64>>(row, "last_id")?
+                    .map(entry_id)
+                    .transpose()?,
+                groups: Vec::new(),
+            });
+        }
+        let Some(name) = get::<Option<String>>(row, "group_name")? else {
+            continue;
+        };
+        let group = GroupSummary {
+            name,
+            consumers: unsigned(row, "consumers")?,
+            pending: unsigned(row, "pending")?,
+            last_delivered: rows::entry_id(row, "group_last_id")?,
+            lag: Some(unsigned(row, "lag")?),
+        };
+        if let Some(summary) = page.items.last_mut() {
+            summary.groups.push(group);
+        }
+    }
+    if more {
+        page.next = page
+            .items
+            .last()
+            .map(|last| StreamKey::new(last.tenant.as_str(), last.stream.as_str()))
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("a listed stream's name: {e}")))?;
+    }
+    Ok(page)
 }
 
 /// Rows of `stream_pending_reread.sql` or `stream_claim.sql`: (rowid,
@@ -832,6 +882,25 @@ impl StreamStore for SqliteStore {
         }
         self.wake_streams();
         Ok(true)
+    }
+
+    async fn list_streams<'c>(
+        &'c self,
+        tenants: Option<&'c [String]>,
+        after: Option<&'c StreamKey>,
+        limit: usize,
+    ) -> Result<StreamPage, StoreError> {
+        validate_tenants(tenants)?;
+        let tenants = tenants.map(|tenants| Value::from(tenants.to_vec()).to_string());
+        let listed = sqlx::query(queries::STREAM_LIST)
+            .bind(tenants)
+            .bind(after.map(StreamKey::tenant))
+            .bind(after.map(StreamKey::stream))
+            .bind(self::limit(limit.clamp(1, MAX_STREAM_PAGE)))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        stream_page(&listed)
     }
 }
 

@@ -41,9 +41,10 @@ use tokio_util::sync::CancellationToken;
 
 pub use courier_core::{
     dead_letter_entry, ClaimIdle, ClaimedEntries, ConsumerInfo, ConsumerRemoval, DeliveredEntry,
-    EntryOrigin, GroupStart, NewStreamEntry, PendingDetail, PendingEntry, PendingQuery,
-    PendingSummary, ReadNew, ReceiptOutcome, StreamEntry, StreamEntryId, StreamKey, StreamReceipts,
-    StreamStore, TrimBound, DEAD_STREAM_SUFFIX, MAX_STREAM_BATCH, MAX_STREAM_BLOCK,
+    EntryOrigin, GroupStart, GroupSummary, NewStreamEntry, PendingDetail, PendingEntry,
+    PendingQuery, PendingSummary, ReadNew, ReceiptOutcome, StreamEntry, StreamEntryId, StreamKey,
+    StreamPage, StreamReceipts, StreamStore, StreamSummary, TrimBound, DEAD_STREAM_SUFFIX,
+    MAX_STREAM_BATCH, MAX_STREAM_BLOCK, MAX_STREAM_PAGE,
 };
 pub use courier_core::{
     truncate_chars, validate_name, AdminStore, Availability, BatchItem, BatchRollback,

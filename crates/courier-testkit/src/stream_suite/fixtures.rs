@@ -14,7 +14,7 @@ use courier::OutboxStore;
 use courier_core::{
     ClaimIdle, ClaimedEntries, ConsumerInfo, ConsumerRemoval, DeliveredEntry, GroupStart,
     NewStreamEntry, PendingDetail, PendingEntry, PendingQuery, PendingSummary, ReadNew, StoreError,
-    StreamEntry, StreamEntryId, StreamKey, StreamStore, TrimBound,
+    StreamEntry, StreamEntryId, StreamKey, StreamPage, StreamStore, TrimBound,
 };
 
 use super::StreamFixture;
@@ -251,6 +251,15 @@ impl StreamStore for ReadablePgStore {
             )));
         }
         Ok(dead)
+    }
+
+    fn list_streams<'c>(
+        &'c self,
+        tenants: Option<&'c [String]>,
+        after: Option<&'c StreamKey>,
+        limit: usize,
+    ) -> impl Future<Output = Result<StreamPage, StoreError>> + Send + 'c {
+        self.0.list_streams(tenants, after, limit)
     }
 }
 

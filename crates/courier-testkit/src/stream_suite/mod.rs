@@ -27,6 +27,7 @@ mod entries;
 mod fixtures;
 mod groups;
 mod helpers;
+mod listing;
 mod load;
 mod pending;
 
@@ -42,6 +43,7 @@ pub use fixtures::{
     redis_url, PgStreamFixture, ReadablePgStore, RedisStreamFixture, SqliteStreamFixture,
 };
 pub use groups::*;
+pub use listing::*;
 pub use load::*;
 pub use pending::*;
 
@@ -120,6 +122,11 @@ macro_rules! stream_backend_tests {
             payloads_headers_and_origins_round_trip,
             concurrent_consumers_ack_every_entry_exactly_once,
             a_killed_consumer_s_unacked_entries_are_claimed_with_a_second_delivery,
+            streams_of_every_tenant_are_listed_in_byte_order_with_lengths_and_last_ids,
+            a_tenant_filter_lists_only_its_tenants_streams,
+            paging_with_limit_one_walks_every_stream_once,
+            a_group_s_pending_and_lag_follow_reads_and_acks,
+            a_group_s_consumers_are_counted,
         );
     };
     (@cases $backend:ident, $fixture:ty;

@@ -308,6 +308,9 @@ pub struct DeliveryStatsPage {
 pub struct DeliveryTotals {
     /// Deliveries waiting (including those in backoff or delayed).
     pub available: i64,
+    /// Of the waiting ones, those that already failed at least once and
+    /// wait for their next attempt.
+    pub retrying: i64,
     /// Deliveries under a lease.
     pub running: i64,
     /// Dead letters.
@@ -330,6 +333,9 @@ pub struct DeliveryStats {
     pub topic: String,
     /// Deliveries waiting (including those in backoff or delayed).
     pub available: i64,
+    /// Of the waiting ones, those that already failed at least once and
+    /// wait for their next attempt.
+    pub retrying: i64,
     /// Deliveries under a lease.
     pub running: i64,
     /// Dead letters.

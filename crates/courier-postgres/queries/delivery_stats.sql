@@ -1,5 +1,5 @@
--- A page of open deliveries per (subscription, topic) by state, with the age
--- in seconds (database clock) of the oldest available or running one's
+-- A page of open deliveries per (subscription, topic) by state (retrying:
+-- waiting after a failed attempt), with the age in seconds (database clock) of the oldest available or running one's
 -- created_at, for tenants $1 (NULL: all), after the pair ($2, $3) (NULL:
 -- from the first), at most $4 pairs. Only (subscription, topic) pairs with a
 -- row in deliveries appear: completed work is deleted from deliveries, so a
@@ -9,6 +9,7 @@
 -- ASCII, so that is also the order the cursor compares in.
 SELECT d.subscription, d.topic,
        count(*) FILTER (WHERE d.state = 'available') AS available,
+       count(*) FILTER (WHERE d.state = 'available' AND d.attempts > 0) AS retrying,
        count(*) FILTER (WHERE d.state = 'running') AS running,
        count(*) FILTER (WHERE d.state = 'dead') AS dead,
        extract(epoch FROM statement_timestamp()

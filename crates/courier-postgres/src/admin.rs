@@ -185,6 +185,7 @@ impl AdminStore for PgStore {
                     subscription: row.try_get("subscription")?,
                     topic: row.try_get("topic")?,
                     available: row.try_get("available")?,
+                    retrying: row.try_get("retrying")?,
                     running: row.try_get("running")?,
                     dead: row.try_get("dead")?,
                     oldest_pending_age_seconds: row.try_get("oldest_pending_age_seconds")?,
@@ -218,6 +219,7 @@ impl AdminStore for PgStore {
         (|| {
             Ok(DeliveryTotals {
                 available: row.try_get("available")?,
+                retrying: row.try_get("retrying")?,
                 running: row.try_get("running")?,
                 dead: row.try_get("dead")?,
                 oldest_pending_age_seconds: row.try_get("oldest_pending_age_seconds")?,

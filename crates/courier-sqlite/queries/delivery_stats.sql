@@ -1,5 +1,5 @@
--- A page of open deliveries per (subscription, topic) by state, with the age
--- in seconds (database clock) of the oldest available or running one's
+-- A page of open deliveries per (subscription, topic) by state (retrying:
+-- waiting after a failed attempt), with the age in seconds (database clock) of the oldest available or running one's
 -- created_at, for tenants ?1 as a JSON array of names (NULL: all), after the
 -- pair (?2, ?3) (NULL: from the first), at most ?4 pairs. Only (subscription,
 -- topic) pairs with a row in deliveries appear: completed work is deleted
@@ -8,6 +8,7 @@
 -- work and dead letters only). Locks: nothing.
 SELECT d.subscription, d.topic,
        sum(d.state = 'available') AS available,
+       sum(d.state = 'available' AND d.attempts > 0) AS retrying,
        sum(d.state = 'running') AS running,
        sum(d.state = 'dead') AS dead,
        (CAST(round(unixepoch('subsec') * 1000) AS INTEGER)

@@ -167,6 +167,7 @@ impl AdminStore for SqliteStore {
                     subscription: get(row, "subscription")?,
                     topic: get(row, "topic")?,
                     available: get(row, "available")?,
+                    retrying: get(row, "retrying")?,
                     running: get(row, "running")?,
                     dead: get(row, "dead")?,
                     oldest_pending_age_seconds: get(row, "oldest_pending_age_seconds")?,
@@ -198,6 +199,7 @@ impl AdminStore for SqliteStore {
             .map_err(map)?;
         Ok(DeliveryTotals {
             available: get(&row, "available")?,
+            retrying: get(&row, "retrying")?,
             running: get(&row, "running")?,
             dead: get(&row, "dead")?,
             oldest_pending_age_seconds: get(&row, "oldest_pending_age_seconds")?,

@@ -465,6 +465,64 @@ async fn an_unknown_state_filter_is_refused_with_the_field<B: Backend>(
     Ok(())
 }
 
+/// A delivery that failed and waits for its next attempt counts as retrying
+/// (and as waiting); one that never ran and a dead letter do not.
+async fn delivery_stats_count_deliveries_waiting_to_be_retried<B: Backend>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let flaky = backend
+        .courier()
+        .worker("flaky")
+        .handle(
+            "a",
+            1,
+            handler_fn(|message: Message<Event>| async move {
+                if message.payload.n == 0 {
+                    Err(HandlerError::permanent("poison"))
+                } else {
+                    Err(HandlerError::retry_after(
+                        Duration::from_secs(3600),
+                        "the endpoint answered 503",
+                    ))
+                }
+            }),
+        )
+        .maintenance(None)
+        .build()
+        .await?;
+    backend.enqueue_committed(&events("acme", "a", 3)?).await?;
+    assert_eq!(flaky.run_once().await?, 3);
+    backend
+        .enqueue_committed(&events("globex", "a", 2)?)
+        .await?;
+
+    let store = backend.courier().store();
+    let stats = store.delivery_stats(None, None, 100).await?.items;
+    let rows: Vec<(&str, i64, i64, i64, i64)> = stats
+        .iter()
+        .map(|s| (s.topic.as_str(), s.available, s.retrying, s.running, s.dead))
+        .collect();
+    // acme: n = 0 dead, n = 1 and 2 retrying in an hour; globex: two never tried.
+    assert_eq!(rows, vec![("a", 4, 2, 0, 1)]);
+    let totals = store.delivery_totals(None, None).await?;
+    assert_eq!(
+        (
+            totals.available,
+            totals.retrying,
+            totals.running,
+            totals.dead
+        ),
+        (4, 2, 0, 1)
+    );
+    let globex = vec!["globex".to_owned()];
+    let scoped = store.delivery_totals(Some(&globex), None).await?;
+    assert_eq!((scoped.available, scoped.retrying, scoped.dead), (2, 0, 0));
+    let scoped = store.delivery_stats(Some(&globex), None, 100).await?.items;
+    let retrying: Vec<i64> = scoped.iter().map(|s| s.retrying).collect();
+    assert_eq!(retrying, vec![0]);
+    Ok(())
+}
+
 async fn delivery_stats_count_open_deliveries_and_the_oldest_age<B: Backend>(
     backend: B,
 ) -> anyhow::Result<()> {
@@ -1384,6 +1442,7 @@ backend_tests!(
     list_messages_filter_by_message_id_and_enqueue_range,
     an_unknown_state_filter_is_refused_with_the_field,
     delivery_stats_count_open_deliveries_and_the_oldest_age,
+    delivery_stats_count_deliveries_waiting_to_be_retried,
     delivery_stats_page_by_subscription_then_topic_in_byte_order,
     list_subscriptions_shows_patterns_and_paused,
     subscriptions_page_by_name_in_byte_order,

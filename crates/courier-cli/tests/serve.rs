@@ -304,8 +304,37 @@ async fn serve_demo_delivers_sample_events_within_seconds() -> anyhow::Result<()
         )
     })
     .await;
+    // What a new user opening the dashboard sees: the page, and the demo's
+    // deliveries in the throughput chart and the overview's rows.
+    let page = reqwest::get(format!("http://127.0.0.1:{port}/")).await?;
+    let page_ok = page.status().is_success();
+    let page = page.text().await?;
+    let throughput: serde_json::Value = serde_json::from_str(
+        &reqwest::get(format!("http://127.0.0.1:{port}/v1/throughput"))
+            .await?
+            .text()
+            .await?,
+    )?;
+    let stats: serde_json::Value = serde_json::from_str(
+        &reqwest::get(format!("http://127.0.0.1:{port}/v1/stats"))
+            .await?
+            .text()
+            .await?,
+    )?;
     terminate(&daemon)?;
     assert!(delivered, "the demo subscription received nothing");
+    assert!(page_ok && page.contains("/ui/app.js"), "{page}");
+    let charted: u64 = throughput["delivered"]
+        .as_array()
+        .map_or(0, |series| series.iter().filter_map(|n| n.as_u64()).sum());
+    assert!(charted >= 2, "{throughput}");
+    let demo_row = stats["items"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|row| row["subscription"] == "demo"));
+    assert!(
+        demo_row.is_some_and(|row| row["completed_last_hour"].as_u64() >= Some(2)),
+        "{stats}"
+    );
     Ok(())
 }
 

@@ -7,6 +7,15 @@
 //! appending) to another tenant 403.
 //! With no tokens configured the API is open (the configuration allows that
 //! on loopback addresses only) and every request acts with every role.
+//!
+//! The dashboard signs in once (`POST /v1/session`) and keeps the token in
+//! an `HttpOnly`, `SameSite=Strict` cookie ([`SESSION_COOKIE`]), which stands
+//! for the bearer header when a request has none: the same token, the same
+//! scope. A browser sends that cookie only with requests made from the
+//! daemon's own pages, and a state change authenticated by it must also
+//! carry an `Origin` header (which [`crate::guard`] has already checked to
+//! be the daemon's own or an allowed one), so a cross-site form or a request
+//! from a browser too old to honour `SameSite` cannot act with it.
 //! Recognised callers are held to their tenant's request rate and refused
 //! callers counted per address ([`crate::limits`]).
 
@@ -15,7 +24,7 @@ use std::sync::Arc;
 
 use axum::extract::{FromRef, FromRequestParts};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, Method};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -23,6 +32,59 @@ use crate::config::{decode_sha256, ConfigError, Role, TokenConfig};
 use crate::error::ApiError;
 use crate::limits::{retry_after_seconds, ClientAddr, LimitSettings, Limits};
 use crate::metrics::RATE_LIMITED;
+
+/// The cookie a dashboard session keeps its token in (hex of the token's
+/// bytes, so any token fits a cookie value).
+pub const SESSION_COOKIE: &str = "courier_session";
+
+/// The longest token the daemon reads (a configured token is hashed, so
+/// longer ones are refused rather than hashed).
+pub const MAX_TOKEN_BYTES: usize = 4096;
+
+/// The `Set-Cookie` value that keeps `token` for the dashboard: sent by the
+/// browser with the daemon's own pages' requests only, never readable by
+/// scripts, and gone when the browser closes.
+pub fn session_cookie(token: &str) -> String {
+    format!(
+        "{SESSION_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict",
+        hex::encode(token.as_bytes())
+    )
+}
+
+/// The `Set-Cookie` value that ends a dashboard session.
+pub fn cleared_session_cookie() -> String {
+    format!("{SESSION_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
+}
+
+/// The token a dashboard session cookie holds: `None` without the cookie,
+/// `Some(Err)` for a value that is not one this daemon set.
+fn session_token(headers: &HeaderMap) -> Option<Result<String, ApiError>> {
+    let value = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == SESSION_COOKIE)
+        .map(|(_, value)| value.trim().to_owned())?;
+    let invalid = || ApiError::unauthorized("the dashboard session is not valid; sign in again");
+    if value.len() > 2 * MAX_TOKEN_BYTES {
+        return Some(Err(invalid()));
+    }
+    Some(
+        hex::decode(&value)
+            .ok()
+            .and_then(|bytes| String::from_utf8(bytes).ok())
+            .filter(|token| !token.is_empty())
+            .ok_or_else(invalid),
+    )
+}
+
+/// Whether a request authenticates by the dashboard's cookie rather than a
+/// bearer header.
+fn by_session(headers: &HeaderMap) -> bool {
+    headers.get(header::AUTHORIZATION).is_none() && session_token(headers).is_some()
+}
 
 /// The tenants a token sees.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -225,14 +287,20 @@ impl Authenticator {
         self.tokens.is_empty()
     }
 
-    /// The principal of a request, from its `Authorization: Bearer` header.
+    /// The principal of a request, from its `Authorization: Bearer` header
+    /// or, without one, from the dashboard's session cookie.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
         if self.is_open() {
             return Ok(Principal::open());
         }
-        let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
-            ApiError::unauthorized("missing `Authorization: Bearer <token>` header")
-        })?;
+        let Some(value) = headers.get(header::AUTHORIZATION) else {
+            return match session_token(headers) {
+                Some(token) => self.principal_of(&token?),
+                None => Err(ApiError::unauthorized(
+                    "missing `Authorization: Bearer <token>` header",
+                )),
+            };
+        };
         let token = value
             .to_str()
             .ok()
@@ -244,6 +312,14 @@ impl Authenticator {
             .ok_or_else(|| {
                 ApiError::unauthorized("the Authorization header must be `Bearer <token>`")
             })?;
+        self.principal_of(token)
+    }
+
+    /// The principal `token` stands for; 401 for an unknown one.
+    fn principal_of(&self, token: &str) -> Result<Principal, ApiError> {
+        if token.len() > MAX_TOKEN_BYTES {
+            return Err(ApiError::unauthorized("unknown token"));
+        }
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let mut found: Option<&TokenEntry> = None;
         for entry in &self.tokens {
@@ -269,7 +345,32 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let client = parts.extensions.get::<ClientAddr>().copied();
-        Arc::<Authenticator>::from_ref(state).admit(&parts.headers, client)
+        let authenticator = Arc::<Authenticator>::from_ref(state);
+        let principal = authenticator.admit(&parts.headers, client)?;
+        if !authenticator.is_open() && changes_state(&parts.method) && by_session(&parts.headers) {
+            require_origin(&parts.headers)?;
+        }
+        Ok(principal)
+    }
+}
+
+/// Whether `method` may change state (everything but GET, HEAD, OPTIONS).
+fn changes_state(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+/// 403 unless the request names the page it comes from: a dashboard
+/// session's state changes must come from the dashboard (browsers send
+/// `Origin` with every such request, and the guard has checked it).
+fn require_origin(headers: &HeaderMap) -> Result<(), ApiError> {
+    if headers.contains_key(header::ORIGIN) {
+        Ok(())
+    } else {
+        Err(ApiError::forbidden(
+            "a change made with the dashboard's session must come from the dashboard's page \
+             (an Origin header); programs send `Authorization: Bearer <token>` instead",
+            Some("origin".into()),
+        ))
     }
 }
 
@@ -354,6 +455,48 @@ mod tests {
             let err = auth.authenticate(&headers).unwrap_err();
             assert_eq!(err.status, axum::http::StatusCode::UNAUTHORIZED);
         }
+    }
+
+    fn cookie(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        if let Ok(value) = value.parse() {
+            headers.insert(header::COOKIE, value);
+        }
+        headers
+    }
+
+    #[test]
+    fn a_session_cookie_stands_for_the_token_when_there_is_no_bearer_header() {
+        let auth = Authenticator::new(&[
+            token("a", "secret a; with=odd\"chars", &["acme"], &[Role::Read]),
+            token("ops", "secret-ops", &["*"], &[Role::Admin]),
+        ])
+        .unwrap();
+        let set = session_cookie("secret a; with=odd\"chars");
+        let value = set.split(';').next().unwrap();
+        let a = auth
+            .authenticate(&cookie(&format!("theme=dark; {value}; other=1")))
+            .unwrap();
+        assert_eq!(a.name.as_deref(), Some("a"));
+        assert!(a.tenants.allows("acme") && !a.tenants.allows("globex"));
+        // The bearer header wins over the cookie.
+        let mut both = cookie(value);
+        both.insert(header::AUTHORIZATION, "Bearer secret-ops".parse().unwrap());
+        assert_eq!(
+            auth.authenticate(&both).unwrap().name.as_deref(),
+            Some("ops")
+        );
+        for bad in [
+            format!("{SESSION_COOKIE}=zz"),
+            format!("{SESSION_COOKIE}="),
+            format!("{SESSION_COOKIE}={}", hex::encode("wrong")),
+            format!("{SESSION_COOKIE}={}", "ab".repeat(MAX_TOKEN_BYTES + 1)),
+        ] {
+            let err = auth.authenticate(&cookie(&bad)).unwrap_err();
+            assert_eq!(err.status, axum::http::StatusCode::UNAUTHORIZED, "{bad}");
+        }
+        assert!(cleared_session_cookie().contains("Max-Age=0"));
+        assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"));
     }
 
     #[test]

@@ -40,6 +40,7 @@ use crate::http_server;
 use crate::metrics::prometheus;
 use crate::relay::{NativeRelay, NativeStreamStore, RelayConnections, RelayError};
 use crate::stream_subscriptions::{stop_subscriptions, StreamBackend};
+use crate::throughput::Observed;
 use crate::webhook::{WebhookError, WebhookHandler};
 
 /// How often histogram data is folded for `/metrics`.
@@ -440,17 +441,27 @@ where
 {
     let builder = courier.worker(subscription.name.clone());
     let topics = subscription.topics.clone();
+    // Every outcome also feeds the dashboard's throughput (crate::throughput).
+    let name = subscription.name.clone();
     Ok(match &subscription.target {
-        TargetConfig::Webhook(_) => {
-            builder.handle_all(topics, WebhookHandler::from_config(subscription)?)
-        }
-        TargetConfig::RedisStream(_) => {
-            builder.handle_all(topics, relays.redis_relay(subscription)?)
-        }
-        TargetConfig::Nats(_) => builder.handle_all(topics, relays.nats_relay(subscription).await?),
+        TargetConfig::Webhook(_) => builder.handle_all(
+            topics,
+            Observed::new(name, WebhookHandler::from_config(subscription)?),
+        ),
+        TargetConfig::RedisStream(_) => builder.handle_all(
+            topics,
+            Observed::new(name, relays.redis_relay(subscription)?),
+        ),
+        TargetConfig::Nats(_) => builder.handle_all(
+            topics,
+            Observed::new(name, relays.nats_relay(subscription).await?),
+        ),
         TargetConfig::Stream(_) => builder.handle_all_transactional(
             topics,
-            NativeRelay::new(subscription, courier.store().clone())?,
+            Observed::new(
+                name,
+                NativeRelay::new(subscription, courier.store().clone())?,
+            ),
         ),
     })
 }
@@ -458,9 +469,19 @@ where
 /// The built-in subscription `--demo` delivers to.
 pub const DEMO_SUBSCRIPTION: &str = "demo";
 const DEMO_INTERVAL: Duration = Duration::from_secs(2);
+/// Every this many demo orders fail once, then succeed.
+const DEMO_RETRIED_EVERY: u64 = 10;
+/// Every this many demo orders fail for good.
+const DEMO_DECLINED_EVERY: u64 = 25;
+const DEMO_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// Starts the demo subscription (it logs every message it receives) and a
 /// publisher of one sample `demo.order_placed` event every two seconds.
+///
+/// So that the dashboard has each state to show, the demo handler fails the
+/// way real ones do: every 10th order once ("the warehouse did not answer",
+/// retried 5 s later, then delivered) and every 25th for good ("the card was
+/// declined", a dead letter to retry or discard).
 async fn start_demo<S>(
     courier: &Courier<S>,
     stop: CancellationToken,
@@ -472,16 +493,36 @@ where
         .worker(DEMO_SUBSCRIPTION)
         .handle_all(
             vec!["demo.*".to_owned()],
-            courier::handler_fn(|message: courier::Message<serde_json::Value>| async move {
-                tracing::info!(
-                    message_id = %message.id,
-                    tenant = %message.tenant,
-                    topic = %message.topic,
-                    payload = %message.payload,
-                    "demo subscription delivered a message"
-                );
-                Ok::<(), courier::HandlerError>(())
-            }),
+            Observed::new(
+                DEMO_SUBSCRIPTION,
+                courier::handler_fn(|message: courier::Message<serde_json::Value>| async move {
+                    let order = message
+                        .payload
+                        .get("order")
+                        .and_then(serde_json::Value::as_u64)
+                        .unwrap_or(0);
+                    if order > 0 && order.is_multiple_of(DEMO_DECLINED_EVERY) {
+                        return Err(courier::HandlerError::permanent(format!(
+                            "order {order}: the card was declined"
+                        )));
+                    }
+                    if order > 0 && order.is_multiple_of(DEMO_RETRIED_EVERY) && message.attempt == 1
+                    {
+                        return Err(courier::HandlerError::retry_after(
+                            DEMO_RETRY_AFTER,
+                            format!("order {order}: the warehouse did not answer"),
+                        ));
+                    }
+                    tracing::info!(
+                        message_id = %message.id,
+                        tenant = %message.tenant,
+                        topic = %message.topic,
+                        payload = %message.payload,
+                        "demo subscription delivered a message"
+                    );
+                    Ok::<(), courier::HandlerError>(())
+                }),
+            ),
         )
         .maintenance(None)
         .build()

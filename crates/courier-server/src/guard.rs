@@ -15,8 +15,12 @@
 //!    a status to requests without an admin token.
 //! 2. **Origin** (403 `forbidden`, field `origin`): a request carrying an
 //!    `Origin` header (browsers add it to cross-site and to all non-GET
-//!    requests) is refused unless it is one of `server.allowed_origins`.
-//!    Programs (curl, the CLI, SDKs) send none.
+//!    requests) is refused unless it is one of `server.allowed_origins` or
+//!    the daemon's own: `http://` or `https://` and the request's `Host`, on
+//!    a listener that checks hosts (so a rebound name, refused in step 1,
+//!    never makes its own origin count as the daemon's). That is how the
+//!    dashboard's pages, served by the daemon, call its API. Programs (curl,
+//!    the CLI, SDKs) send none.
 //! 3. **Content-Type** (415 `unsupported_media_type`): every POST, PUT,
 //!    PATCH and DELETE, bodiless ones included, must declare
 //!    `application/json` (or `…+json`). Browsers can send cross-site only
@@ -133,6 +137,20 @@ impl RequestGuard {
         self.origins.contains(&normalize_origin(origin))
     }
 
+    /// Whether `origin` is the daemon's own page at `host`: only on a
+    /// listener that checks hosts, and only for a host it answers to.
+    fn is_own_origin(&self, origin: &str, host: Option<&str>) -> bool {
+        let Some(host) = host else {
+            return false;
+        };
+        if self.hosts.is_none() || !self.allows_host(host) {
+            return false;
+        }
+        let host = host.trim().to_ascii_lowercase();
+        let origin = normalize_origin(origin);
+        origin == format!("http://{host}") || origin == format!("https://{host}")
+    }
+
     /// The refusal of `request`, if it is refused.
     fn check(&self, request: &Request) -> Result<(), ApiError> {
         check_head(request)?;
@@ -146,8 +164,8 @@ impl RequestGuard {
                 .and_then(|value| value.to_str().ok())
                 .map(str::to_owned)
                 .or_else(|| request.uri().authority().map(|a| a.as_str().to_owned()));
-            match host {
-                Some(host) if self.allows_host(&host) => {}
+            match &host {
+                Some(host) if self.allows_host(host) => {}
                 Some(host) => {
                     return Err(ApiError::misdirected(format!(
                         "this daemon does not answer to host {host:?}: use its listen address \
@@ -159,7 +177,7 @@ impl RequestGuard {
             }
             if let Some(origin) = request.headers().get(header::ORIGIN) {
                 let origin = String::from_utf8_lossy(origin.as_bytes());
-                if !self.allows_origin(&origin) {
+                if !self.allows_origin(&origin) && !self.is_own_origin(&origin, host.as_deref()) {
                     return Err(ApiError::forbidden(
                         format!(
                             "requests from origin {origin:?} are refused (a browser page may not \
@@ -308,6 +326,23 @@ mod tests {
         assert!(public.allows_host("0.0.0.0:7070"));
         assert_eq!(without_port("[::1]:80"), "[::1]");
         assert_eq!(without_port("[::1]"), "[::1]");
+    }
+
+    #[test]
+    fn the_daemon_s_own_origin_is_allowed_only_where_hosts_are_checked() {
+        let server = ServerSection::default();
+        let guard = RequestGuard::for_listener("127.0.0.1:7070".parse().unwrap(), &server);
+        assert!(guard.is_own_origin("http://127.0.0.1:7070", Some("127.0.0.1:7070")));
+        assert!(guard.is_own_origin("http://LOCALHOST:7070/", Some("localhost:7070")));
+        // Another page, a rebound name, another port: not the daemon's.
+        assert!(!guard.is_own_origin("http://evil.example", Some("127.0.0.1:7070")));
+        assert!(!guard.is_own_origin("http://evil.example:7070", Some("evil.example:7070")));
+        assert!(!guard.is_own_origin("http://127.0.0.1:7071", Some("127.0.0.1:7070")));
+        assert!(!guard.is_own_origin("null", Some("127.0.0.1:7070")));
+        assert!(!guard.is_own_origin("http://127.0.0.1:7070", None));
+        // A router that does not know its address cannot tell.
+        let any = RequestGuard::any_host();
+        assert!(!any.is_own_origin("http://127.0.0.1:7070", Some("127.0.0.1:7070")));
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod auth;
 pub mod config;
 pub mod cursor;
 pub mod daemon;
+pub mod dashboard;
 pub mod error;
 pub mod guard;
 pub mod http_server;
@@ -35,6 +36,7 @@ pub mod stream_api;
 pub mod stream_store;
 pub mod stream_subscriptions;
 pub mod stream_webhook;
+pub mod throughput;
 pub mod webhook;
 
 pub use api::{metrics_router, openapi, router, ApiState};

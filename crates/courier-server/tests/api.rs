@@ -7,33 +7,11 @@ mod common;
 
 use axum::body::Body;
 use axum::http::{Method, StatusCode};
-use common::{app, call, get, message, post, post_raw, standard_tokens};
+use common::{app, call, get, message, post, post_raw, refusing_worker, standard_tokens};
 use courier::{handler_fn, AdminStore, Courier, DeadLetterStore, HandlerError, OutboxStore};
 use serde_json::{json, Value};
 
 const LIMIT: usize = 2048;
-
-/// A worker of `subscription` whose handler refuses every `invoice.paid`
-/// (a permanent failure: each message it runs becomes a dead letter).
-async fn refusing_worker<S>(
-    courier: &Courier<S>,
-    subscription: &str,
-) -> anyhow::Result<courier::Worker<S>>
-where
-    S: OutboxStore + DeadLetterStore + AdminStore,
-{
-    Ok(courier
-        .worker(subscription)
-        .handle(
-            "invoice.paid",
-            1,
-            handler_fn(|_message: courier::Message<Value>| async {
-                Err::<(), _>(HandlerError::permanent("refused"))
-            }),
-        )
-        .build()
-        .await?)
-}
 
 async fn message_count(app: &axum::Router) -> usize {
     let reply = get(app, "/v1/messages?limit=500", Some("all")).await;
@@ -545,6 +523,7 @@ fn routes(message_id: &str) -> Vec<(Method, String, Option<Value>, &'static str)
         ),
         (Method::GET, "/v1/messages".into(), None, "read"),
         (Method::GET, "/v1/stats".into(), None, "read"),
+        (Method::GET, "/v1/throughput".into(), None, "read"),
         (Method::GET, "/v1/dead-letters".into(), None, "read"),
         (
             Method::GET,
@@ -678,6 +657,7 @@ where
     for uri in [
         "/v1/messages?tenant=b",
         "/v1/stats?tenant=b",
+        "/v1/throughput?tenant=b",
         "/v1/dead-letters?tenant=b",
     ] {
         let reply = get(&app, uri, Some("reader-a")).await;
@@ -713,7 +693,8 @@ where
     let dead_id = dead.body["items"][0]["id"].clone();
     let stats = get(&app, "/v1/stats", Some("reader-a")).await;
     assert_eq!(stats.body["dead"], json!(0), "{}", stats.text);
-    // Subscriptions are listed without counts, so no tenant's counts show.
+    // Subscriptions are listed without counts, so no tenant's counts show
+    // (the target is the daemon's config, the same for every tenant).
     let listed = get(&app, "/v1/subscriptions", Some("reader-a")).await;
     for subscription in listed.body["items"].as_array().into_iter().flatten() {
         let mut fields: Vec<&str> = subscription
@@ -724,7 +705,7 @@ where
         fields.sort_unstable();
         assert_eq!(
             fields,
-            ["created_at", "name", "paused", "topics"],
+            ["created_at", "name", "paused", "target", "topics"],
             "{}",
             listed.text
         );
@@ -956,7 +937,7 @@ async fn a_scoped_retry_by_ids_is_one_store_call_and_leaves_other_tenants_alone<
 where
     S: OutboxStore + DeadLetterStore + AdminStore,
 {
-    let worker = refusing_worker(&courier, "billing").await?;
+    let worker = refusing_worker(&courier, "billing", "invoice.paid").await?;
     let open = app(courier.store().clone(), &[], LIMIT);
     for tenant in ["a", "a", "a", "b", "b"] {
         let reply = post(
@@ -1037,7 +1018,7 @@ async fn a_dry_run_changes_nothing_and_an_empty_filter_needs_all<S>(
 where
     S: OutboxStore + DeadLetterStore + AdminStore,
 {
-    let worker = refusing_worker(&courier, "billing").await?;
+    let worker = refusing_worker(&courier, "billing", "invoice.paid").await?;
     let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
     for tenant in ["a", "a", "a", "b", "b"] {
         let reply = post(
@@ -1149,7 +1130,7 @@ async fn a_message_s_detail_names_each_open_delivery_s_id<S>(
 where
     S: OutboxStore + DeadLetterStore + AdminStore,
 {
-    let failing = refusing_worker(&courier, "billing").await?;
+    let failing = refusing_worker(&courier, "billing", "invoice.paid").await?;
     let succeeding = courier
         .worker("audit")
         .handle(
@@ -1212,7 +1193,7 @@ async fn one_subscription_shows_its_state_and_its_backlog_by_tenant<S>(
 where
     S: OutboxStore + DeadLetterStore + AdminStore,
 {
-    let worker = refusing_worker(&courier, "billing").await?;
+    let worker = refusing_worker(&courier, "billing", "invoice.paid").await?;
     let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
     for tenant in ["a", "a", "b"] {
         let reply = post(
@@ -1241,7 +1222,7 @@ where
     assert_eq!(all.body["state"], json!("active"));
     assert_eq!(
         all.body["backlog"],
-        json!({"available": 1, "running": 0, "dead": 3}),
+        json!({"available": 1, "retrying": 0, "running": 0, "dead": 3}),
         "{}",
         all.text
     );
@@ -1261,7 +1242,7 @@ where
     let b = get(&scoped, "/v1/subscriptions/billing", Some("reader-b")).await;
     assert_eq!(
         b.body["backlog"],
-        json!({"available": 0, "running": 0, "dead": 1}),
+        json!({"available": 0, "retrying": 0, "running": 0, "dead": 1}),
         "{}",
         b.text
     );
@@ -1504,7 +1485,7 @@ where
             .register_subscription(&courier::SubscriptionSpec::new(name, topics))
             .await?;
     }
-    let billing = refusing_worker(&courier, "billing").await?;
+    let billing = refusing_worker(&courier, "billing", "invoice.paid").await?;
     for (tenant, topic, n) in [
         ("a", "invoice.paid", 4),
         ("b", "invoice.paid", 3),
@@ -1603,7 +1584,7 @@ where
     S: OutboxStore + DeadLetterStore + AdminStore,
 {
     let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
-    let billing = refusing_worker(&courier, "billing").await?;
+    let billing = refusing_worker(&courier, "billing", "invoice.paid").await?;
     let publish = |n: usize| {
         let app = app.clone();
         async move {
@@ -1770,6 +1751,10 @@ fn the_openapi_document_lists_every_route() {
         ("/v1/messages/{id}", "get"),
         ("/v1/messages/{id}/cancel", "post"),
         ("/v1/stats", "get"),
+        ("/v1/throughput", "get"),
+        ("/v1/session", "get"),
+        ("/v1/session", "post"),
+        ("/v1/session", "delete"),
         ("/v1/dead-letters", "get"),
         ("/v1/dead-letters/{id}", "get"),
         ("/v1/dead-letters/retry", "post"),
@@ -1783,6 +1768,7 @@ fn the_openapi_document_lists_every_route() {
         ("/readyz", "get"),
         ("/metrics", "get"),
         ("/v1/openapi.json", "get"),
+        ("/v1/streams", "get"),
         ("/v1/streams/{tenant}/{stream}/entries", "post"),
         ("/v1/streams/{tenant}/{stream}/entries", "get"),
         ("/v1/streams/{tenant}/{stream}/trim", "post"),

@@ -1,7 +1,9 @@
 //! Operations: the probes `/healthz` (the process is up) and `/readyz` (the
 //! database answers with the schema this build expects, and a Redis stream
-//! backend answers), delivery statistics (`/v1/stats`) and Prometheus
-//! metrics (`/metrics`, or a listener of its own, [`metrics_router`]).
+//! backend answers), delivery statistics (`/v1/stats`), this daemon's
+//! deliveries per second (`/v1/throughput`, see [`crate::throughput`]) and
+//! Prometheus metrics (`/metrics`, or a listener of its own,
+//! [`metrics_router`]).
 //!
 //! The probes are public, and the public answer of `/readyz` is only ready
 //! or not ready (503 with `Retry-After`): why is told only to an `admin`
@@ -39,6 +41,7 @@ use crate::metrics::{
 pub(super) fn routes() -> OpenApiRouter<ApiState> {
     OpenApiRouter::new()
         .routes(routes!(delivery_stats))
+        .routes(routes!(throughput))
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .routes(routes!(metrics_text))
@@ -104,12 +107,18 @@ pub struct StatsRow {
     pub topic: String,
     /// Waiting (including backoff and delayed).
     pub available: i64,
+    /// Of the waiting ones, those that failed before and wait to be retried.
+    pub retrying: i64,
     /// Under a lease.
     pub running: i64,
     /// Dead letters.
     pub dead: i64,
     /// Seconds since the oldest open delivery was enqueued.
     pub oldest_pending_age_seconds: Option<f64>,
+    /// Deliveries this daemon completed in the last hour (its own handlers'
+    /// only: see `/v1/throughput`). A pair with nothing open but completions
+    /// in the last hour has a row too.
+    pub completed_last_hour: u64,
 }
 
 /// Counts by state overall (every row the token may see, whatever the
@@ -118,12 +127,16 @@ pub struct StatsRow {
 pub struct StatsView {
     /// Waiting deliveries, in all.
     pub available: i64,
+    /// Waiting deliveries that failed before, in all.
+    pub retrying: i64,
     /// Running deliveries, in all.
     pub running: i64,
     /// Dead letters, in all.
     pub dead: i64,
     /// The oldest open delivery's age, in seconds.
     pub oldest_pending_age_seconds: Option<f64>,
+    /// Deliveries this daemon completed in the last hour, in all.
+    pub completed_last_hour: u64,
     /// Per (subscription, topic), by subscription then topic in byte order.
     pub items: Vec<StatsRow>,
     /// Pass as `cursor` for the next page of `items` (opaque); `null` on the last.
@@ -345,26 +358,148 @@ async fn delivery_stats(
     let tenants = listing_tenants(&principal, query.tenant)?;
     let limit = page_limit(query.limit)?;
     let after = cursor::decode_optional::<courier::StatsKey>(query.cursor.as_deref())?;
+    let completed = crate::throughput::global().completed_last_hour(tenants.as_deref());
     let totals = state.store.delivery_totals(tenants.clone(), None).await?;
-    let page = state.store.delivery_stats(tenants, after, limit).await?;
+    let page = state
+        .store
+        .delivery_stats(tenants, after.clone(), limit)
+        .await?;
+    let (items, next_cursor) = with_completions(page, &completed, after.as_ref(), limit);
     let view = StatsView {
         available: totals.available,
+        retrying: totals.retrying,
         running: totals.running,
         dead: totals.dead,
         oldest_pending_age_seconds: totals.oldest_pending_age_seconds,
-        items: page
-            .items
-            .into_iter()
-            .map(|row| StatsRow {
+        completed_last_hour: completed.values().sum(),
+        items,
+        next_cursor: next_cursor.as_ref().map(cursor::encode),
+    };
+    Ok(Json(view))
+}
+
+/// A page of the database's rows merged with the pairs only this daemon's
+/// completions know of (nothing open, but completed in the last hour), in
+/// the same (subscription, topic) byte order and under the same cursor: a
+/// pair from `completed` is shown on the page whose database rows reach it.
+fn with_completions(
+    page: courier::DeliveryStatsPage,
+    completed: &BTreeMap<(String, String), u64>,
+    after: Option<&courier::StatsKey>,
+    limit: usize,
+) -> (Vec<StatsRow>, Option<courier::StatsKey>) {
+    let key = |subscription: &str, topic: &str| (subscription.to_owned(), topic.to_owned());
+    let after = after.map(|after| key(&after.subscription, &after.topic));
+    // While the database has more, its next page covers the pairs past this one's end.
+    let reach = page
+        .next_cursor
+        .as_ref()
+        .map(|next| key(&next.subscription, &next.topic));
+    let mut rows: BTreeMap<(String, String), StatsRow> = BTreeMap::new();
+    for row in page.items {
+        let pair = key(&row.subscription, &row.topic);
+        let completed_last_hour = completed.get(&pair).copied().unwrap_or(0);
+        rows.insert(
+            pair,
+            StatsRow {
                 subscription: row.subscription,
                 topic: row.topic,
                 available: row.available,
+                retrying: row.retrying,
                 running: row.running,
                 dead: row.dead,
                 oldest_pending_age_seconds: row.oldest_pending_age_seconds,
-            })
-            .collect(),
-        next_cursor: page.next_cursor.as_ref().map(cursor::encode),
+                completed_last_hour,
+            },
+        );
+    }
+    for (pair, count) in completed {
+        let past_cursor = after.as_ref().is_none_or(|after| pair > after);
+        let within_reach = reach.as_ref().is_none_or(|reach| pair <= reach);
+        if past_cursor && within_reach && !rows.contains_key(pair) {
+            rows.insert(
+                pair.clone(),
+                StatsRow {
+                    subscription: pair.0.clone(),
+                    topic: pair.1.clone(),
+                    available: 0,
+                    retrying: 0,
+                    running: 0,
+                    dead: 0,
+                    oldest_pending_age_seconds: None,
+                    completed_last_hour: *count,
+                },
+            );
+        }
+    }
+    let more = rows.len() > limit || reach.is_some();
+    let items: Vec<StatsRow> = rows.into_values().take(limit).collect();
+    let next = if more {
+        items.last().map(|row| courier::StatsKey {
+            subscription: row.subscription.clone(),
+            topic: row.topic.clone(),
+        })
+    } else {
+        None
     };
-    Ok(Json(view))
+    (items, next)
+}
+
+/// Filters of `GET /v1/throughput`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ThroughputQuery {
+    /// Only this tenant's (it must be one of the token's).
+    pub tenant: Option<String>,
+}
+
+/// Deliveries per second made by this daemon, oldest second first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ThroughputView {
+    /// Seconds per bucket (1).
+    pub interval_seconds: u64,
+    /// When the last bucket ends (this daemon's clock).
+    pub until: chrono::DateTime<chrono::Utc>,
+    /// Deliveries that succeeded in each second of the last 15 minutes.
+    pub delivered: Vec<u64>,
+    /// Deliveries that failed (to be retried, or dead-lettered) in each second.
+    pub failed: Vec<u64>,
+}
+
+/// This daemon's deliveries per second over the last 15 minutes, summed
+/// over the token's tenants (or `tenant`).
+///
+/// Counted in this process's memory as its webhooks, relays and other
+/// handlers finish: with several daemons each shows its own, and a restart
+/// starts at zero. Snoozes (deferrals that spend no attempt) are not counted.
+#[utoipa::path(
+    get,
+    path = "/v1/throughput",
+    tag = "operations",
+    params(ThroughputQuery),
+    responses(
+        (status = 200, body = ThroughputView),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `read` role, or another tenant", body = ErrorBody),
+        (status = 422, description = "A bad query parameter (named)", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn throughput(
+    Reader(principal): Reader,
+    ApiQuery(query): ApiQuery<ThroughputQuery>,
+) -> Result<Json<ThroughputView>, ApiError> {
+    let tenants = listing_tenants(&principal, query.tenant)?;
+    let series = crate::throughput::global().series(tenants.as_deref());
+    let until = i64::try_from(series.until)
+        .ok()
+        .and_then(|second| chrono::DateTime::from_timestamp(second + 1, 0))
+        .unwrap_or_else(chrono::Utc::now);
+    Ok(Json(ThroughputView {
+        interval_seconds: 1,
+        until,
+        delivered: series.delivered,
+        failed: series.failed,
+    }))
 }

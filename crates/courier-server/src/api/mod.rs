@@ -27,8 +27,9 @@
 //!
 //! The routes are split by resource, as their paths are: `messages.rs`
 //! (`/v1/messages`), `dead_letters.rs` (`/v1/dead-letters`),
-//! `subscriptions.rs` (`/v1/subscriptions`) and `health.rs` (the probes,
-//! `/v1/stats` and `/metrics`, tagged `operations`); `extract.rs` holds the
+//! `subscriptions.rs` (`/v1/subscriptions`), `session.rs` (the dashboard's
+//! sign-in, `/v1/session`) and `health.rs` (the probes, `/v1/stats`,
+//! `/v1/throughput` and `/metrics`, tagged `operations`); `extract.rs` holds the
 //! strict extractors they share. This module holds the state, the router and
 //! the document, and the helpers several resources use.
 
@@ -57,6 +58,7 @@ mod dead_letters;
 mod extract;
 mod health;
 mod messages;
+mod session;
 mod subscriptions;
 
 pub use dead_letters::{
@@ -64,14 +66,17 @@ pub use dead_letters::{
     DeadLetterView,
 };
 pub use extract::{ApiJson, ApiPath, ApiQuery};
-pub use health::{metrics_router, Health, StatsQuery, StatsRow, StatsView};
+pub use health::{
+    metrics_router, Health, StatsQuery, StatsRow, StatsView, ThroughputQuery, ThroughputView,
+};
 pub use messages::{
     BatchRequest, BatchResponse, CancelView, DeliveryView, MessagePageView, MessageQuery,
     MessageView, PublishRequest, PublishResponse,
 };
+pub use session::{SessionView, SignIn};
 pub use subscriptions::{
-    Backlog, LastErrorView, PauseState, SubscriptionDetail, SubscriptionList, SubscriptionQuery,
-    SubscriptionView, TargetView,
+    Backlog, LastErrorView, PauseState, RetryPolicyView, SubscriptionDetail, SubscriptionList,
+    SubscriptionQuery, SubscriptionView, TargetView,
 };
 
 /// Room for the envelope around a message's payload (names, keys, up to 64
@@ -107,6 +112,8 @@ pub struct ApiState {
     shutdown: tokio_util::sync::CancellationToken,
     guard: Arc<RequestGuard>,
     targets: Arc<BTreeMap<String, TargetView>>,
+    /// The configured subscriptions' retry policies.
+    retry_policies: Arc<BTreeMap<String, RetryPolicyView>>,
     /// The configured webhook subscriptions' endpoints, for test pings.
     webhooks: Arc<BTreeMap<String, crate::webhook::WebhookHandler>>,
 }
@@ -161,6 +168,18 @@ impl ApiState {
                 })
                 .collect(),
         );
+        state.retry_policies = Arc::new(
+            config
+                .subscriptions
+                .iter()
+                .map(|subscription| {
+                    (
+                        subscription.name.clone(),
+                        RetryPolicyView::from(&subscription.retry),
+                    )
+                })
+                .collect(),
+        );
         state.targets = Arc::new(
             config
                 .subscriptions
@@ -194,6 +213,7 @@ impl ApiState {
             shutdown: tokio_util::sync::CancellationToken::new(),
             guard: Arc::new(RequestGuard::any_host()),
             targets: Arc::default(),
+            retry_policies: Arc::default(),
             webhooks: Arc::default(),
         }
     }
@@ -257,6 +277,7 @@ pub fn router(state: ApiState) -> Router {
     let (router, document) = api_routes(single, batch).split_for_parts();
     let document = Arc::new(with_document_route(document));
     router
+        .merge(crate::dashboard::routes())
         .route(
             "/v1/openapi.json",
             axum::routing::get(move || {
@@ -379,6 +400,7 @@ fn api_routes(single_limit: usize, batch_limit: usize) -> OpenApiRouter<ApiState
         .merge(crate::stream_api::routes(batch_limit, STREAM_BODY_BYTES))
         .merge(dead_letters::routes())
         .merge(subscriptions::routes())
+        .merge(session::routes())
         .merge(health::routes())
 }
 

@@ -46,6 +46,9 @@ pub struct SubscriptionView {
     pub paused: bool,
     /// When it was created.
     pub created_at: DateTime<Utc>,
+    /// Where this daemon delivers it; `null` when its config has no such
+    /// subscription (a library worker's, or the built-in demo).
+    pub target: Option<TargetView>,
 }
 
 /// A page of subscriptions, by name in byte order.
@@ -73,6 +76,8 @@ pub struct SubscriptionQuery {
 pub struct Backlog {
     /// Waiting (including backoff and delayed).
     pub available: i64,
+    /// Of the waiting ones, those that failed before and wait to be retried.
+    pub retrying: i64,
     /// Under a lease.
     pub running: i64,
     /// Dead letters.
@@ -123,6 +128,28 @@ impl TargetView {
     }
 }
 
+/// A configured subscription's retry policy: capped exponential backoff
+/// with jitter, then a dead letter.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RetryPolicyView {
+    /// Attempts before a delivery is dead-lettered.
+    pub max_attempts: i32,
+    /// The first retry's delay, in milliseconds.
+    pub base_ms: u64,
+    /// The longest delay, in milliseconds.
+    pub cap_ms: u64,
+}
+
+impl From<&crate::config::RetryConfig> for RetryPolicyView {
+    fn from(retry: &crate::config::RetryConfig) -> Self {
+        Self {
+            max_attempts: retry.max_attempts,
+            base_ms: retry.base_ms,
+            cap_ms: retry.cap_ms,
+        }
+    }
+}
+
 /// The last failed delivery this daemon saw.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct LastErrorView {
@@ -150,6 +177,9 @@ pub struct SubscriptionDetail {
     /// Where this daemon delivers it; `null` when its config has no such
     /// subscription (a library worker's, or the built-in demo).
     pub target: Option<TargetView>,
+    /// How this daemon retries its deliveries; `null` when its config has no
+    /// such subscription.
+    pub retry_policy: Option<RetryPolicyView>,
     /// When this daemon last delivered one of its messages (every tenant's;
     /// kept in this process's memory, empty after a restart).
     pub last_success_at: Option<DateTime<Utc>>,
@@ -204,6 +234,7 @@ async fn list_subscriptions(
             .items
             .into_iter()
             .map(|s| SubscriptionView {
+                target: state.targets.get(&s.name).cloned(),
                 name: s.name,
                 topics: s.topics,
                 paused: s.paused,
@@ -250,6 +281,7 @@ async fn get_subscription(
         .await?;
     let backlog = Backlog {
         available: totals.available,
+        retrying: totals.retrying,
         running: totals.running,
         dead: totals.dead,
     };
@@ -258,6 +290,7 @@ async fn get_subscription(
     let (deliveries, failures) = recent.as_ref().map_or((0, 0), |r| (r.attempts, r.failures));
     Ok(Json(SubscriptionDetail {
         target: state.targets.get(&name).cloned(),
+        retry_policy: state.retry_policies.get(&name).cloned(),
         last_success_at: recent.as_ref().and_then(|r| r.last_success_at),
         last_error: recent
             .and_then(|r| r.last_error)

@@ -11,7 +11,7 @@
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use axum::Router;
-use courier::{AdminStore, DeadLetterStore, OutboxStore};
+use courier::{handler_fn, AdminStore, Courier, DeadLetterStore, HandlerError, OutboxStore};
 use courier_server::config::{Role, TokenConfig};
 use courier_server::{ApiState, Authenticator};
 use http_body_util::BodyExt;
@@ -185,4 +185,27 @@ macro_rules! api_tests {
             )*
         }
     };
+}
+
+/// A worker of `subscription` whose handler refuses every message of
+/// `topic` (a permanent failure: each message it runs becomes a dead letter).
+pub async fn refusing_worker<S>(
+    courier: &Courier<S>,
+    subscription: &str,
+    topic: &str,
+) -> anyhow::Result<courier::Worker<S>>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    Ok(courier
+        .worker(subscription)
+        .handle(
+            topic,
+            1,
+            handler_fn(|_message: courier::Message<Value>| async {
+                Err::<(), _>(HandlerError::permanent("refused"))
+            }),
+        )
+        .build()
+        .await?)
 }

@@ -221,10 +221,15 @@ async fn wait_for_text(
     loop {
         let mut last = String::new();
         for element in all(browser, name).await? {
-            last = element.text().await?;
-            if check(&last) {
-                return Ok(last);
+            // A page that redraws (the overview every 5 s) may have replaced
+            // the element since it was found: look again.
+            let Ok(text) = element.text().await else {
+                continue;
+            };
+            if check(&text) {
+                return Ok(text);
             }
+            last = text;
         }
         anyhow::ensure!(
             started.elapsed() < PAGE_WAIT,
@@ -301,7 +306,7 @@ async fn an_operator_retries_a_dead_letter_from_the_page_and_watches_it_complete
     let mut ids = Vec::new();
     for order in ["18446744073709551617", "2"] {
         let body = format!(
-            r#"{{"tenant":"acme","topic":"order.placed","payload":{{"order":{order},"note":"<img src=x onerror=document.title='pwned'>"}}}}"#
+            r#"{{"tenant":"acme","topic":"order.placed","headers":{{"x-note":"<b>bold</b>"}},"payload":{{"order":{order},"note":"<img src=x onerror=document.title='pwned'>"}}}}"#
         );
         let reply = api
             .post(format!("{base}/v1/messages"))
@@ -416,7 +421,7 @@ async fn scenario(
     wait_for(browser, "confirm-dialog").await?;
     let question = wait_for_text(browser, "confirm-text", |text| !text.is_empty()).await?;
     anyhow::ensure!(
-        question.contains('1'),
+        question == "Retry 1 dead letter?",
         "the confirmation states the count: {question:?}"
     );
     screenshot(browser, "dead-letters-confirm").await?;
@@ -456,6 +461,11 @@ async fn scenario(
         "markup shown as text: {payload}"
     );
     anyhow::ensure!(browser.title().await? != "pwned", "a payload ran as script");
+    let headers = wait_for(browser, "headers-table").await?.text().await?;
+    anyhow::ensure!(
+        headers.contains("<b>bold</b>"),
+        "a header's markup shown as text: {headers}"
+    );
     screenshot(browser, "message").await?;
     // The other order is still a dead letter: its page shows the errors.
     browser

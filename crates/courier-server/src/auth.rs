@@ -8,14 +8,16 @@
 //! With no tokens configured the API is open (the configuration allows that
 //! on loopback addresses only) and every request acts with every role.
 //!
-//! The dashboard signs in once (`POST /v1/session`) and keeps the token in
-//! an `HttpOnly`, `SameSite=Strict` cookie ([`SESSION_COOKIE`]), which stands
-//! for the bearer header when a request has none: the same token, the same
-//! scope. A browser sends that cookie only with requests made from the
-//! daemon's own pages, and a state change authenticated by it must also
-//! carry an `Origin` header (which [`crate::guard`] has already checked to
-//! be the daemon's own or an allowed one), so a cross-site form or a request
-//! from a browser too old to honour `SameSite` cannot act with it.
+//! The dashboard signs in once (`POST /v1/session`) and gets a session
+//! ([`crate::sessions`]) whose id an `HttpOnly`, `SameSite=Strict` cookie
+//! ([`SESSION_COOKIE`]) carries; the cookie stands for the bearer header when
+//! a request has none, with the session's token's tenants and roles. The
+//! cookie holds no token. A state change authenticated by it must also carry
+//! an `Origin` header (which [`crate::guard`] has already checked to be the
+//! daemon's own or an allowed one), so a cross-site form, or a request from a
+//! browser that sends the cookie cross-site, cannot act with it. A request
+//! carrying more than one session cookie (another page of the same site can
+//! set one for a narrower path) is refused.
 //! Recognised callers are held to their tenant's request rate and refused
 //! callers counted per address ([`crate::limits`]).
 
@@ -32,23 +34,21 @@ use crate::config::{decode_sha256, ConfigError, Role, TokenConfig};
 use crate::error::ApiError;
 use crate::limits::{retry_after_seconds, ClientAddr, LimitSettings, Limits};
 use crate::metrics::RATE_LIMITED;
+use crate::sessions::Sessions;
 
-/// The cookie a dashboard session keeps its token in (hex of the token's
-/// bytes, so any token fits a cookie value).
+/// The cookie a dashboard session's id travels in.
 pub const SESSION_COOKIE: &str = "courier_session";
 
 /// The longest token the daemon reads (a configured token is hashed, so
 /// longer ones are refused rather than hashed).
 pub const MAX_TOKEN_BYTES: usize = 4096;
 
-/// The `Set-Cookie` value that keeps `token` for the dashboard: sent by the
-/// browser with the daemon's own pages' requests only, never readable by
-/// scripts, and gone when the browser closes.
-pub fn session_cookie(token: &str) -> String {
-    format!(
-        "{SESSION_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict",
-        hex::encode(token.as_bytes())
-    )
+/// The `Set-Cookie` value that keeps session `id` for the dashboard: never
+/// readable by scripts, not sent with requests other sites start, and only
+/// over HTTPS when `secure` (the page was reached over HTTPS).
+pub fn session_cookie(id: &str, secure: bool) -> String {
+    let secure = if secure { "; Secure" } else { "" };
+    format!("{SESSION_COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict{secure}")
 }
 
 /// The `Set-Cookie` value that ends a dashboard session.
@@ -56,34 +56,32 @@ pub fn cleared_session_cookie() -> String {
     format!("{SESSION_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
 }
 
-/// The token a dashboard session cookie holds: `None` without the cookie,
-/// `Some(Err)` for a value that is not one this daemon set.
-fn session_token(headers: &HeaderMap) -> Option<Result<String, ApiError>> {
-    let value = headers
+/// The session id a request's cookie carries: `None` without the cookie,
+/// `Some(Err)` when it carries several (a page of another port or path of
+/// the same site may have set one: which the browser sends first is not
+/// ours to choose).
+pub fn session_id(headers: &HeaderMap) -> Option<Result<String, ApiError>> {
+    let mut values = headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == SESSION_COOKIE)
-        .map(|(_, value)| value.trim().to_owned())?;
-    let invalid = || ApiError::unauthorized("the dashboard session is not valid; sign in again");
-    if value.len() > 2 * MAX_TOKEN_BYTES {
-        return Some(Err(invalid()));
+        .filter(|(name, _)| *name == SESSION_COOKIE)
+        .map(|(_, value)| value.trim().to_owned());
+    let first = values.next()?;
+    if values.next().is_some() {
+        return Some(Err(ApiError::unauthorized(format!(
+            "the request carries more than one {SESSION_COOKIE} cookie; sign in again"
+        ))));
     }
-    Some(
-        hex::decode(&value)
-            .ok()
-            .and_then(|bytes| String::from_utf8(bytes).ok())
-            .filter(|token| !token.is_empty())
-            .ok_or_else(invalid),
-    )
+    Some(Ok(first))
 }
 
 /// Whether a request authenticates by the dashboard's cookie rather than a
 /// bearer header.
 fn by_session(headers: &HeaderMap) -> bool {
-    headers.get(header::AUTHORIZATION).is_none() && session_token(headers).is_some()
+    headers.get(header::AUTHORIZATION).is_none() && session_id(headers).is_some()
 }
 
 /// The tenants a token sees.
@@ -180,6 +178,7 @@ struct TokenEntry {
 pub struct Authenticator {
     tokens: Vec<TokenEntry>,
     limits: Limits,
+    sessions: Sessions,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -218,6 +217,7 @@ impl Authenticator {
         Ok(Self {
             tokens: entries,
             limits: Limits::new(LimitSettings::OFF),
+            sessions: Sessions::default(),
         })
     }
 
@@ -232,6 +232,7 @@ impl Authenticator {
         Self {
             tokens: Vec::new(),
             limits: Limits::new(LimitSettings::OFF),
+            sessions: Sessions::default(),
         }
     }
 
@@ -294,8 +295,13 @@ impl Authenticator {
             return Ok(Principal::open());
         }
         let Some(value) = headers.get(header::AUTHORIZATION) else {
-            return match session_token(headers) {
-                Some(token) => self.principal_of(&token?),
+            return match session_id(headers) {
+                Some(id) => {
+                    let digest = self.sessions.token_digest(&id?).ok_or_else(|| {
+                        ApiError::unauthorized("the dashboard session has ended; sign in again")
+                    })?;
+                    self.principal_of_digest(&digest)
+                }
                 None => Err(ApiError::unauthorized(
                     "missing `Authorization: Bearer <token>` header",
                 )),
@@ -315,15 +321,33 @@ impl Authenticator {
         self.principal_of(token)
     }
 
+    /// Starts a dashboard session for `token` (which [`Authenticator::admit`]
+    /// has accepted) and returns its id for the cookie.
+    pub fn start_session(&self, token: &str) -> String {
+        self.sessions.start(Sha256::digest(token.as_bytes()).into())
+    }
+
+    /// Ends the session whose id the request's cookie carries, if any.
+    pub fn end_session(&self, headers: &HeaderMap) {
+        if let Some(Ok(id)) = session_id(headers) {
+            self.sessions.end(&id);
+        }
+    }
+
     /// The principal `token` stands for; 401 for an unknown one.
     fn principal_of(&self, token: &str) -> Result<Principal, ApiError> {
         if token.len() > MAX_TOKEN_BYTES {
             return Err(ApiError::unauthorized("unknown token"));
         }
-        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        self.principal_of_digest(&Sha256::digest(token.as_bytes()).into())
+    }
+
+    /// The principal of the token whose SHA-256 is `digest`; 401 for one not
+    /// (or no longer) configured. Every digest is compared, in constant time.
+    fn principal_of_digest(&self, digest: &[u8; 32]) -> Result<Principal, ApiError> {
         let mut found: Option<&TokenEntry> = None;
         for entry in &self.tokens {
-            if bool::from(entry.sha256.ct_eq(&digest)) {
+            if bool::from(entry.sha256.ct_eq(digest)) {
                 found = Some(entry);
             }
         }
@@ -466,13 +490,17 @@ mod tests {
     }
 
     #[test]
-    fn a_session_cookie_stands_for_the_token_when_there_is_no_bearer_header() {
+    fn a_session_cookie_carries_an_id_that_stands_for_the_token_not_the_token() {
         let auth = Authenticator::new(&[
-            token("a", "secret a; with=odd\"chars", &["acme"], &[Role::Read]),
+            token("a", "secret-a", &["acme"], &[Role::Read]),
             token("ops", "secret-ops", &["*"], &[Role::Admin]),
         ])
         .unwrap();
-        let set = session_cookie("secret a; with=odd\"chars");
+        let id = auth.start_session("secret-a");
+        let set = session_cookie(&id, false);
+        assert!(!set.contains(&hex::encode("secret-a")) && !set.contains("secret-a"));
+        assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"));
+        assert!(!set.contains("Secure") && session_cookie(&id, true).ends_with("; Secure"));
         let value = set.split(';').next().unwrap();
         let a = auth
             .authenticate(&cookie(&format!("theme=dark; {value}; other=1")))
@@ -486,17 +514,27 @@ mod tests {
             auth.authenticate(&both).unwrap().name.as_deref(),
             Some("ops")
         );
+        // Two session cookies (one planted for a narrower path): refused.
+        let other = auth.start_session("secret-ops");
+        let planted = format!("{SESSION_COOKIE}={other}; {value}");
+        assert!(auth.authenticate(&cookie(&planted)).is_err());
         for bad in [
             format!("{SESSION_COOKIE}=zz"),
             format!("{SESSION_COOKIE}="),
-            format!("{SESSION_COOKIE}={}", hex::encode("wrong")),
-            format!("{SESSION_COOKIE}={}", "ab".repeat(MAX_TOKEN_BYTES + 1)),
+            format!("{SESSION_COOKIE}={}", hex::encode("secret-a")),
+            format!("{SESSION_COOKIE}={}", hex::encode([9_u8; 32])),
         ] {
             let err = auth.authenticate(&cookie(&bad)).unwrap_err();
             assert_eq!(err.status, axum::http::StatusCode::UNAUTHORIZED, "{bad}");
         }
+        // Signing out ends it; another authenticator (a restart) never knew it.
+        auth.end_session(&cookie(value));
+        assert!(auth.authenticate(&cookie(value)).is_err());
+        let restarted =
+            Authenticator::new(&[token("a", "secret-a", &["acme"], &[Role::Read])]).unwrap();
+        let other_cookie = format!("{SESSION_COOKIE}={other}");
+        assert!(restarted.authenticate(&cookie(&other_cookie)).is_err());
         assert!(cleared_session_cookie().contains("Max-Age=0"));
-        assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"));
     }
 
     #[test]

@@ -26,9 +26,11 @@ const APP_CSS: &str = include_str!("../assets/dashboard/app.css");
 
 /// What the page may load and do: only the daemon's own script, styles and
 /// API; no inline code, no plugins, no framing, forms post only here.
+/// Trusted Types are required, so even a mistaken `innerHTML` in the page's
+/// script would throw instead of parsing markup.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
      style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; \
-     frame-ancestors 'none'; base-uri 'none'";
+     frame-ancestors 'none'; base-uri 'none'; require-trusted-types-for 'script'";
 
 /// The dashboard's routes: `/`, `/ui/app.js`, `/ui/app.css`.
 pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {

@@ -146,9 +146,24 @@ impl RequestGuard {
         if self.hosts.is_none() || !self.allows_host(host) {
             return false;
         }
-        let host = host.trim().to_ascii_lowercase();
         let origin = normalize_origin(origin);
-        origin == format!("http://{host}") || origin == format!("https://{host}")
+        let Some((scheme, authority)) = origin.split_once("://") else {
+            return false;
+        };
+        let default_port = match scheme {
+            "http" => "80",
+            "https" => "443",
+            _ => return false,
+        };
+        // `Origin` leaves out a default port that a proxy's `Host` may name.
+        let with_port = |authority: &str| {
+            if has_port(authority) {
+                authority.to_owned()
+            } else {
+                format!("{authority}:{default_port}")
+            }
+        };
+        with_port(authority) == with_port(&host.trim().to_ascii_lowercase())
     }
 
     /// The refusal of `request`, if it is refused.
@@ -340,6 +355,16 @@ mod tests {
         assert!(!guard.is_own_origin("http://127.0.0.1:7071", Some("127.0.0.1:7070")));
         assert!(!guard.is_own_origin("null", Some("127.0.0.1:7070")));
         assert!(!guard.is_own_origin("http://127.0.0.1:7070", None));
+        assert!(!guard.is_own_origin("ftp://127.0.0.1:7070", Some("127.0.0.1:7070")));
+        // Behind a proxy that passes `Host: name:443` for `https://name`.
+        let server = ServerSection {
+            allowed_hosts: vec!["courier.example".into()],
+            ..ServerSection::default()
+        };
+        let proxied = RequestGuard::for_listener("127.0.0.1:7070".parse().unwrap(), &server);
+        assert!(proxied.is_own_origin("https://courier.example", Some("courier.example:443")));
+        assert!(proxied.is_own_origin("https://courier.example", Some("courier.example")));
+        assert!(!proxied.is_own_origin("http://courier.example", Some("courier.example:443")));
         // A router that does not know its address cannot tell.
         let any = RequestGuard::any_host();
         assert!(!any.is_own_origin("http://127.0.0.1:7070", Some("127.0.0.1:7070")));

@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod outcomes;
 pub mod redact;
 pub mod relay;
+pub mod sessions;
 pub mod store;
 pub mod stream_api;
 pub mod stream_store;

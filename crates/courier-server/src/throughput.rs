@@ -6,9 +6,11 @@
 //! Completed work leaves no row behind (a plain handler's delivery is
 //! deleted when it succeeds), so the database cannot say how much went
 //! through a minute ago; the daemon counts it as it happens instead. Every
-//! handler the daemon runs — webhooks, relays, the demo — is wrapped in
-//! [`Observed`], which records each outcome here with the message's tenant,
-//! so a reader sees only its own tenants' traffic.
+//! outbox handler the daemon runs — webhooks, relays, the demo — is wrapped
+//! in [`Observed`], which records each outcome here with the message's
+//! tenant, so a reader sees only its own tenants' traffic. A handler stopped
+//! before it returns (its timeout, a lost lease, a panic) counts as failed.
+//! Stream subscriptions (`[[stream_subscriptions]]`) are not counted here.
 //!
 //! How it fails: the counts live in this process's memory. With several
 //! daemons on one database each shows what it delivered; a restart starts
@@ -260,15 +262,31 @@ impl<H> Observed<H> {
             subscription: subscription.into(),
         }
     }
+}
 
-    fn note<T>(&self, message: &Message<T>, result: &Result<(), HandlerError>) {
+/// Records one delivery's outcome once: what the handler returned, or a
+/// failure if it is dropped first (the engine stops a handler at its timeout
+/// or when its lease is lost by dropping it; a panic unwinds through it).
+struct Pending<'a> {
+    tenant: &'a str,
+    subscription: &'a str,
+    topic: &'a str,
+    settled: bool,
+}
+
+impl Pending<'_> {
+    fn settle(mut self, result: &Result<(), HandlerError>) {
+        self.settled = true;
         if let Some(succeeded) = outcome(result) {
-            global().record(
-                &message.tenant,
-                &self.subscription,
-                &message.topic,
-                succeeded,
-            );
+            global().record(self.tenant, self.subscription, self.topic, succeeded);
+        }
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            global().record(self.tenant, self.subscription, self.topic, false);
         }
     }
 }
@@ -279,10 +297,14 @@ impl<H: courier::Handler> courier::Handler for Observed<H> {
     async fn handle(&self, message: Message<Self::Payload>) -> Result<(), HandlerError> {
         let tenant = message.tenant.clone();
         let topic = message.topic.clone();
+        let pending = Pending {
+            tenant: &tenant,
+            subscription: &self.subscription,
+            topic: &topic,
+            settled: false,
+        };
         let result = self.inner.handle(message).await;
-        if let Some(succeeded) = outcome(&result) {
-            global().record(&tenant, &self.subscription, &topic, succeeded);
-        }
+        pending.settle(&result);
         result
     }
 }
@@ -295,8 +317,14 @@ impl<C: Send, H: TransactionalHandler<C>> TransactionalHandler<C> for Observed<H
         message: &Message<Self::Payload>,
         conn: &mut C,
     ) -> Result<(), HandlerError> {
+        let pending = Pending {
+            tenant: &message.tenant,
+            subscription: &self.subscription,
+            topic: &message.topic,
+            settled: false,
+        };
         let result = self.inner.handle(message, conn).await;
-        self.note(message, &result);
+        pending.settle(&result);
         result
     }
 }
@@ -364,6 +392,41 @@ mod tests {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         assert_eq!(inner.by_tenant.keys().collect::<Vec<_>>(), vec!["new"]);
         assert_eq!(inner.completed.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_handler_stopped_before_it_returns_counts_as_failed() {
+        let tenant = format!("t{}", uuid::Uuid::now_v7().simple());
+        let observed = Observed::new(
+            "s",
+            courier::handler_fn(|_message: Message<serde_json::Value>| async {
+                std::future::pending::<()>().await;
+                Ok::<(), HandlerError>(())
+            }),
+        );
+        let message = Message {
+            id: uuid::Uuid::now_v7(),
+            tenant: tenant.clone(),
+            topic: "a".into(),
+            schema_version: 1,
+            payload: serde_json::Value::Null,
+            headers: Default::default(),
+            ordering_key: None,
+            subscription: "s".into(),
+            attempt: 1,
+            occurred_at: chrono::Utc::now(),
+            enqueued_at: chrono::Utc::now(),
+        };
+        let stopped = tokio::time::timeout(
+            Duration::from_millis(20),
+            courier::Handler::handle(&observed, message),
+        )
+        .await;
+        assert!(stopped.is_err(), "the handler never returns");
+        let series = global().series(Some(&[tenant]));
+        let failed: u64 = series.failed.iter().sum();
+        let delivered: u64 = series.delivered.iter().sum();
+        assert_eq!((delivered, failed), (0, 1));
     }
 
     #[test]

@@ -255,18 +255,109 @@ where
     .await;
     assert_eq!(retry.status, StatusCode::FORBIDDEN, "{}", retry.text);
 
-    // Signing out clears the cookie.
+    // A second session cookie (planted by another page of the site for a
+    // narrower path) makes the request refused, not acted on as either.
+    let admin = sign_in(&app, "admin-all").await;
+    let planted = format!("{admin}; {cookie}");
+    let answer = send(
+        &app,
+        Method::GET,
+        "/v1/session",
+        &[("cookie", planted.as_str())],
+        None,
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{}", answer.text);
+
+    // Signing out ends the session, not only the browser's copy of it.
     let out = send(
         &app,
         Method::DELETE,
         "/v1/session",
-        &[("content-type", "application/json")],
+        &[
+            ("content-type", "application/json"),
+            ("cookie", cookie.as_str()),
+        ],
         None,
     )
     .await;
     assert_eq!(out.status, StatusCode::NO_CONTENT);
     assert!(out.set_cookie.unwrap_or_default().contains("Max-Age=0"));
+    let after = send(&app, Method::GET, "/v1/session", &session, None).await;
+    assert_eq!(after.status, StatusCode::UNAUTHORIZED, "{}", after.text);
+    let other = send(
+        &app,
+        Method::GET,
+        "/v1/session",
+        &[("cookie", admin.as_str())],
+        None,
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::OK, "another session lives on");
+    // Over HTTPS (a proxy saying so) the cookie is Secure.
+    let answer = send(
+        &app,
+        Method::POST,
+        "/v1/session",
+        &[("x-forwarded-proto", "https")],
+        Some(json!({"token": "reader-a"})),
+    )
+    .await;
+    assert!(answer.set_cookie.unwrap_or_default().ends_with("; Secure"));
     Ok(())
+}
+
+#[tokio::test]
+async fn an_open_daemon_sets_no_cookie_and_wrong_sign_ins_count_toward_the_address_limit() {
+    let fixture = courier_testkit::SqliteFixture::new().await.unwrap();
+    let open = courier_server::router(ApiState::with_authenticator(
+        fixture.courier().store().clone(),
+        Authenticator::open(),
+        LIMIT,
+    ));
+    let answer = send(
+        &open,
+        Method::POST,
+        "/v1/session",
+        &[],
+        Some(json!({"token": "x"})),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text);
+    assert_eq!(
+        (answer.body["open"].clone(), answer.set_cookie),
+        (json!(true), None)
+    );
+
+    let limited = Authenticator::new(&standard_tokens()).unwrap().with_limits(
+        courier_server::limits::LimitSettings {
+            auth_failures_per_minute: 3,
+            ..courier_server::limits::LimitSettings::OFF
+        },
+    );
+    let app = courier_server::router(ApiState::with_authenticator(
+        fixture.courier().store().clone(),
+        limited,
+        LIMIT,
+    ));
+    let attempt = |token: &'static str| {
+        let app = app.clone();
+        async move {
+            let request = Request::builder()
+                .method(Method::POST)
+                .uri("/v1/session")
+                .header(header::CONTENT_TYPE, "application/json")
+                .extension(courier_server::limits::ClientAddr([10, 0, 0, 7].into()))
+                .body(Body::from(json!({"token": token}).to_string()))
+                .unwrap();
+            app.oneshot(request).await.unwrap().status()
+        }
+    };
+    for _ in 0..3 {
+        assert_eq!(attempt("guess").await, StatusCode::UNAUTHORIZED);
+    }
+    // Past the limit, even the right token is refused from that address.
+    assert_eq!(attempt("admin-all").await, StatusCode::TOO_MANY_REQUESTS);
 }
 
 /// The same router without a host check, for setting up through the API.

@@ -1229,6 +1229,13 @@ async fn the_stream_listing_is_404_without_a_stream_backend() {
         .unwrap();
     let response = router.oneshot(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    // The route's own answer, not the fallback's "no such route".
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("no stream backend"), "{text}");
 }
 
 // ---------------------------------------------------------------- blocking reads

@@ -165,8 +165,13 @@
   const NUMBER = /-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?/y;
   const SPACE = /[ \t\n\r]*/y;
 
+  /** Deeper than this, a value is kept as its text (see skipNested): the
+   * parser and the printers recurse, and a payload may nest thousands deep. */
+  const MAX_DEPTH = 200;
+
   function parseJson(text) {
     let i = 0;
+    let depth = 0;
     const fail = (what) => { throw new SyntaxError(`bad JSON from the server: ${what} at ${i}`); };
     const skip = () => { SPACE.lastIndex = i; SPACE.exec(text); i = SPACE.lastIndex; };
     const expect = (c) => { skip(); if (text[i] !== c) fail(`expected '${c}'`); i += 1; };
@@ -198,20 +203,44 @@
       }
     }
 
+    /** The text of the object or array at `i`, found without recursion. */
+    function skipNested() {
+      const start = i;
+      let level = 0;
+      for (;;) {
+        const c = text[i];
+        if (c === undefined) fail('unterminated value');
+        if (c === '"') { string(); continue; }
+        i += 1;
+        if (c === '{' || c === '[') level += 1;
+        if ((c === '}' || c === ']') && (level -= 1) === 0) return text.slice(start, i);
+      }
+    }
+
     function value() {
       skip();
       const c = text[i];
+      if ((c === '{' || c === '[') && depth >= MAX_DEPTH) return { t: 'r', raw: skipNested() };
       if (c === '{') {
         i += 1;
-        return { t: 'o', e: list('}', () => {
+        depth += 1;
+        const node = { t: 'o', e: list('}', () => {
           skip();
           if (text[i] !== '"') fail('expected a key');
           const raw = string();
           expect(':');
           return [JSON.parse(raw), raw, value()];
         }) };
+        depth -= 1;
+        return node;
       }
-      if (c === '[') { i += 1; return { t: 'a', e: list(']', value) }; }
+      if (c === '[') {
+        i += 1;
+        depth += 1;
+        const node = { t: 'a', e: list(']', value) };
+        depth -= 1;
+        return node;
+      }
       if (c === '"') return { t: 's', raw: string() };
       if (c === '-' || (c >= '0' && c <= '9')) {
         NUMBER.lastIndex = i;

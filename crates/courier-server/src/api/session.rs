@@ -1,8 +1,9 @@
 //! The dashboard's session, under `/v1/session`: sign in with a token once
-//! and keep it in an `HttpOnly`, `SameSite=Strict` cookie; ask who is signed
-//! in; sign out. A session is the token itself (see [`crate::auth`]): it has
-//! the token's tenants and roles, ends when the browser closes or signs out,
-//! and stops working at once when the token is removed from the config.
+//! and get a session whose id an `HttpOnly`, `SameSite=Strict` cookie
+//! carries; ask who is signed in; sign out. A session (see
+//! [`crate::sessions`]) acts with its token's tenants and roles, and ends on
+//! sign-out, after 8 hours unused or 24 in all, when the daemon restarts, or
+//! when the daemon runs without its token.
 //!
 //! Signing in goes through the same checks as any request: a wrong token is
 //! 401 and counts towards the address's failed authentications
@@ -103,6 +104,7 @@ async fn who_am_i(State(state): State<ApiState>, principal: Principal) -> Json<S
 async fn sign_in(
     State(state): State<ApiState>,
     client: Option<Extension<ClientAddr>>,
+    request_headers: HeaderMap,
     ApiJson(body): ApiJson<SignIn>,
 ) -> Result<Response, ApiError> {
     let token = body.token.trim();
@@ -132,20 +134,37 @@ async fn sign_in(
     if state.is_open() {
         return Ok(view.into_response());
     }
-    let cookie = HeaderValue::from_str(&session_cookie(token))
+    // Secure when the page was reached over HTTPS (directly or through a
+    // proxy that says so), so the browser never sends the id in the clear.
+    let secure = header_is(&request_headers, header::ORIGIN.as_str(), |origin| {
+        origin.starts_with("https://")
+    }) || header_is(&request_headers, "x-forwarded-proto", |proto| {
+        proto.eq_ignore_ascii_case("https")
+    });
+    let id = state.auth.start_session(token);
+    let cookie = HeaderValue::from_str(&session_cookie(&id, secure))
         .map_err(|_| ApiError::invalid("token", "must be printable text"))?;
     Ok(([(header::SET_COOKIE, cookie)], view).into_response())
 }
 
-/// Sign the dashboard out: the session cookie is cleared. Needs no token, so
-/// a session whose token was removed can still end.
+/// Whether `headers` has `name` with a value `check` accepts.
+fn header_is(headers: &HeaderMap, name: &str, check: impl Fn(&str) -> bool) -> bool {
+    headers
+        .get(name)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| check(value.trim()))
+}
+
+/// Sign the dashboard out: the session ends and its cookie is cleared. Needs
+/// no token, so a session whose token was removed can still end.
 #[utoipa::path(
     delete,
     path = "/v1/session",
     tag = "operations",
     responses((status = 204, description = "Signed out; `Set-Cookie` clears the session"))
 )]
-async fn sign_out() -> Response {
+async fn sign_out(State(state): State<ApiState>, headers: HeaderMap) -> Response {
+    state.auth.end_session(&headers);
     let cleared = HeaderValue::from_str(&cleared_session_cookie())
         .unwrap_or_else(|_| HeaderValue::from_static("courier_session=; Max-Age=0"));
     (StatusCode::NO_CONTENT, [(header::SET_COOKIE, cleared)]).into_response()

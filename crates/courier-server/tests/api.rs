@@ -1837,6 +1837,30 @@ fn the_openapi_document_lists_the_refusals_given_before_any_handler() {
     assert!(operations > 20);
 }
 
+/// Every operation that takes a token may answer 429 (the tenant's request
+/// rate, or the address's failed authentications), and says so: the modifier
+/// that adds it once ran before the routes were merged, so none did.
+#[test]
+fn every_operation_that_takes_a_token_documents_429() {
+    let document = serde_json::to_value(courier_server::openapi()).unwrap();
+    let mut checked = 0;
+    for (path, item) in document["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            if operation["responses"]["401"].is_null() {
+                continue;
+            }
+            let limited = &operation["responses"]["429"];
+            assert!(limited.is_object(), "{method} {path} does not document 429");
+            assert!(
+                limited["headers"]["Retry-After"].is_object(),
+                "{method} {path}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 20, "{checked}");
+}
+
 /// A path or query parameter is checked before the handler runs, and a bad
 /// one is 422 naming it: every operation taking one documents that 422 (the
 /// fuzz run found it missing on `GET /v1/stats`, the consumer list and

@@ -743,24 +743,6 @@ pub async fn delete_consumer(
     }
 }
 
-/// The tenants a listing for `principal` covers: `requested` if the token
-/// sees it (403 naming `tenant` if not, 422 if it is no name), else every
-/// tenant the token sees (`None`: all). The same rule as the API's other
-/// lists (`crate::api`'s own copy is private to it).
-fn listing_tenants(
-    principal: &Principal,
-    requested: Option<String>,
-) -> Result<Option<Vec<String>>, ApiError> {
-    match requested {
-        Some(tenant) => {
-            validate_name("tenant", &tenant)?;
-            principal.require_tenant(&tenant, "tenant")?;
-            Ok(Some(vec![tenant]))
-        }
-        None => Ok(principal.tenants.filter()),
-    }
-}
-
 /// A page size: `limit`, 1 to 500 (422 naming `limit` outside), or 50.
 pub fn page_limit(limit: Option<usize>) -> Result<usize, ApiError> {
     let most = MAX_PAGE.min(MAX_STREAM_PAGE);
@@ -916,7 +898,7 @@ async fn list_streams(
     Reader(principal): Reader,
     ApiQuery(query): ApiQuery<StreamListQuery>,
 ) -> Result<Json<StreamPageView>, ApiError> {
-    let tenants = listing_tenants(&principal, query.tenant)?;
+    let tenants = crate::api::listing_tenants(&principal, query.tenant)?;
     let limit = page_limit(query.limit)?;
     let after = cursor::decode_optional::<StreamKey>(query.cursor.as_deref())?;
     Ok(Json(list(state.streams()?, tenants, after, limit).await?))

@@ -535,9 +535,11 @@ fn page_limit(limit: Option<usize>) -> Result<usize, ApiError> {
     }
 }
 
-/// The tenants a listing covers: the requested one if the token may see it,
-/// else every tenant the token sees (`None`: all).
-fn listing_tenants(
+/// The tenants a listing covers: the requested one if the token may see it
+/// (403 naming `tenant` if not, 422 if it is no name), else every tenant the
+/// token sees (`None`: all). Every listing of the API uses it, the streams'
+/// too.
+pub(crate) fn listing_tenants(
     principal: &Principal,
     requested: Option<String>,
 ) -> Result<Option<Vec<String>>, ApiError> {

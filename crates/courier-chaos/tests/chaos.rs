@@ -1277,8 +1277,13 @@ async fn now(pool: &sqlx::PgPool) -> anyhow::Result<chrono::DateTime<chrono::Utc
 /// Load: one tenant with a 200,000-message backlog, then 50 small tenants
 /// at 1 message/s each while it drains. The small tenants' end-to-end
 /// latency (producer's insert to effect) stays under 2 s at the 99th
-/// percentile, and the big tenant drains at 70 % or more of its rate alone
-/// (measured over the 15 s before the small tenants start).
+/// percentile, and the big tenant drains at 70 % or more of its rate alone.
+///
+/// Its rate alone is measured over the 15 s before the small tenants start
+/// and the 15 s after they stop, and compared with its rate beside them in
+/// between: a drain slows as dead rows pile up until autovacuum clears them,
+/// so one window before could not tell that drift from the small tenants'
+/// cost (a CI run measured 64 % against the first 15 s alone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_200_000_message_backlog_does_not_hold_up_fifty_small_tenants() -> anyhow::Result<()> {
     const BACKLOG: u64 = 200_000;
@@ -1316,12 +1321,16 @@ async fn a_200_000_message_backlog_does_not_hold_up_fifty_small_tenants() -> any
         producer.await??;
     }
     let mixed_to = now(&pool).await?;
+    tokio::time::sleep(SOLO).await;
+    let after_to = now(&pool).await?;
     let started = Instant::now();
     drained(&pool, Duration::from_secs(300)).await?;
     let rest = started.elapsed();
     stop(worker).await;
 
-    let solo = big_rate(&pool, solo_from, solo_to).await?;
+    let before = big_rate(&pool, solo_from, solo_to).await?;
+    let after = big_rate(&pool, mixed_to, after_to).await?;
+    let solo = (before + after) / 2.0;
     let mixed = big_rate(&pool, mixed_from, mixed_to).await?;
     let (p50, p99, small): (f64, f64, i64) = sqlx::query_as(
         "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s), percentile_cont(0.99) WITHIN GROUP (ORDER BY s),
@@ -1334,18 +1343,19 @@ async fn a_200_000_message_backlog_does_not_hold_up_fifty_small_tenants() -> any
     .await?;
     let big_left: i64 =
         sqlx::query_scalar("SELECT count(*) FROM ledger.effects WHERE tenant = 'big' AND at >= $1")
-            .bind(mixed_to)
+            .bind(after_to)
             .fetch_one(&pool)
             .await?;
     let verdict = verdict(&pool).await?;
     println!(
-        "big tenant: {solo:.0}/s alone, {mixed:.0}/s beside the small tenants ({:.0} %), \
-         {big_left} left after them; {small} small-tenant messages: p50 {p50:.3} s, p99 {p99:.3} s",
+        "big tenant: {solo:.0}/s alone ({before:.0}/s before the small tenants, {after:.0}/s after), \
+         {mixed:.0}/s beside them ({:.0} %), {big_left} left at the end; \
+         {small} small-tenant messages: p50 {p50:.3} s, p99 {p99:.3} s",
         100.0 * mixed / solo
     );
     anyhow::ensure!(
         big_left > 0,
-        "the backlog was gone before the small tenants stopped: nothing was measured beside it"
+        "the backlog was gone before the last window alone ended: a window measured nothing"
     );
     anyhow::ensure!(
         small == (SMALL as i64) * MIXED.as_secs() as i64,

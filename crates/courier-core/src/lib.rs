@@ -30,7 +30,7 @@ pub use retry::RetryPolicy;
 pub use store::{
     single_transactional_outcome, BatchItem, BatchRollback, ClaimBatch, ClaimParams, Completion,
     DeadLetter, DeadLetterFilter, DeadLetterKey, DeadLetterPage, DeadLetterStore, DeliverySummary,
-    Failure, FailureApplied, LeaseRef, OutboxStore, PruneReport, Registration, Replay,
+    Extended, Failure, FailureApplied, LeaseRef, OutboxStore, PruneReport, Registration, Replay,
     RescueParams, Route, Snooze, SubscriptionSpec, TransactionalBatchOutcome, TransactionalOutcome,
     TxWork, MAX_SNOOZES,
 };

@@ -380,12 +380,17 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
         snoozes: &'c [Snooze],
     ) -> impl Future<Output = Result<Vec<FailureApplied>, StoreError>> + Send + 'c;
 
-    /// Extends leases still held by `lease`; returns the ids extended.
+    /// Extends leases still held by `lease`. A lease that was not extended
+    /// is either [`Extended::gone`] (its delivery no longer exists:
+    /// completed, cancelled or dead-lettered, so nobody else can run it) or
+    /// lost (the delivery is there, under an expired lease or another
+    /// claim's). A delivery whose completion was committing while the
+    /// extension waited for it reads as gone, never as lost.
     fn extend_many<'c>(
         &'c self,
         leases: &'c [LeaseRef],
         lease: Duration,
-    ) -> impl Future<Output = Result<Vec<i64>, StoreError>> + Send + 'c;
+    ) -> impl Future<Output = Result<Extended, StoreError>> + Send + 'c;
 
     /// Hands claimed-but-unstarted deliveries whose leases are still held
     /// back without spending an attempt.
@@ -463,6 +468,16 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
         &'c self,
         holder: &'c str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'c;
+}
+
+/// What [`OutboxStore::extend_many`] did with the leases it was given; a
+/// delivery id in neither list was lost.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Extended {
+    /// The deliveries whose leases were extended.
+    pub extended: Vec<i64>,
+    /// The deliveries that no longer exist.
+    pub gone: Vec<i64>,
 }
 
 /// Which dead letters an operation concerns. Every field narrows; `None` is any.

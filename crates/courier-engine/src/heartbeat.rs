@@ -47,9 +47,10 @@ pub(crate) async fn beat_once<S: OutboxStore>(
         let leases: Vec<_> = batch.iter().map(|e| e.lease).collect();
         let by = batch.first().map_or(lease, |e| e.by);
         match store.extend_many(&leases, by).await {
-            Ok(extended) => {
-                let applied: HashSet<i64> = extended.into_iter().collect();
-                lost += in_flight.extended(sent, &batch, &applied);
+            Ok(answer) => {
+                let applied: HashSet<i64> = answer.extended.into_iter().collect();
+                let gone: HashSet<i64> = answer.gone.into_iter().collect();
+                lost += in_flight.extended(sent, &batch, &applied, &gone);
             }
             Err(error) => {
                 metrics::counter!(STORE_ERRORS, "operation" => "extend").increment(1);

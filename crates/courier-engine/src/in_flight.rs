@@ -135,14 +135,19 @@ impl InFlight {
         extensions
     }
 
-    /// Records that the extensions sent at `sent` were applied to `applied`
-    /// and lost for the rest of `asked`; returns how many of the lost ones
-    /// still had a handler running (their handlers are told to stop).
+    /// Records that the extensions sent at `sent` were applied to `applied`,
+    /// found the deliveries in `gone` no longer stored, and were lost for the
+    /// rest of `asked`; returns how many of the lost ones still had a handler
+    /// running. Handlers of lost and gone deliveries are told to stop; gone
+    /// ones are not counted: nobody else can run them, and most are a
+    /// transactional group's own, committed before the group was marked
+    /// settling.
     pub(crate) fn extended(
         &self,
         sent: Instant,
         asked: &[Extension],
         applied: &std::collections::HashSet<i64>,
+        gone: &std::collections::HashSet<i64>,
     ) -> usize {
         let mut held = self.lock();
         let mut lost = 0;
@@ -157,7 +162,9 @@ impl InFlight {
                 entry.held_until = entry.held_until.max(sent + extension.by);
             } else if !entry.settling {
                 entry.lost.cancel();
-                lost += 1;
+                if !gone.contains(&extension.lease.delivery_id) {
+                    lost += 1;
+                }
             }
         }
         lost
@@ -223,7 +230,10 @@ mod tests {
         let asked = ledger.to_extend(sent, Duration::from_secs(30), Duration::from_secs(1));
         let later = sent + Duration::from_secs(10);
         let applied = [1].into_iter().collect();
-        assert_eq!(ledger.extended(later, &asked, &applied), 0);
+        assert_eq!(
+            ledger.extended(later, &asked, &applied, &Default::default()),
+            0
+        );
         assert_eq!(ledger.held_until(1), Some(later + Duration::from_secs(30)));
     }
 
@@ -235,8 +245,31 @@ mod tests {
         let lost = CancellationToken::new();
         ledger.started(1, None, &lost);
         let asked = ledger.to_extend(now, Duration::from_secs(30), Duration::from_secs(1));
-        assert_eq!(ledger.extended(now, &asked, &Default::default()), 1);
+        assert_eq!(
+            ledger.extended(now, &asked, &Default::default(), &Default::default()),
+            1
+        );
         assert!(lost.is_cancelled());
+    }
+
+    /// A transactional group's rows are deleted by its commit, a moment
+    /// before it is marked settling: a heartbeat that meets them gone stops
+    /// what may still run but counts no loss (nobody else can run them).
+    #[test]
+    fn a_delivery_gone_from_the_store_is_not_counted_lost() {
+        let ledger = InFlight::default();
+        let now = Instant::now();
+        ledger.track(&delivery(1), now, Duration::from_secs(30));
+        ledger.track(&delivery(2), now, Duration::from_secs(30));
+        let group = CancellationToken::new();
+        ledger.started(1, None, &group);
+        let other = CancellationToken::new();
+        ledger.started(2, None, &other);
+        let asked = ledger.to_extend(now, Duration::from_secs(30), Duration::from_secs(1));
+        let gone = [1].into_iter().collect();
+        assert_eq!(ledger.extended(now, &asked, &Default::default(), &gone), 1);
+        assert!(group.is_cancelled());
+        assert!(other.is_cancelled());
     }
 
     #[test]

@@ -6,8 +6,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use courier_core::{
     truncate_chars, BatchItem, BatchRollback, ClaimBatch, ClaimParams, ClaimedDelivery, Completion,
-    EnqueueOutcome, Failure, FailureApplied, LeaseRef, NewMessage, OutboxStore, PruneReport,
-    Registration, Replay, RescueParams, Snooze, StoreError, SubscriptionSpec,
+    EnqueueOutcome, Extended, Failure, FailureApplied, LeaseRef, NewMessage, OutboxStore,
+    PruneReport, Registration, Replay, RescueParams, Snooze, StoreError, SubscriptionSpec,
     TransactionalBatchOutcome, TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS,
     MAX_SNOOZES,
 };
@@ -31,6 +31,15 @@ const FAN_OUT_WAIT_AT_MOST: Duration = Duration::from_secs(30);
 const FAN_OUT_QUEUE_AT_MOST: Duration = Duration::from_millis(200);
 
 /// `(delivery ids, lease tokens)` as the two arrays the settle queries take.
+/// The ids of `all` that are not in `some`, in `all`'s order.
+fn not_in(all: &[i64], some: &[i64]) -> Vec<i64> {
+    let some: std::collections::HashSet<i64> = some.iter().copied().collect();
+    all.iter()
+        .copied()
+        .filter(|id| !some.contains(id))
+        .collect()
+}
+
 fn lease_columns(leases: &[LeaseRef]) -> (Vec<i64>, Vec<Uuid>) {
     leases
         .iter()
@@ -318,18 +327,36 @@ impl OutboxStore for PgStore {
         &'c self,
         leases: &'c [LeaseRef],
         lease: Duration,
-    ) -> Result<Vec<i64>, StoreError> {
+    ) -> Result<Extended, StoreError> {
         if leases.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Extended::default());
         }
         let (ids, tokens) = lease_columns(leases);
-        sqlx::query_scalar(&self.q().extend)
+        let extended: Vec<i64> = sqlx::query_scalar(&self.q().extend)
             .bind(&ids)
             .bind(&tokens)
             .bind(millis(lease))
             .fetch_all(&self.inner.pool)
             .await
-            .map_err(map)
+            .map_err(map)?;
+        let missed = not_in(&ids, &extended);
+        if missed.is_empty() {
+            return Ok(Extended {
+                extended,
+                gone: Vec::new(),
+            });
+        }
+        // The extension may have waited for a completion's commit and found
+        // the row deleted: a new statement's snapshot tells gone from lost.
+        let present: Vec<i64> = sqlx::query_scalar(&self.q().deliveries_present)
+            .bind(&missed)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        Ok(Extended {
+            extended,
+            gone: not_in(&missed, &present),
+        })
     }
 
     async fn release_many<'c>(&'c self, leases: &'c [LeaseRef]) -> Result<Vec<i64>, StoreError> {

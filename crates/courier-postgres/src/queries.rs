@@ -59,6 +59,7 @@ queries!(
     dead_letters_retry,
     delivery_stats,
     delivery_totals,
+    deliveries_present,
     enqueue,
     enqueue_plain,
     extend,

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use courier_core::{
     truncate_chars, validate_name, Availability, BatchItem, BatchRollback, ClaimBatch, ClaimParams,
-    ClaimedDelivery, Completion, EnqueueOutcome, Failure, FailureApplied, LeaseRef, NewMessage,
-    OutboxStore, PruneReport, Registration, Replay, RescueParams, Snooze, StoreError,
+    ClaimedDelivery, Completion, EnqueueOutcome, Extended, Failure, FailureApplied, LeaseRef,
+    NewMessage, OutboxStore, PruneReport, Registration, Replay, RescueParams, Snooze, StoreError,
     SubscriptionSpec, TransactionalBatchOutcome, TransactionalOutcome, TxWork, ValidationError,
     MAX_ERROR_CHARS, MAX_SNOOZES,
 };
@@ -506,10 +506,10 @@ impl OutboxStore for SqliteStore {
         &'c self,
         leases: &'c [LeaseRef],
         lease: Duration,
-    ) -> Result<Vec<i64>, StoreError> {
+    ) -> Result<Extended, StoreError> {
         let _turn = self.write_turn().await?;
         if leases.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Extended::default());
         }
         let ids: Vec<i64> = sqlx::query_scalar(queries::EXTEND)
             .bind(lease_refs_json(leases.iter()))
@@ -517,11 +517,36 @@ impl OutboxStore for SqliteStore {
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
-        let applied = ids.into_iter().collect();
-        Ok(in_request_order(
-            leases.iter().map(|l| l.delivery_id),
-            &applied,
-        ))
+        let applied: std::collections::HashSet<i64> = ids.into_iter().collect();
+        let extended = in_request_order(leases.iter().map(|l| l.delivery_id), &applied);
+        let missed: Vec<i64> = leases
+            .iter()
+            .map(|l| l.delivery_id)
+            .filter(|id| !applied.contains(id))
+            .collect();
+        if missed.is_empty() {
+            return Ok(Extended {
+                extended,
+                gone: Vec::new(),
+            });
+        }
+        // The extension waited its turn behind the write that may have
+        // completed these: the ones no longer stored are gone, not lost.
+        let present: std::collections::HashSet<i64> =
+            sqlx::query_scalar(queries::DELIVERIES_PRESENT)
+                .bind(serde_json::Value::from(missed.clone()).to_string())
+                .fetch_all(&self.inner.pool)
+                .await
+                .map_err(map)?
+                .into_iter()
+                .collect();
+        Ok(Extended {
+            extended,
+            gone: missed
+                .into_iter()
+                .filter(|id| !present.contains(id))
+                .collect(),
+        })
     }
 
     async fn release_many<'c>(&'c self, leases: &'c [LeaseRef]) -> Result<Vec<i64>, StoreError> {

@@ -28,6 +28,7 @@ queries!(
     DEAD_LETTERS_RETRY => "dead_letters_retry.sql",
     DELIVERY_STATS => "delivery_stats.sql",
     DELIVERY_TOTALS => "delivery_totals.sql",
+    DELIVERIES_PRESENT => "deliveries_present.sql",
     EXTEND => "extend.sql",
     FAIL => "fail.sql",
     FIND_IDEMPOTENT => "find_idempotent.sql",

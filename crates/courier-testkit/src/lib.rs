@@ -590,7 +590,7 @@ impl<S: OutboxStore> OutboxStore for StalledHeartbeat<S> {
         &'c self,
         leases: &'c [courier::LeaseRef],
         lease: Duration,
-    ) -> Result<Vec<i64>, courier::StoreError> {
+    ) -> Result<courier::Extended, courier::StoreError> {
         while self.stalled.load(std::sync::atomic::Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

@@ -962,6 +962,7 @@ async fn an_expired_lease_returns_the_delivery_to_the_queue<B: Backend>(
         .store()
         .extend_many(&leases, Duration::from_secs(30))
         .await?
+        .extended
         .is_empty());
     let maintenance = backend
         .courier()

@@ -923,3 +923,50 @@ async fn a_call_dropped_during_begin_leaves_no_pooled_connection_in_a_transactio
     assert!(dropped_pending > 0, "no publish was dropped mid-way");
     Ok(())
 }
+
+/// A heartbeat's extension that waits on a completion committing the same
+/// delivery (a transactional group deletes its rows in its transaction, and
+/// is marked settling only once the commit returns) reads the delivery as
+/// gone, not as a lost lease: before, every such meeting counted in
+/// `courier_leases_lost_total` and logged "leases expired under running
+/// handlers" although nothing was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_that_waits_on_a_completion_reads_the_delivery_gone() -> anyhow::Result<()> {
+    use courier::OutboxStore;
+    let pg = PgFixture::new().await?;
+    register_sub(&pg).await?;
+    pg.enqueue_committed(&events("t", "topic", 1)?).await?;
+    let claimed = pg.courier().store().claim(&claim_params(1)).await?;
+    let lease = claimed
+        .deliveries
+        .first()
+        .map(|d| d.lease())
+        .ok_or_else(|| anyhow::anyhow!("nothing claimed"))?;
+    // The completion, holding the row's lock until it commits.
+    let mut completion = pg.pool.begin().await?;
+    let deleted = sqlx::query("DELETE FROM deliveries WHERE id = $1")
+        .bind(lease.delivery_id)
+        .execute(&mut *completion)
+        .await?
+        .rows_affected();
+    assert_eq!(deleted, 1);
+    let heartbeat = pg.named_store("heartbeat").await?;
+    let extension = tokio::spawn(async move {
+        heartbeat
+            .extend_many(&[lease], Duration::from_secs(30))
+            .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !pg.waits_on_a_lock("heartbeat").await {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the extension never waited on the completion's lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    completion.commit().await?;
+    let answer = extension.await??;
+    assert!(answer.extended.is_empty(), "{answer:?}");
+    assert_eq!(answer.gone, [lease.delivery_id], "{answer:?}");
+    Ok(())
+}

@@ -206,6 +206,7 @@ macro_rules! store_conformance_tests {
             the_error_history_keeps_the_newest_twenty,
             a_long_multibyte_error_is_cut_to_2000_characters,
             extend_keeps_a_lease_alive_past_its_original_expiry,
+            extend_tells_a_completed_delivery_from_a_lost_lease,
             release_gives_back_the_attempt,
             a_snooze_puts_the_delivery_back_after_its_delay_without_spending_an_attempt,
             a_delivery_past_the_snooze_bound_spends_its_attempt,

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use chrono::Utc;
 use courier::{
-    DeadLetterStore, Failure, FailureApplied, OutboxStore, RescueParams, Snooze, MAX_ERROR_CHARS,
+    DeadLetterStore, Extended, Failure, FailureApplied, OutboxStore, RescueParams, Snooze,
+    MAX_ERROR_CHARS,
 };
 use uuid::Uuid;
 
@@ -42,10 +43,13 @@ pub async fn completion_with_a_wrong_token_is_refused<F: StoreFixture>(
         }])
         .await?
         .is_empty());
-    assert!(store
-        .extend_many(&[forged], Duration::from_secs(60))
-        .await?
-        .is_empty());
+    assert_eq!(
+        store
+            .extend_many(&[forged], Duration::from_secs(60))
+            .await?,
+        Extended::default(),
+        "a forged lease is not extended, and its delivery is not gone"
+    );
     assert!(store.release_many(&[forged]).await?.is_empty());
 
     assert_eq!(
@@ -83,10 +87,11 @@ pub async fn zombie_completion_is_refused_after_lease_expiry<F: StoreFixture>(
         .fail_many(&[failure(&claimed[0], "late", Some(Duration::ZERO))])
         .await?
         .is_empty());
-    assert!(store
-        .extend_many(&[lease], Duration::from_secs(60))
-        .await?
-        .is_empty());
+    assert_eq!(
+        store.extend_many(&[lease], Duration::from_secs(60)).await?,
+        Extended::default(),
+        "an expired lease is lost, not gone"
+    );
     assert_eq!(fixture.scalar("SELECT count(*) FROM receipts").await?, 0);
 
     assert_eq!(store.rescue_expired(&at_once()).await?, 1);
@@ -124,10 +129,7 @@ pub async fn a_zombie_with_the_right_token_is_refused_by_the_clock<F: StoreFixtu
     };
     assert!(store.snooze_many(&[snooze]).await?.is_empty(), "snooze");
     assert!(
-        store
-            .extend_many(&[lease], Duration::from_secs(30))
-            .await?
-            .is_empty(),
+        store.extend_many(&[lease], Duration::from_secs(30)).await? == Extended::default(),
         "extend"
     );
     assert!(store.release_many(&[lease]).await?.is_empty(), "release");
@@ -297,7 +299,8 @@ pub async fn extend_keeps_a_lease_alive_past_its_original_expiry<F: StoreFixture
     let extended = store
         .extend_many(&[kept.lease()], Duration::from_secs(300))
         .await?;
-    assert_eq!(extended, [kept.delivery_id]);
+    assert_eq!(extended.extended, [kept.delivery_id]);
+    assert!(extended.gone.is_empty());
     // Past the original ten seconds, well inside the extension.
     fixture.pass_time(Duration::from_secs(60)).await?;
     assert_eq!(
@@ -309,6 +312,63 @@ pub async fn extend_keeps_a_lease_alive_past_its_original_expiry<F: StoreFixture
     assert_eq!(
         store.complete_many(&[kept.lease()]).await?,
         [kept.delivery_id]
+    );
+    Ok(())
+}
+
+/// A heartbeat tells a delivery that no longer exists (completed: nobody
+/// else can run it) from one whose lease was lost (rescued and claimed
+/// again: somebody else may be running it), and extends the one still held.
+pub async fn extend_tells_a_completed_delivery_from_a_lost_lease<F: StoreFixture>(
+    fixture: F,
+) -> anyhow::Result<()> {
+    let store = fixture.store();
+    subscribe(store, "all", &["*"]).await?;
+    store
+        .publish_batch(&[
+            message("acme", "t")?,
+            message("acme", "t")?,
+            message("acme", "t")?,
+        ])
+        .await?;
+    let three = params("all", vec![route("t", 1, 10)], 3);
+    let claimed = claim(store, &three).await?;
+    assert_eq!(claimed.len(), 3);
+    let (held, completed, taken) = (&claimed[0], &claimed[1], &claimed[2]);
+    assert_eq!(
+        store.complete_many(&[completed.lease()]).await?,
+        [completed.delivery_id]
+    );
+    // The third lease expires and the delivery is claimed again elsewhere.
+    fixture.expire_leases("all").await?;
+    assert!(store.rescue_expired(&at_once()).await? >= 1);
+    let again = claim(store, &three).await?;
+    assert!(
+        again.iter().any(|d| d.delivery_id == taken.delivery_id),
+        "the expired delivery is claimed again"
+    );
+    // The first was rescued and claimed again too: its old lease is lost as
+    // well, so extend the claims the second round holds instead.
+    let held_again = again
+        .iter()
+        .find(|d| d.delivery_id == held.delivery_id)
+        .map(|d| d.lease())
+        .ok_or_else(|| anyhow::anyhow!("the first delivery was not claimed again"))?;
+    let answer = store
+        .extend_many(
+            &[held_again, completed.lease(), taken.lease()],
+            Duration::from_secs(60),
+        )
+        .await?;
+    assert_eq!(
+        answer.extended,
+        [held.delivery_id],
+        "the held lease is extended"
+    );
+    assert_eq!(
+        answer.gone,
+        [completed.delivery_id],
+        "the completed delivery is gone"
     );
     Ok(())
 }

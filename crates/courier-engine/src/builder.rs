@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 use crate::config::{WorkerConfig, CATCH_ALL_TOPIC, CATCH_ALL_VERSION};
 use crate::executor::{RouteTable, Routes};
-use crate::handler::{ErasedHandler, PlainRoute, TransactionalRoute};
+use crate::handler::{ErasedHandler, PlainRoute, TransactionalRoute, UpcastRoute, UpcastStep};
 use crate::maintenance::MaintenanceConfig;
 use crate::worker::Worker;
 use crate::{EngineError, Handler, TransactionalHandler};
@@ -29,7 +29,12 @@ pub struct WorkerBuilder<S: OutboxStore> {
     subscription: String,
     routes: RouteTable<S::Connection>,
     duplicate_route: Option<(String, i32)>,
+    /// Upcasters by (topic, the version they start from).
+    upcasters: HashMap<(String, i32), UpcastStep>,
+    duplicate_upcaster: Option<(String, i32)>,
     catch_all_topics: Vec<String>,
+    /// The schema versions the catch-all handler takes; `None`: all.
+    catch_all_versions: Option<Vec<i32>>,
     policies: HashMap<String, RetryPolicy>,
     timeouts: HashMap<String, Option<Duration>>,
     config: WorkerConfig,
@@ -45,7 +50,10 @@ impl<S: OutboxStore> WorkerBuilder<S> {
             subscription: subscription.into(),
             routes: HashMap::new(),
             duplicate_route: None,
+            upcasters: HashMap::new(),
+            duplicate_upcaster: None,
             catch_all_topics: Vec::new(),
+            catch_all_versions: None,
             policies: HashMap::new(),
             timeouts: HashMap::new(),
             config: WorkerConfig::default(),
@@ -127,6 +135,107 @@ impl<S: OutboxStore> WorkerBuilder<S> {
             CATCH_ALL_VERSION,
             Arc::new(TransactionalRoute(Arc::new(handler))),
         )
+    }
+
+    /// Limits the handler of [`Self::handle_all`] or
+    /// [`Self::handle_all_transactional`] to messages of these schema
+    /// versions (each ≥ 1): messages of other versions are not claimed by
+    /// this worker and wait, spending no attempt, for one that takes them.
+    /// Without it the handler takes every version.
+    pub fn catch_all_versions(mut self, versions: Vec<i32>) -> Self {
+        self.catch_all_versions = Some(versions);
+        self
+    }
+
+    /// Upcasts `topic`'s payloads of schema version `from` to version `to`
+    /// (later than `from`) with `upcaster`, a function from the old JSON
+    /// payload to the new one. A handler of a later version then also
+    /// receives the older messages, upcast before they are decoded: a
+    /// message of version `v` without its own handler follows the upcasters
+    /// from `v` until a version with a handler. Upcasters chain (`v1 → v2`,
+    /// `v2 → v3` bring v1 messages to a v3 handler); a version with neither
+    /// a handler nor a path of upcasters to one is not claimed by this
+    /// worker. An upcaster that fails (or panics) is a permanent failure of
+    /// the delivery, whose error names the upcaster. The handler sees the
+    /// message's `schema_version` as the version it was upcast to.
+    pub fn upcast<F, E>(mut self, topic: impl Into<String>, from: i32, to: i32, upcaster: F) -> Self
+    where
+        F: Fn(serde_json::Value) -> Result<serde_json::Value, E> + Send + Sync + 'static,
+        E: std::fmt::Display,
+    {
+        let step = UpcastStep {
+            from,
+            to,
+            upcast: Arc::new(move |payload| upcaster(payload).map_err(|e| e.to_string())),
+        };
+        match self.upcasters.entry((topic.into(), from)) {
+            std::collections::hash_map::Entry::Occupied(taken) => {
+                self.duplicate_upcaster = Some(taken.key().clone());
+            }
+            std::collections::hash_map::Entry::Vacant(free) => {
+                free.insert(step);
+            }
+        }
+        self
+    }
+
+    /// Adds a route for every version an upcaster starts from that has no
+    /// handler of its own, to the handler its chain of upcasters ends at.
+    fn upcast_routes(&mut self) -> Result<(), EngineError> {
+        if let Some((topic, from)) = self.duplicate_upcaster.take() {
+            return Err(ValidationError::new(
+                "upcasters",
+                format!("two upcasters from version {from} of topic {topic:?}"),
+            )
+            .into());
+        }
+        for ((topic, from), step) in &self.upcasters {
+            courier_core::validate_name("topic", topic)?;
+            if *from < 1 || step.to <= *from {
+                return Err(ValidationError::new(
+                    "upcasters",
+                    format!(
+                        "an upcaster of topic {topic:?} must go from a version ≥ 1 to a later one, not v{from} → v{}",
+                        step.to
+                    ),
+                )
+                .into());
+            }
+        }
+        let mut added = Vec::new();
+        for ((topic, from), step) in &self.upcasters {
+            let mut steps = vec![step.clone()];
+            let mut version = step.to;
+            // Every upcaster goes to a later version, so a chain ends.
+            let target = loop {
+                if let Some(handler) = self.routes.get(&(topic.clone(), version)) {
+                    break Arc::clone(handler);
+                }
+                let Some(next) = self.upcasters.get(&(topic.clone(), version)) else {
+                    return Err(ValidationError::new(
+                        "upcasters",
+                        format!(
+                            "the upcasters of topic {topic:?} from v{from} end at v{version}, which has no handler"
+                        ),
+                    )
+                    .into());
+                };
+                steps.push(next.clone());
+                version = next.to;
+            };
+            if !self.routes.contains_key(&(topic.clone(), *from)) {
+                added.push((
+                    (topic.clone(), *from),
+                    Arc::new(UpcastRoute {
+                        topic: topic.clone(),
+                        steps,
+                        target,
+                    }) as Arc<dyn ErasedHandler<S::Connection>>,
+                ));
+            }
+        }
+        self.routes.extend(added);
+        Ok(())
     }
 
     /// Replaces every setting at once.
@@ -241,7 +350,7 @@ impl<S: OutboxStore> WorkerBuilder<S> {
 
     /// Validates the configuration and registers the subscription with the
     /// topics of its handlers (topics are added, never removed).
-    pub async fn build(self) -> Result<Worker<S>, EngineError> {
+    pub async fn build(mut self) -> Result<Worker<S>, EngineError> {
         courier_core::validate_name("subscription", &self.subscription)?;
         self.config.validate()?;
         if let Some((topic, version)) = self.duplicate_route {
@@ -256,14 +365,40 @@ impl<S: OutboxStore> WorkerBuilder<S> {
                 ValidationError::new("handlers", "a worker needs at least one handler").into(),
             );
         }
+        self.upcast_routes()?;
+        if let Some(versions) = &self.catch_all_versions {
+            if versions.is_empty() || versions.iter().any(|v| *v < 1) {
+                return Err(ValidationError::new(
+                    "catch_all_versions",
+                    format!("must list schema versions ≥ 1, got {versions:?}"),
+                )
+                .into());
+            }
+            if !self
+                .routes
+                .contains_key(&(CATCH_ALL_TOPIC.to_owned(), CATCH_ALL_VERSION))
+            {
+                return Err(ValidationError::new(
+                    "catch_all_versions",
+                    "applies to a handler of every topic (handle_all), and there is none",
+                )
+                .into());
+            }
+        }
         let mut claim_routes = Vec::with_capacity(self.routes.len());
         for (topic, version) in self.routes.keys() {
             if topic == CATCH_ALL_TOPIC && *version == CATCH_ALL_VERSION {
-                claim_routes.push(Route {
-                    topic: topic.clone(),
-                    schema_version: *version,
-                    max_attempts: self.config.retry.max_attempts,
-                });
+                let versions = match &self.catch_all_versions {
+                    Some(versions) => versions.clone(),
+                    None => vec![CATCH_ALL_VERSION],
+                };
+                for version in versions {
+                    claim_routes.push(Route {
+                        topic: topic.clone(),
+                        schema_version: version,
+                        max_attempts: self.config.retry.max_attempts,
+                    });
+                }
                 continue;
             }
             courier_core::validate_name("topic", topic)?;

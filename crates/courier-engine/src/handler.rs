@@ -165,3 +165,59 @@ where
         true
     }
 }
+
+/// An upcaster with its error type erased: the old payload in, the new one
+/// out, or why it could not be upcast.
+pub(crate) type UpcastFn =
+    Arc<dyn Fn(serde_json::Value) -> Result<serde_json::Value, String> + Send + Sync>;
+
+/// One registered upcaster of a topic: from one schema version to a later one.
+#[derive(Clone)]
+pub(crate) struct UpcastStep {
+    pub(crate) from: i32,
+    pub(crate) to: i32,
+    pub(crate) upcast: UpcastFn,
+}
+
+/// Runs the deliveries of an older schema version through a chain of
+/// upcasters, then hands them to the handler of the version the chain ends at,
+/// as if they had been published at that version.
+pub(crate) struct UpcastRoute<C> {
+    pub(crate) topic: String,
+    pub(crate) steps: Vec<UpcastStep>,
+    pub(crate) target: Arc<dyn ErasedHandler<C>>,
+}
+
+impl<C> ErasedHandler<C> for UpcastRoute<C> {
+    fn prepare(&self, delivery: &ClaimedDelivery) -> Result<Prepared<C>, HandlerError> {
+        let mut payload: serde_json::Value =
+            serde_json::from_str(&delivery.payload).map_err(|error| {
+                HandlerError::permanent(format!(
+                    "payload of {} v{} is not JSON to upcast: {error}",
+                    delivery.topic, delivery.schema_version
+                ))
+            })?;
+        let mut version = delivery.schema_version;
+        for step in &self.steps {
+            let upcast = Arc::clone(&step.upcast);
+            // A panicking upcaster fails like a failing one: it is named.
+            payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| upcast(payload)))
+                .unwrap_or_else(|_| Err("the upcaster panicked".to_owned()))
+                .map_err(|error| {
+                    HandlerError::permanent(format!(
+                        "upcaster of {} v{} → v{} failed: {error}",
+                        self.topic, step.from, step.to
+                    ))
+                })?;
+            version = step.to;
+        }
+        let mut upcast = delivery.clone();
+        upcast.payload = payload.to_string();
+        upcast.schema_version = version;
+        self.target.prepare(&upcast)
+    }
+
+    fn is_transactional(&self) -> bool {
+        self.target.is_transactional()
+    }
+}

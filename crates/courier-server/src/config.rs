@@ -430,6 +430,12 @@ pub struct SubscriptionConfig {
     /// without sending (they read `completed`). `None`: every tenant.
     #[serde(default)]
     pub tenants: Option<Vec<String>>,
+    /// Only messages of these schema versions are claimed; the others wait,
+    /// spending no attempt, until a daemon whose config accepts them runs
+    /// (a rolling deploy publishing v2 before the endpoint takes it).
+    /// `None`: every version.
+    #[serde(default)]
+    pub versions: Option<Vec<i32>>,
     /// The retry policy.
     #[serde(default)]
     pub retry: RetryConfig,
@@ -466,6 +472,7 @@ impl SubscriptionConfig {
             name: name.into(),
             topics,
             tenants: None,
+            versions: None,
             retry: RetryConfig::default(),
             concurrency: default_concurrency(),
             replay: None,
@@ -1055,6 +1062,31 @@ impl Config {
             }
             if let Some(tenants) = &subscription.tenants {
                 validate_tenants(&key("tenants"), tenants, false)?;
+            }
+            if let Some(versions) = &subscription.versions {
+                if versions.is_empty() {
+                    return Err(ConfigError::invalid(
+                        key("versions"),
+                        Some("[]".into()),
+                        "must list at least one schema version (leave it out for every version)",
+                    ));
+                }
+                for (j, version) in versions.iter().enumerate() {
+                    if *version < 1 {
+                        return Err(bad(
+                            &key(&format!("versions[{j}]")),
+                            version,
+                            "a schema version is at least 1",
+                        ));
+                    }
+                    if versions[..j].contains(version) {
+                        return Err(bad(
+                            &key(&format!("versions[{j}]")),
+                            version,
+                            "listed twice",
+                        ));
+                    }
+                }
             }
             if let Some(replay) = &subscription.replay {
                 replay
@@ -1856,6 +1888,18 @@ mod tests {
                 "subscriptions[0].topics[0]",
             ),
             (subscription("[]", "", ok_target), "subscriptions[0].topics"),
+            (
+                subscription("[\"a\"]", "versions = []", ok_target),
+                "subscriptions[0].versions",
+            ),
+            (
+                subscription("[\"a\"]", "versions = [1, 0]", ok_target),
+                "subscriptions[0].versions[1]",
+            ),
+            (
+                subscription("[\"a\"]", "versions = [2, 2]", ok_target),
+                "subscriptions[0].versions[1]",
+            ),
             (
                 subscription("[\"a\"]", "concurrency = 0", ok_target),
                 "subscriptions[0].concurrency",

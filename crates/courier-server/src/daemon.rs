@@ -439,7 +439,10 @@ async fn with_target<S>(
 where
     S: OutboxStore + DeadLetterStore + AdminStore + NativeStreamStore,
 {
-    let builder = courier.worker(subscription.name.clone());
+    let mut builder = courier.worker(subscription.name.clone());
+    if let Some(versions) = &subscription.versions {
+        builder = builder.catch_all_versions(versions.clone());
+    }
     let topics = subscription.topics.clone();
     // Every outcome also feeds the dashboard's throughput (crate::throughput).
     let name = subscription.name.clone();

@@ -368,6 +368,7 @@ mod tests {
             name: "s".into(),
             topics: vec!["*".into()],
             tenants: None,
+            versions: None,
             retry: RetryConfig {
                 max_attempts: 3,
                 base_ms: 10,

@@ -70,6 +70,7 @@ async fn an_unreachable_webhook_s_credentials_reach_neither_the_error_history_no
             name: "billing-hook".into(),
             topics: vec!["invoice.*".into()],
             tenants: None,
+            versions: None,
             retry: RetryConfig {
                 max_attempts: 2,
                 base_ms: 20,

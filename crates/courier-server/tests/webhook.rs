@@ -115,6 +115,7 @@ fn webhook(name: &str, topics: &[&str], url: String) -> SubscriptionConfig {
         name: name.into(),
         topics: topics.iter().map(|t| (*t).to_owned()).collect(),
         tenants: None,
+        versions: None,
         retry: RetryConfig {
             max_attempts: 10,
             base_ms: 20,
@@ -995,6 +996,40 @@ async fn a_scheduled_message_is_cancelled_before_any_delivery(database: Database
     daemon.shutdown().await;
 }
 
+/// A subscription that declares the schema versions it accepts receives
+/// only those; a message of another version waits, spending no attempt, and
+/// is delivered once a daemon accepting it runs.
+async fn a_subscription_receives_only_the_versions_it_accepts(database: Database) {
+    let (receiver, address) = start_receiver().await;
+    let mut hooks = webhook("hooks", &["invoice.*"], format!("http://{address}/hooks"));
+    hooks.versions = Some(vec![2]);
+    let daemon = Daemon::start(&database, vec![hooks.clone()], 5_000).await;
+    let old = daemon
+        .publish_request(json!({"tenant": "acme", "topic": "invoice.paid", "schema_version": 1, "payload": {"n": 1}}))
+        .await;
+    let new = daemon
+        .publish_request(json!({"tenant": "acme", "topic": "invoice.paid", "schema_version": 2, "payload": {"n": 2}}))
+        .await;
+    daemon.wait_for_state(&new, "hooks", "completed").await;
+    // The v1 message came first: a claim that could take it took it by now.
+    assert_eq!(
+        daemon.state(&old, "hooks").await.as_deref(),
+        Some("available")
+    );
+    let requests = receiver.requests("/hooks");
+    assert_eq!(requests.len(), 1, "only the v2 message was sent");
+    let message = daemon.get(&format!("/v1/messages/{old}")).await;
+    assert_eq!(message["deliveries"][0]["attempts"], json!(0), "{message}");
+    daemon.shutdown().await;
+
+    // After the deploy the endpoint takes v1 too.
+    hooks.versions = Some(vec![1, 2]);
+    let daemon = Daemon::start(&database, vec![hooks], 5_000).await;
+    daemon.wait_for_state(&old, "hooks", "completed").await;
+    assert_eq!(receiver.requests("/hooks").len(), 2);
+    daemon.shutdown().await;
+}
+
 macro_rules! webhook_tests {
     ($($name:ident),* $(,)?) => {
         mod on_sqlite {
@@ -1032,4 +1067,5 @@ webhook_tests!(
     payloads_reach_the_webhook_as_they_were_published,
     a_test_ping_reaches_the_endpoint_signed_and_stores_nothing,
     a_scheduled_message_is_cancelled_before_any_delivery,
+    a_subscription_receives_only_the_versions_it_accepts,
 );

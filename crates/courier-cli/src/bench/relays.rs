@@ -107,6 +107,7 @@ fn subscription(target: TargetConfig) -> SubscriptionConfig {
         name: SUBSCRIPTION.to_owned(),
         topics: vec![TOPIC.to_owned()],
         tenants: None,
+        versions: None,
         retry: RetryConfig::default(),
         concurrency: 16,
         replay: None,

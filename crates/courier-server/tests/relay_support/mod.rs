@@ -207,6 +207,7 @@ pub fn subscription(name: &str, topics: &[&str], target: TargetConfig) -> Subscr
         name: name.into(),
         topics: topics.iter().map(|t| (*t).to_owned()).collect(),
         tenants: None,
+        versions: None,
         retry: RetryConfig {
             max_attempts: 200,
             base_ms: 20,

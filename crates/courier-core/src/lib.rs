@@ -25,7 +25,7 @@ pub use message::{
     enqueue_outcomes, truncate_chars, Availability, ClaimedDelivery, EnqueueOutcome, ErrorEntry,
     Message, NewMessage, MAX_ERROR_CHARS, MAX_HEADERS, MAX_HOLD, MAX_KEY_BYTES, MAX_PAYLOAD_BYTES,
 };
-pub use names::{validate_name, NAME_MAX_LEN};
+pub use names::{topic_matches, validate_name, NAME_MAX_LEN};
 pub use retry::RetryPolicy;
 pub use store::{
     single_transactional_outcome, BatchItem, BatchRollback, ClaimBatch, ClaimParams, Completion,

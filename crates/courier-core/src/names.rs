@@ -36,9 +36,33 @@ pub fn validate_name(field: &'static str, value: &str) -> Result<(), ValidationE
     Ok(())
 }
 
+/// Whether a subscription's topic `pattern` (an exact topic, `prefix.*` for
+/// the topics that start with `prefix.`, or `*` for all) takes `topic`, as
+/// the fan-out decides what a subscription is owed.
+pub fn topic_matches(pattern: &str, topic: &str) -> bool {
+    if pattern == "*" {
+        return true;
+    }
+    match pattern.strip_suffix('*') {
+        Some(prefix) if prefix.ends_with('.') => topic.starts_with(prefix),
+        _ => pattern == topic,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn patterns_take_their_topics() {
+        assert!(topic_matches("*", "invoice.paid"));
+        assert!(topic_matches("invoice.*", "invoice.paid"));
+        assert!(topic_matches("invoice.*", "invoice.paid.late"));
+        assert!(!topic_matches("invoice.*", "invoice"));
+        assert!(!topic_matches("invoice.*", "invoices.paid"));
+        assert!(topic_matches("invoice.paid", "invoice.paid"));
+        assert!(!topic_matches("invoice.paid", "invoice.void"));
+    }
 
     #[test]
     fn accepts_the_grammar() {

@@ -420,14 +420,45 @@ impl<S: OutboxStore> WorkerBuilder<S> {
                 max_attempts: policy.max_attempts,
             });
         }
-        for (topic, policy) in &self.policies {
+        let catch_all = self
+            .routes
+            .contains_key(&(CATCH_ALL_TOPIC.to_owned(), CATCH_ALL_VERSION));
+        let mut topic_policies: Vec<(&String, &RetryPolicy)> = self.policies.iter().collect();
+        topic_policies.sort_by_key(|(topic, _)| *topic);
+        // Routes that only give a topic its own attempts under the handler of
+        // every topic: not topics of the subscription (its patterns are).
+        let mut policy_routes = Vec::new();
+        for (topic, policy) in topic_policies {
             policy.validate()?;
-            if !claim_routes.iter().any(|r| &r.topic == topic) {
+            if claim_routes.iter().any(|r| &r.topic == topic) {
+                continue;
+            }
+            let taken = catch_all
+                && self
+                    .catch_all_topics
+                    .iter()
+                    .any(|pattern| courier_core::topic_matches(pattern, topic));
+            if !taken {
                 return Err(ValidationError::new(
                     "retry",
                     format!("a policy names topic {topic:?}, which has no handler"),
                 )
                 .into());
+            }
+            // The handler of every topic takes it: claims of this topic
+            // carry its own attempt budget (an exact topic's route comes
+            // before the catch-all's in the claim).
+            courier_core::validate_name("topic", topic)?;
+            let versions = match &self.catch_all_versions {
+                Some(versions) => versions.clone(),
+                None => vec![CATCH_ALL_VERSION],
+            };
+            for version in versions {
+                policy_routes.push(Route {
+                    topic: topic.clone(),
+                    schema_version: version,
+                    max_attempts: policy.max_attempts,
+                });
             }
         }
         for (topic, timeout) in &self.timeouts {
@@ -448,8 +479,6 @@ impl<S: OutboxStore> WorkerBuilder<S> {
                 .into());
             }
         }
-        claim_routes
-            .sort_by(|a, b| (&a.topic, a.schema_version).cmp(&(&b.topic, b.schema_version)));
         let mut topics: Vec<String> = claim_routes
             .iter()
             .filter(|r| r.topic != CATCH_ALL_TOPIC)
@@ -458,6 +487,9 @@ impl<S: OutboxStore> WorkerBuilder<S> {
         topics.extend(self.catch_all_topics.iter().cloned());
         topics.sort();
         topics.dedup();
+        claim_routes.extend(policy_routes);
+        claim_routes
+            .sort_by(|a, b| (&a.topic, a.schema_version).cmp(&(&b.topic, b.schema_version)));
         self.store
             .register_subscription(&SubscriptionSpec {
                 name: self.subscription.clone(),

@@ -16,7 +16,7 @@
 //! came from), the value and why, so the daemon refuses to start instead of
 //! running with a guess.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -198,6 +198,31 @@ impl Default for RetryConfig {
             max_attempts: policy.max_attempts,
             base_ms: u64::try_from(policy.base.as_millis()).unwrap_or(u64::MAX),
             cap_ms: u64::try_from(policy.cap.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// A topic's own retry policy within a subscription
+/// (`[subscriptions.topic_retry."invoice.paid"]`): each key left out is the
+/// subscription's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicRetryConfig {
+    /// Attempts before a delivery of this topic is dead-lettered.
+    pub max_attempts: Option<i32>,
+    /// The first retry's delay.
+    pub base_ms: Option<u64>,
+    /// The longest delay.
+    pub cap_ms: Option<u64>,
+}
+
+impl TopicRetryConfig {
+    /// This topic's policy: its own keys over the subscription's `retry`.
+    pub fn over(&self, retry: RetryConfig) -> RetryConfig {
+        RetryConfig {
+            max_attempts: self.max_attempts.unwrap_or(retry.max_attempts),
+            base_ms: self.base_ms.unwrap_or(retry.base_ms),
+            cap_ms: self.cap_ms.unwrap_or(retry.cap_ms),
         }
     }
 }
@@ -439,6 +464,10 @@ pub struct SubscriptionConfig {
     /// The retry policy.
     #[serde(default)]
     pub retry: RetryConfig,
+    /// Retry policies of single topics (exact topics the subscription's
+    /// patterns take), over `retry`.
+    #[serde(default)]
+    pub topic_retry: BTreeMap<String, TopicRetryConfig>,
     /// Deliveries in flight at once.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
@@ -474,6 +503,7 @@ impl SubscriptionConfig {
             tenants: None,
             versions: None,
             retry: RetryConfig::default(),
+            topic_retry: BTreeMap::new(),
             concurrency: default_concurrency(),
             replay: None,
             target,
@@ -1093,27 +1123,28 @@ impl Config {
                     .parse::<courier::Replay>()
                     .map_err(|e| bad(&key("replay"), replay, &e.reason))?;
             }
-            let retry = subscription.retry;
-            if retry.max_attempts < 1 {
-                return Err(bad(
-                    &key("retry.max_attempts"),
-                    &retry.max_attempts,
-                    "must be at least 1",
-                ));
-            }
-            if retry.base_ms == 0 {
-                return Err(bad(
-                    &key("retry.base_ms"),
-                    &retry.base_ms,
-                    "must be above 0",
-                ));
-            }
-            if retry.cap_ms < retry.base_ms {
-                return Err(bad(
-                    &key("retry.cap_ms"),
-                    &retry.cap_ms,
-                    &format!("must be at least retry.base_ms ({})", retry.base_ms),
-                ));
+            validate_retry(&key("retry"), subscription.retry)?;
+            for (topic, own) in &subscription.topic_retry {
+                let at = key(&format!("topic_retry.{topic:?}"));
+                validate_name("topic", topic).map_err(|e| {
+                    ConfigError::invalid(
+                        at.clone(),
+                        None,
+                        format!("{}; a topic's retry names one exact topic", e.reason),
+                    )
+                })?;
+                if !subscription
+                    .topics
+                    .iter()
+                    .any(|pattern| courier::topic_matches(pattern, topic))
+                {
+                    return Err(ConfigError::invalid(
+                        at,
+                        None,
+                        "none of the subscription's topics takes this topic",
+                    ));
+                }
+                validate_retry(&at, own.over(subscription.retry))?;
             }
             if subscription.concurrency == 0 || subscription.concurrency > MAX_CONCURRENCY {
                 return Err(bad(
@@ -1478,6 +1509,35 @@ pub fn validate_topic_pattern(pattern: &str) -> Result<(), String> {
             e.reason
         )
     })
+}
+
+/// Checks a retry policy at `at` (`subscriptions[0].retry`).
+fn validate_retry(at: &str, retry: RetryConfig) -> Result<(), ConfigError> {
+    let bad = |key: &str, value: &dyn fmt::Display, reason: &str| {
+        ConfigError::invalid(key, Some(format!("{:?}", value.to_string())), reason)
+    };
+    if retry.max_attempts < 1 {
+        return Err(bad(
+            &format!("{at}.max_attempts"),
+            &retry.max_attempts,
+            "must be at least 1",
+        ));
+    }
+    if retry.base_ms == 0 {
+        return Err(bad(
+            &format!("{at}.base_ms"),
+            &retry.base_ms,
+            "must be above 0",
+        ));
+    }
+    if retry.cap_ms < retry.base_ms {
+        return Err(bad(
+            &format!("{at}.cap_ms"),
+            &retry.cap_ms,
+            &format!("must be at least base_ms ({})", retry.base_ms),
+        ));
+    }
+    Ok(())
 }
 
 /// Where each key set from the environment came from: key path → variable.
@@ -1888,6 +1948,22 @@ mod tests {
                 "subscriptions[0].topics[0]",
             ),
             (subscription("[]", "", ok_target), "subscriptions[0].topics"),
+            (
+                subscription(
+                    "[\"a\"]",
+                    "topic_retry = { b = { max_attempts = 2 } }",
+                    ok_target,
+                ),
+                "subscriptions[0].topic_retry.\"b\"",
+            ),
+            (
+                subscription(
+                    "[\"a.*\"]",
+                    "topic_retry = { \"a.b\" = { max_attempts = 0 } }",
+                    ok_target,
+                ),
+                "subscriptions[0].topic_retry.\"a.b\".max_attempts",
+            ),
             (
                 subscription("[\"a\"]", "versions = []", ok_target),
                 "subscriptions[0].versions",

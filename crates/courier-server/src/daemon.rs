@@ -443,6 +443,9 @@ where
     if let Some(versions) = &subscription.versions {
         builder = builder.catch_all_versions(versions.clone());
     }
+    for (topic, own) in &subscription.topic_retry {
+        builder = builder.topic_retry_policy(topic.clone(), own.over(subscription.retry).policy());
+    }
     let topics = subscription.topics.clone();
     // Every outcome also feeds the dashboard's throughput (crate::throughput).
     let name = subscription.name.clone();

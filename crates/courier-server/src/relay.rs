@@ -369,6 +369,7 @@ mod tests {
             topics: vec!["*".into()],
             tenants: None,
             versions: None,
+            topic_retry: Default::default(),
             retry: RetryConfig {
                 max_attempts: 3,
                 base_ms: 10,

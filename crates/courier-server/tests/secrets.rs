@@ -71,6 +71,7 @@ async fn an_unreachable_webhook_s_credentials_reach_neither_the_error_history_no
             topics: vec!["invoice.*".into()],
             tenants: None,
             versions: None,
+            topic_retry: Default::default(),
             retry: RetryConfig {
                 max_attempts: 2,
                 base_ms: 20,

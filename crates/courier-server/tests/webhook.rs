@@ -116,6 +116,7 @@ fn webhook(name: &str, topics: &[&str], url: String) -> SubscriptionConfig {
         topics: topics.iter().map(|t| (*t).to_owned()).collect(),
         tenants: None,
         versions: None,
+        topic_retry: Default::default(),
         retry: RetryConfig {
             max_attempts: 10,
             base_ms: 20,
@@ -1030,6 +1031,45 @@ async fn a_subscription_receives_only_the_versions_it_accepts(database: Database
     daemon.shutdown().await;
 }
 
+/// A topic's own retry policy (`topic_retry`) gives its messages their own
+/// attempts under a subscription of a pattern; the pattern's other topics
+/// keep the subscription's, and the subscription's topics are unchanged.
+async fn a_topic_s_own_retry_policy_applies_to_it_alone(database: Database) {
+    let (receiver, address) = start_receiver().await;
+    let down: Vec<Answer> = (0..20).map(|_| Answer::Status(500, None, "down")).collect();
+    receiver.script("/down", &down);
+    let mut hooks = webhook("hooks", &["invoice.*"], format!("http://{address}/down"));
+    hooks.topic_retry.insert(
+        "invoice.void".into(),
+        courier_server::config::TopicRetryConfig {
+            max_attempts: Some(2),
+            ..Default::default()
+        },
+    );
+    let daemon = Daemon::start(&database, vec![hooks], 5_000).await;
+    let void = daemon
+        .publish("acme", "invoice.void", json!({"n": 1}))
+        .await;
+    let paid = daemon
+        .publish("acme", "invoice.paid", json!({"n": 2}))
+        .await;
+    daemon.wait_for_state(&void, "hooks", "dead").await;
+    daemon.wait_for_state(&paid, "hooks", "dead").await;
+    let attempts = |id: &str, dead: &Value| {
+        dead["items"]
+            .as_array()
+            .and_then(|items| items.iter().find(|d| d["message_id"] == json!(id)))
+            .map(|d| d["attempts"].clone())
+    };
+    let dead = daemon.get("/v1/dead-letters?subscription=hooks").await;
+    assert_eq!(attempts(&void, &dead), Some(json!(2)), "{dead}");
+    assert_eq!(attempts(&paid, &dead), Some(json!(10)), "{dead}");
+    assert_eq!(receiver.requests("/down").len(), 12);
+    let shown = daemon.get("/v1/subscriptions/hooks").await;
+    assert_eq!(shown["topics"], json!(["invoice.*"]), "{shown}");
+    daemon.shutdown().await;
+}
+
 macro_rules! webhook_tests {
     ($($name:ident),* $(,)?) => {
         mod on_sqlite {
@@ -1068,4 +1108,5 @@ webhook_tests!(
     a_test_ping_reaches_the_endpoint_signed_and_stores_nothing,
     a_scheduled_message_is_cancelled_before_any_delivery,
     a_subscription_receives_only_the_versions_it_accepts,
+    a_topic_s_own_retry_policy_applies_to_it_alone,
 );

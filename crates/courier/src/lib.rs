@@ -47,9 +47,9 @@ pub use courier_core::{
     MAX_STREAM_BATCH, MAX_STREAM_BLOCK, MAX_STREAM_PAGE,
 };
 pub use courier_core::{
-    truncate_chars, validate_name, AdminStore, Availability, BatchItem, BatchRollback,
-    CancelOutcome, ClaimBatch, ClaimParams, ClaimedDelivery, DatabaseHealth, DeadLetter,
-    DeadLetterFilter, DeadLetterKey, DeadLetterPage, DeadLetterStore, DeliveryStats,
+    topic_matches, truncate_chars, validate_name, AdminStore, Availability, BatchItem,
+    BatchRollback, CancelOutcome, ClaimBatch, ClaimParams, ClaimedDelivery, DatabaseHealth,
+    DeadLetter, DeadLetterFilter, DeadLetterKey, DeadLetterPage, DeadLetterStore, DeliveryStats,
     DeliveryStatsPage, DeliverySummary, DeliveryTotals, EnqueueOutcome, ErrorEntry, Extended,
     Failure, FailureApplied, HandlerError, LeaseRef, Message, MessageFilter, MessageKey,
     MessagePage, NewMessage, OutboxStore, PruneReport, RateLimit, Registration, Replay,

@@ -108,6 +108,7 @@ fn subscription(target: TargetConfig) -> SubscriptionConfig {
         topics: vec![TOPIC.to_owned()],
         tenants: None,
         versions: None,
+        topic_retry: Default::default(),
         retry: RetryConfig::default(),
         concurrency: 16,
         replay: None,

@@ -208,6 +208,7 @@ pub fn subscription(name: &str, topics: &[&str], target: TargetConfig) -> Subscr
         topics: topics.iter().map(|t| (*t).to_owned()).collect(),
         tenants: None,
         versions: None,
+        topic_retry: Default::default(),
         retry: RetryConfig {
             max_attempts: 200,
             base_ms: 20,

@@ -30,6 +30,7 @@ pub async fn completion_with_a_wrong_token_is_refused<F: StoreFixture>(
         .fail_many(&[Failure {
             lease: forged,
             error: "x".into(),
+            kind: courier::ErrorKind::Retry,
             retry_in: None
         }])
         .await?
@@ -114,6 +115,7 @@ pub async fn a_zombie_with_the_right_token_is_refused_by_the_clock<F: StoreFixtu
     let failure = Failure {
         lease,
         error: "late".into(),
+        kind: courier::ErrorKind::Retry,
         retry_in: Some(Duration::ZERO),
     };
     assert!(store.fail_many(&[failure]).await?.is_empty(), "fail");

@@ -47,8 +47,8 @@ pub use courier_core::{
     MAX_STREAM_BATCH, MAX_STREAM_BLOCK, MAX_STREAM_PAGE,
 };
 pub use courier_core::{
-    error_fingerprint, normalise_error, validate_fingerprint, DeadLetterGroup, ErrorKind,
-    MAX_DEAD_LETTER_GROUPS, UNKNOWN_FINGERPRINT,
+    error_fingerprint, lease_expired_fingerprint, normalise_error, validate_fingerprint,
+    DeadLetterGroup, ErrorKind, MAX_DEAD_LETTER_GROUPS, UNKNOWN_FINGERPRINT,
 };
 pub use courier_core::{
     truncate_chars, validate_name, AdminStore, Availability, BatchItem, BatchRollback,

@@ -8,8 +8,9 @@
 -- The sample is the last error of the group's newest delivery (highest id).
 -- Touches: reads deliveries. Locks: nothing.
 -- Shape: every column the grouping reads is in the partial index
--- deliveries_dead_fingerprint (dead rows only), so open work is never
--- scanned; the sample is one primary-key lookup per group returned.
+-- deliveries_dead_fingerprint (dead rows only): an index-only scan, and open
+-- work is never read; the sample is one primary-key lookup per group
+-- returned.
 WITH groups AS (
   SELECT coalesce(d.error_fingerprint, 'unknown') AS fingerprint,
          count(*) AS dead,

@@ -20,5 +20,5 @@
 ALTER TABLE deliveries ADD COLUMN error_fingerprint TEXT;
 UPDATE deliveries SET error_fingerprint = 'unknown' WHERE state = 'dead';
 CREATE INDEX deliveries_dead_fingerprint
-  ON deliveries (error_fingerprint, dead_at, tenant, subscription, topic)
+  ON deliveries (error_fingerprint, dead_at, tenant, subscription, topic, message_id)
   WHERE state = 'dead';

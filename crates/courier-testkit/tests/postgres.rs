@@ -923,3 +923,77 @@ async fn a_call_dropped_during_begin_leaves_no_pooled_connection_in_a_transactio
     assert!(dropped_pending > 0, "no publish was dropped mid-way");
     Ok(())
 }
+
+/// The dead-letter group query reads dead rows only, from the partial
+/// covering index migration 15 adds (an index-only scan), never open work:
+/// with 300 live deliveries beside 30 dead ones, the generic plan (every
+/// filter NULL, as `GET /v1/dead-letters/groups` sends most of them) scans
+/// `deliveries_dead_fingerprint` and no other access to the deliveries
+/// table than the sample's primary-key lookups. Sequential scans are
+/// disabled so the tiny table's costs cannot hide a missing index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_dead_letter_groups_read_only_the_dead_rows_index() -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    let courier = pg.courier();
+    let worker = courier
+        .worker("billing")
+        .handle(
+            "invoice.paid",
+            1,
+            handler_fn(|message: Message<Event>| async move {
+                Err::<(), _>(HandlerError::permanent(format!("refused {}", message.id)))
+            }),
+        )
+        .maintenance(None)
+        .build()
+        .await?;
+    courier
+        .publish(&events("acme", "invoice.paid", 30)?)
+        .await?;
+    assert_eq!(worker.run_once().await?, 30);
+    courier
+        .publish(&events("acme", "invoice.paid", 300)?)
+        .await?;
+
+    let sql = include_str!("../../courier-postgres/queries/dead_letter_groups.sql")
+        .replace("{schema}", &pg.schema);
+    let mut conn = pg.pool.acquire().await?;
+    // What autovacuum does to a table at rest: the visibility map lets the
+    // scan skip the heap.
+    sqlx::raw_sql(&format!("VACUUM ANALYZE {}.deliveries", pg.schema))
+        .execute(&mut *conn)
+        .await?;
+    sqlx::raw_sql(&format!(
+        "SET enable_seqscan = off;
+         SET plan_cache_mode = force_generic_plan;
+         PREPARE groups (text, text, text, uuid, timestamptz, timestamptz, text, bigint) AS {sql}"
+    ))
+    .execute(&mut *conn)
+    .await?;
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN (COSTS OFF) EXECUTE groups (NULL, NULL, NULL, NULL, NULL, NULL, NULL, 50)",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let plan = plan.join("\n");
+    sqlx::raw_sql("DEALLOCATE groups; RESET enable_seqscan; RESET plan_cache_mode")
+        .execute(&mut *conn)
+        .await?;
+    assert!(
+        plan.contains("Index Only Scan using deliveries_dead_fingerprint on deliveries d"),
+        "{plan}"
+    );
+    let deliveries_scans = plan
+        .lines()
+        .filter(|line| line.contains(" on deliveries "))
+        .count();
+    assert_eq!(
+        deliveries_scans, 2,
+        "the groups and the samples' lookups: {plan}"
+    );
+    assert!(
+        plan.contains("Index Scan using deliveries_pkey on deliveries s"),
+        "{plan}"
+    );
+    Ok(())
+}

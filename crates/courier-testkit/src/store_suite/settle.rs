@@ -380,7 +380,8 @@ pub async fn a_snooze_puts_the_delivery_back_after_its_delay_without_spending_an
     Ok(())
 }
 
-/// The bound on snoozes: past it, a snooze spends the attempt like a failure.
+/// The bound on snoozes: past it, a snooze spends the attempt like a failure
+/// (and, when that was the last, dead-letters with the snooze's fingerprint).
 pub async fn a_delivery_past_the_snooze_bound_spends_its_attempt<F: StoreFixture>(
     fixture: F,
 ) -> anyhow::Result<()> {
@@ -423,6 +424,16 @@ pub async fn a_delivery_past_the_snooze_bound_spends_its_attempt<F: StoreFixture
     assert_eq!(
         letter.errors.last().map(|e| e.message.as_str()),
         Some("snoozed 1000 times already: over quota")
+    );
+    // Its fingerprint is the snooze's, from the reason: the dead letter
+    // groups under it, not under the failures of other kinds.
+    let groups = store
+        .dead_letter_groups(&courier::DeadLetterFilter::default(), 10)
+        .await?;
+    assert_eq!(groups.len(), 1);
+    assert_eq!(
+        groups[0].fingerprint,
+        courier::error_fingerprint(courier::ErrorKind::Snooze, "over quota")
     );
     Ok(())
 }

@@ -925,7 +925,7 @@ async fn a_call_dropped_during_begin_leaves_no_pooled_connection_in_a_transactio
 }
 
 /// The dead-letter group query reads dead rows only, from the partial
-/// covering index migration 15 adds (an index-only scan), never open work:
+/// covering index migration 15 adds, never open work:
 /// with 300 live deliveries beside 30 dead ones, the generic plan (every
 /// filter NULL, as `GET /v1/dead-letters/groups` sends most of them) scans
 /// `deliveries_dead_fingerprint` and no other access to the deliveries
@@ -979,21 +979,26 @@ async fn postgres_dead_letter_groups_read_only_the_dead_rows_index() -> anyhow::
     sqlx::raw_sql("DEALLOCATE groups; RESET enable_seqscan; RESET plan_cache_mode")
         .execute(&mut *conn)
         .await?;
-    assert!(
-        plan.contains("Index Only Scan using deliveries_dead_fingerprint on deliveries d"),
-        "{plan}"
-    );
-    let deliveries_scans = plan
+    // Index-only once the visibility map is set; a snapshot another test
+    // holds can keep VACUUM from setting it, and then the same index feeds a
+    // bitmap heap scan. Either way only the dead rows' index is read.
+    assert!(!plan.contains("Seq Scan"), "{plan}");
+    let index_scans: Vec<&str> = plan
         .lines()
-        .filter(|line| line.contains(" on deliveries "))
-        .count();
-    assert_eq!(
-        deliveries_scans, 2,
-        "the groups and the samples' lookups: {plan}"
-    );
+        .filter(|line| line.contains("Index") && line.contains("Scan"))
+        .collect();
     assert!(
-        plan.contains("Index Scan using deliveries_pkey on deliveries s"),
+        index_scans
+            .iter()
+            .any(|line| line.contains("deliveries_dead_fingerprint")),
         "{plan}"
     );
+    for line in &index_scans {
+        assert!(
+            line.contains("deliveries_dead_fingerprint")
+                || line.contains("Index Scan using deliveries_pkey on deliveries s"),
+            "an index other than the dead rows' read: {line}\n{plan}"
+        );
+    }
     Ok(())
 }

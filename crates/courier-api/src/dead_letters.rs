@@ -42,6 +42,10 @@ pub struct DeadLetterFilterBody {
     /// `dead_after` when both are given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_before: Option<DateTime<Utc>>,
+    /// Only those whose last failure has this fingerprint (16 hex digits, as
+    /// `GET /v1/dead-letters/groups` shows, or `unknown`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
 }
 
 impl From<DeadLetterFilterBody> for courier_core::DeadLetterFilter {
@@ -54,6 +58,7 @@ impl From<DeadLetterFilterBody> for courier_core::DeadLetterFilter {
             message_id: body.message_id,
             dead_after: body.dead_after,
             dead_before: body.dead_before,
+            fingerprint: body.fingerprint,
         }
     }
 }

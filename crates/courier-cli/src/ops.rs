@@ -144,6 +144,16 @@ impl Store {
         Ok(with_store!(self, courier => courier.dead_letters(filter, after, limit).await)?)
     }
 
+    /// Dead letters grouped by the fingerprint of their last failure,
+    /// largest first, at most `limit` groups.
+    pub async fn dead_letter_groups(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: usize,
+    ) -> anyhow::Result<Vec<courier::DeadLetterGroup>> {
+        Ok(with_store!(self, courier => courier.dead_letter_groups(filter, limit).await)?)
+    }
+
     /// Cancels a message no subscription has started on.
     pub async fn cancel(&self, id: uuid::Uuid) -> anyhow::Result<courier::CancelOutcome> {
         Ok(with_store!(self, courier => courier.store().cancel_message(id).await)?)

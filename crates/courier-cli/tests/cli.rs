@@ -589,6 +589,73 @@ fn an_error_is_printed_once_without_colour_codes() {
     }
 }
 
+/// `dlq groups` prints its table; `--fingerprint` is taken by groups, list,
+/// retry and discard, refused naming the flag when it is no fingerprint, and
+/// is a filter (so it does not go with `--all`).
+#[test]
+fn dlq_groups_prints_a_table_and_fingerprint_filters_are_checked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("courier.db");
+    let db = db.to_str().expect("utf-8 path");
+    let migrated = courier(dir.path(), &["migrate", "--database-url", db]);
+    assert!(migrated.status.success(), "{}", stderr(&migrated));
+    let groups = courier(dir.path(), &["dlq", "groups", "--database-url", db]);
+    assert!(groups.status.success(), "{}", stderr(&groups));
+    for column in [
+        "FINGERPRINT",
+        "COUNT",
+        "FIRST SEEN",
+        "LAST SEEN",
+        "SAMPLE ERROR",
+    ] {
+        assert!(stdout(&groups).contains(column), "{}", stdout(&groups));
+    }
+    for verb in ["groups", "list", "retry", "discard"] {
+        let refused = courier(
+            dir.path(),
+            &["dlq", verb, "--fingerprint", "nope", "--database-url", db],
+        );
+        assert!(!refused.status.success(), "{verb} took a bad fingerprint");
+        assert!(
+            stderr(&refused).contains("--fingerprint"),
+            "{verb}: {}",
+            stderr(&refused)
+        );
+    }
+    for verb in ["retry", "discard"] {
+        let one = courier(
+            dir.path(),
+            &[
+                "dlq",
+                verb,
+                "--fingerprint",
+                "unknown",
+                "--database-url",
+                db,
+            ],
+        );
+        assert!(one.status.success(), "{verb}: {}", stderr(&one));
+        assert!(
+            stdout(&one).contains("0 dead letter(s)"),
+            "{}",
+            stdout(&one)
+        );
+        let both = courier(
+            dir.path(),
+            &[
+                "dlq",
+                verb,
+                "--all",
+                "--fingerprint",
+                "0123456789abcdef",
+                "--database-url",
+                db,
+            ],
+        );
+        assert!(!both.status.success(), "--all with --fingerprint ran");
+    }
+}
+
 #[test]
 fn dlq_retry_and_discard_of_every_dead_letter_need_all() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -180,6 +180,18 @@ async fn serve_on_sqlite_delivers_what_curl_and_the_cli_publish_and_stops_on_sig
     let refused = remote(&["dlq", "list", "--topic", "not a topic"])?;
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("topic"));
+    // `dlq groups` through the API: its document (every delivery succeeded).
+    let groups = remote(&["dlq", "groups", "--topic", "t"])?;
+    assert!(
+        groups.status.success(),
+        "{}",
+        String::from_utf8_lossy(&groups.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&groups.stdout).contains("\"items\": []"),
+        "{}",
+        String::from_utf8_lossy(&groups.stdout)
+    );
     // `dlq show` through the API: an unknown id is the API's 404.
     let unknown = remote(&["dlq", "show", "999999"])?;
     assert!(!unknown.status.success());

@@ -9,6 +9,7 @@
 
 mod admin;
 mod error;
+mod fingerprint;
 mod message;
 mod names;
 mod retry;
@@ -21,6 +22,10 @@ pub use admin::{
     SubscriptionPage, MAX_LIST_PAGE, MAX_MESSAGE_PAGE, MESSAGE_FILTER_STATES,
 };
 pub use error::{HandlerError, StoreError, ValidationError};
+pub use fingerprint::{
+    error_fingerprint, lease_expired_fingerprint, normalise_error, validate_fingerprint, ErrorKind,
+    UNKNOWN_FINGERPRINT,
+};
 pub use message::{
     enqueue_outcomes, truncate_chars, Availability, ClaimedDelivery, EnqueueOutcome, ErrorEntry,
     Message, NewMessage, MAX_ERROR_CHARS, MAX_HEADERS, MAX_HOLD, MAX_KEY_BYTES, MAX_PAYLOAD_BYTES,
@@ -29,10 +34,10 @@ pub use names::{topic_matches, validate_name, NAME_MAX_LEN};
 pub use retry::RetryPolicy;
 pub use store::{
     single_transactional_outcome, BatchItem, BatchRollback, ClaimBatch, ClaimParams, Completion,
-    DeadLetter, DeadLetterFilter, DeadLetterKey, DeadLetterPage, DeadLetterStore, DeliverySummary,
-    Extended, Failure, FailureApplied, LeaseRef, OutboxStore, PruneReport, Registration, Replay,
-    RescueParams, Route, Snooze, SubscriptionSpec, TransactionalBatchOutcome, TransactionalOutcome,
-    TxWork, MAX_SNOOZES,
+    DeadLetter, DeadLetterFilter, DeadLetterGroup, DeadLetterKey, DeadLetterPage, DeadLetterStore,
+    DeliverySummary, Extended, Failure, FailureApplied, LeaseRef, OutboxStore, PruneReport,
+    Registration, Replay, RescueParams, Route, Snooze, SubscriptionSpec, TransactionalBatchOutcome,
+    TransactionalOutcome, TxWork, MAX_DEAD_LETTER_GROUPS, MAX_SNOOZES,
 };
 pub use stream::{
     dead_letter_entry, group_not_found, validate_block, validate_count, validate_tenants,

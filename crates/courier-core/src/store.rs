@@ -161,6 +161,10 @@ pub struct Failure {
     pub lease: LeaseRef,
     /// What went wrong (cut to 2,000 characters by the store).
     pub error: String,
+    /// What kind of failure it is: with `error`, it makes the fingerprint
+    /// the store keeps with the delivery's last error (see
+    /// [`error_fingerprint`](crate::error_fingerprint)).
+    pub kind: crate::ErrorKind,
     /// When to try again; `None` dead-letters now. A retry on a delivery that
     /// has used its last attempt dead-letters too.
     pub retry_in: Option<Duration>,
@@ -497,6 +501,11 @@ pub struct DeadLetterFilter {
     /// Only those dead-lettered before this instant: with `dead_after`, the
     /// half-open range `[dead_after, dead_before)`.
     pub dead_before: Option<DateTime<Utc>>,
+    /// Only those whose last failure has this fingerprint (see
+    /// [`error_fingerprint`](crate::error_fingerprint);
+    /// [`UNKNOWN_FINGERPRINT`](crate::UNKNOWN_FINGERPRINT): those recorded
+    /// before fingerprints were stored).
+    pub fingerprint: Option<String>,
 }
 
 impl DeadLetterFilter {
@@ -543,8 +552,12 @@ impl DeadLetterFilter {
     }
 
     /// Refuses a time range whose `dead_after` is not before its
-    /// `dead_before`, naming `dead_before`.
+    /// `dead_before`, naming `dead_before`, and a `fingerprint` that is not
+    /// one, naming `fingerprint`.
     pub fn validate(&self) -> Result<(), ValidationError> {
+        if let Some(fingerprint) = &self.fingerprint {
+            crate::validate_fingerprint("fingerprint", fingerprint)?;
+        }
         crate::admin::validate_time_range(
             ("dead_after", self.dead_after),
             ("dead_before", self.dead_before),
@@ -599,6 +612,31 @@ pub struct DeadLetterPage {
     pub next_cursor: Option<DeadLetterKey>,
 }
 
+/// Dead letters that failed the same way: one fingerprint's count, when it
+/// started and last happened, and what it touched.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeadLetterGroup {
+    /// The fingerprint of the dead letters' last failure (what
+    /// [`DeadLetterFilter::fingerprint`] takes); [`UNKNOWN_FINGERPRINT`](crate::UNKNOWN_FINGERPRINT)
+    /// for dead letters recorded before fingerprints were stored.
+    pub fingerprint: String,
+    /// The last error of the group's most recent dead letter, as stored.
+    pub sample_error: String,
+    /// How many dead letters the group holds (within the filter).
+    pub count: u64,
+    /// The oldest `dead_at` in the group (`None` only if none has one).
+    pub first_seen: Option<DateTime<Utc>>,
+    /// The newest `dead_at` in the group.
+    pub last_seen: Option<DateTime<Utc>>,
+    /// The subscriptions the group's dead letters belong to, sorted.
+    pub subscriptions: Vec<String>,
+    /// The topics of the group's dead letters, sorted.
+    pub topics: Vec<String>,
+}
+
+/// The most groups [`DeadLetterStore::dead_letter_groups`] returns.
+pub const MAX_DEAD_LETTER_GROUPS: usize = 1000;
+
 /// The state of one (message, subscription) pair, for inspection.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct DeliverySummary {
@@ -641,6 +679,19 @@ pub trait DeadLetterStore: Send + Sync {
         &'c self,
         filter: &'c DeadLetterFilter,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
+
+    /// Dead letters matching `filter`, grouped by the fingerprint of their
+    /// last failure: the `limit` largest groups (clamped to
+    /// 1..=[`MAX_DEAD_LETTER_GROUPS`]), by count descending, then
+    /// fingerprint. Counts are what
+    /// [`DeadLetterStore::count_dead_letters`] gives for the filter with the
+    /// group's fingerprint. Reads dead rows only (a partial index), never
+    /// live deliveries.
+    fn dead_letter_groups<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DeadLetterGroup>, StoreError>> + Send + 'c;
 
     /// One dead letter with its error history, if it exists.
     fn get_dead_letter(

@@ -33,8 +33,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use courier_core::{
-    BatchItem, BatchRollback, ClaimedDelivery, Failure, HandlerError, LeaseRef, OutboxStore,
-    RetryPolicy, Snooze, TransactionalBatchOutcome, TransactionalOutcome, TxWork,
+    BatchItem, BatchRollback, ClaimedDelivery, ErrorKind, Failure, HandlerError, LeaseRef,
+    OutboxStore, RetryPolicy, Snooze, TransactionalBatchOutcome, TransactionalOutcome, TxWork,
 };
 use futures_util::FutureExt;
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit};
@@ -108,6 +108,7 @@ impl Drop for OutcomeGuard {
                 failure: Failure {
                     lease: self.lease,
                     error: "the handler did not finish (worker shutdown deadline, or a panic outside the handler)".to_owned(),
+                    kind: ErrorKind::Retry,
                     retry_in: Some(Duration::ZERO),
                 },
                 topic: std::mem::take(&mut self.topic),
@@ -773,6 +774,7 @@ impl<S: OutboxStore> Executor<S> {
                         // PostgreSQL text cannot hold NUL; one such error must
                         // not sink the batch it is written with.
                         error: error.to_string().replace('\0', "\u{FFFD}"),
+                        kind: error.kind(),
                         retry_in,
                     },
                     topic,

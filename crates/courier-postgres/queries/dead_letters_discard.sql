@@ -1,6 +1,6 @@
 -- Discards dead letters for good (their messages are then pruned by
 -- retention); returns how many. Selected like dead_letters_retry.sql,
--- $5 (tenants) included.
+-- $5 (tenants) and $9 (fingerprint) included.
 -- Each is recorded in discards, so that the admin views do not take the
 -- delivery it leaves missing for a completion.
 -- Touches: deliveries, discards.
@@ -15,7 +15,8 @@ WITH gone AS (
              AND ($4::text IS NULL OR d.subscription = $4)
              AND ($6::uuid IS NULL OR d.message_id = $6)
              AND ($7::timestamptz IS NULL OR d.dead_at >= $7)
-             AND ($8::timestamptz IS NULL OR d.dead_at < $8)))
+             AND ($8::timestamptz IS NULL OR d.dead_at < $8)
+             AND ($9::text IS NULL OR coalesce(d.error_fingerprint, 'unknown') = $9)))
   RETURNING d.message_id, d.subscription, d.tenant
 ),
 recorded AS (

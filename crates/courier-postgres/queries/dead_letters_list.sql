@@ -4,7 +4,8 @@
 -- (DeadLetterFilter::scan_bounds); with a message id it narrows the key and
 -- the range's end to that message's dead letters. Filters (NULL: any):
 -- tenant $1, topic $2, subscription $3, message id $4, and the
--- dead_at range's end $5.
+-- dead_at range's end $5, the fingerprint $9 of the last failure
+-- (`unknown` also matches a dead row without one).
 -- Touches: reads deliveries and messages. Locks: nothing.
 -- Shape: the key and the range's end are bounds on deliveries_dead_at
 -- (dead_at, id) WHERE state = 'dead', written with coalesce so that they stay
@@ -20,6 +21,7 @@ WHERE d.state = 'dead'
   AND ($2::text IS NULL OR d.topic = $2)
   AND ($3::text IS NULL OR d.subscription = $3)
   AND ($4::uuid IS NULL OR d.message_id = $4)
+  AND ($9::text IS NULL OR coalesce(d.error_fingerprint, 'unknown') = $9)
   AND d.dead_at < coalesce($5::timestamptz, 'infinity')
   AND (d.dead_at, d.id) > (coalesce($6::timestamptz, '-infinity'), coalesce($7::bigint, 0))
 ORDER BY d.dead_at, d.id

@@ -1,7 +1,8 @@
 -- Makes dead letters deliverable now with their attempts reset; the error
 -- history is kept; returns how many. Selected by ids ($1) or, when $1 is NULL,
 -- by filter ($2 tenant, $3 topic, $4 subscription, $6 message id, [$7, $8)
--- the half-open range of dead_at; NULL: any). $5, when not
+-- the half-open range of dead_at, $9 the fingerprint of the last failure;
+-- NULL: any). $5, when not
 -- NULL, keeps only these tenants' rows: a tenant-scoped retry by ids is this
 -- one statement, and another tenant's id is left alone.
 -- Touches: deliveries, claim_marks (each retried delivery is announced to
@@ -18,7 +19,8 @@ WITH changed AS (
              AND ($4::text IS NULL OR d.subscription = $4)
              AND ($6::uuid IS NULL OR d.message_id = $6)
              AND ($7::timestamptz IS NULL OR d.dead_at >= $7)
-             AND ($8::timestamptz IS NULL OR d.dead_at < $8)))
+             AND ($8::timestamptz IS NULL OR d.dead_at < $8)
+             AND ($9::text IS NULL OR coalesce(d.error_fingerprint, 'unknown') = $9)))
   RETURNING d.id, d.subscription, d.tenant, d.available_at
 ),
 marked AS (

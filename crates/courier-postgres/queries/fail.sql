@@ -1,7 +1,8 @@
 -- Records failed attempts on deliveries whose lease is still held (same fence
 -- as complete.sql). A delivery goes back to `available` after its delay ($4 ms)
 -- or, when the delay is NULL or the attempts are spent, to `dead`. The error
--- history keeps the newest 20 entries.
+-- history keeps the newest 20 entries; error_fingerprint is the newest
+-- error's ($5, computed in Rust: courier_core::error_fingerprint).
 WITH changed AS (
   UPDATE {schema}.deliveries d
   SET state = CASE WHEN f.delay_ms IS NULL OR d.attempts >= d.max_attempts
@@ -16,8 +17,10 @@ WITH changed AS (
       claimed_by = NULL,
       errors = (CASE WHEN jsonb_array_length(d.errors) >= 20 THEN d.errors - 0 ELSE d.errors END)
                || jsonb_build_array(jsonb_build_object(
-                    'attempt', d.attempts, 'at', clock_timestamp(), 'message', f.error))
-  FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[]) AS f (id, lease_token, error, delay_ms)
+                    'attempt', d.attempts, 'at', clock_timestamp(), 'message', f.error)),
+      error_fingerprint = f.fingerprint
+  FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[])
+       AS f (id, lease_token, error, delay_ms, fingerprint)
   WHERE d.id = ANY ($1::bigint[])
     AND d.id = f.id
     AND d.lease_token = f.lease_token

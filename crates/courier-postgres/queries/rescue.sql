@@ -3,7 +3,8 @@
 -- between half and all of that: the crash may have been the message's
 -- fault), or dead-letters those that used their last attempt, noting the
 -- expiry in the error history (newest 20 kept) and freeing their ordering
--- keys (and any orphaned key rows, see `orphans`). Scans the small
+-- keys (and any orphaned key rows, see `orphans`). Every expiry has one
+-- fingerprint, $4 (whichever worker held the lease). Scans the small
 -- deliveries_running index; skips rows a completing worker holds locked.
 WITH expired AS (
   SELECT id FROM {schema}.deliveries
@@ -24,6 +25,7 @@ changed AS (
                || jsonb_build_array(jsonb_build_object(
                     'attempt', d.attempts, 'at', clock_timestamp(),
                     'message', 'lease expired (worker ' || coalesce(d.claimed_by, '?') || ')')),
+      error_fingerprint = $4,
       lease_token = NULL,
       lease_expires_at = NULL,
       claimed_by = NULL

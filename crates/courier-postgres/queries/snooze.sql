@@ -3,7 +3,8 @@
 -- claim spent and counting the snooze, and frees their ordering keys. A
 -- delivery that has already snoozed $5 times spends the attempt instead, like
 -- a failure with reason $4: the history notes it, and when that was its last
--- attempt it is dead-lettered.
+-- attempt it is dead-lettered. The error it notes has the fingerprint $6
+-- (computed in Rust from the reason), kept in error_fingerprint.
 WITH changed AS (
   UPDATE {schema}.deliveries d
   SET state = CASE WHEN d.snoozes >= $5 AND d.attempts >= d.max_attempts
@@ -23,8 +24,10 @@ WITH changed AS (
                     || jsonb_build_array(jsonb_build_object(
                          'attempt', d.attempts, 'at', clock_timestamp(),
                          'message', 'snoozed ' || d.snoozes || ' times already: ' || z.reason))
-               END
-  FROM unnest($1::bigint[], $2::uuid[], $3::bigint[], $4::text[]) AS z (id, lease_token, delay_ms, reason)
+               END,
+      error_fingerprint = CASE WHEN d.snoozes < $5 THEN d.error_fingerprint ELSE z.fingerprint END
+  FROM unnest($1::bigint[], $2::uuid[], $3::bigint[], $4::text[], $6::text[])
+       AS z (id, lease_token, delay_ms, reason, fingerprint)
   WHERE d.id = ANY ($1::bigint[])
     AND d.id = z.id
     AND d.lease_token = z.lease_token

@@ -2,8 +2,8 @@
 
 use chrono::{DateTime, Utc};
 use courier_core::{
-    DeadLetter, DeadLetterFilter, DeadLetterKey, DeadLetterPage, DeadLetterStore, DeliverySummary,
-    StoreError,
+    DeadLetter, DeadLetterFilter, DeadLetterGroup, DeadLetterKey, DeadLetterPage, DeadLetterStore,
+    DeliverySummary, StoreError, MAX_DEAD_LETTER_GROUPS,
 };
 use sqlx::Row;
 use uuid::Uuid;
@@ -47,6 +47,7 @@ impl DeadLetterStore for PgStore {
             .bind(start.map(|key| key.dead_at))
             .bind(start.map(|key| key.delivery_id))
             .bind(i64::try_from(limit + 1).unwrap_or(i64::MAX))
+            .bind(&filter.fingerprint)
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
@@ -75,10 +76,46 @@ impl DeadLetterStore for PgStore {
             .bind(filter.message_id)
             .bind(filter.dead_after)
             .bind(filter.dead_before)
+            .bind(&filter.fingerprint)
             .fetch_one(&self.inner.pool)
             .await
             .map_err(map)?;
         Ok(u64::try_from(count).unwrap_or(0))
+    }
+
+    async fn dead_letter_groups<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+        limit: usize,
+    ) -> Result<Vec<DeadLetterGroup>, StoreError> {
+        filter.validate()?;
+        let limit = limit.clamp(1, MAX_DEAD_LETTER_GROUPS);
+        let rows = sqlx::query(&self.q().dead_letter_groups)
+            .bind(&filter.tenant)
+            .bind(&filter.topic)
+            .bind(&filter.subscription)
+            .bind(filter.message_id)
+            .bind(filter.dead_after)
+            .bind(filter.dead_before)
+            .bind(&filter.fingerprint)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        rows.iter()
+            .map(|row| {
+                let count: i64 = row.try_get("dead").map_err(map)?;
+                Ok(DeadLetterGroup {
+                    fingerprint: row.try_get("fingerprint").map_err(map)?,
+                    sample_error: row.try_get("sample_error").map_err(map)?,
+                    count: u64::try_from(count).unwrap_or(0),
+                    first_seen: row.try_get("first_seen").map_err(map)?,
+                    last_seen: row.try_get("last_seen").map_err(map)?,
+                    subscriptions: row.try_get("subscriptions").map_err(map)?,
+                    topics: row.try_get("topics").map_err(map)?,
+                })
+            })
+            .collect()
     }
 
     async fn get_dead_letter(&self, delivery_id: i64) -> Result<Option<DeadLetter>, StoreError> {
@@ -204,6 +241,7 @@ impl PgStore {
             .bind(filter.message_id)
             .bind(filter.dead_after)
             .bind(filter.dead_before)
+            .bind(&filter.fingerprint)
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;

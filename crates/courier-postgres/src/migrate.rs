@@ -77,10 +77,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "owed_by_fan_out_time",
         include_str!("../migrations/0014_owed_by_fan_out_time.sql"),
     ),
+    (
+        15,
+        "error_fingerprints",
+        include_str!("../migrations/0015_error_fingerprints.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 14;
+pub const SCHEMA_VERSION: i64 = 15;
 
 /// Applies every migration newer than the schema's, in one transaction under
 /// the migration lock.

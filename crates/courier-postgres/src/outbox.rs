@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use courier_core::{
-    truncate_chars, BatchItem, BatchRollback, ClaimBatch, ClaimParams, ClaimedDelivery, Completion,
-    EnqueueOutcome, Extended, Failure, FailureApplied, LeaseRef, NewMessage, OutboxStore,
-    PruneReport, Registration, Replay, RescueParams, Snooze, StoreError, SubscriptionSpec,
-    TransactionalBatchOutcome, TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS,
-    MAX_SNOOZES,
+    error_fingerprint, lease_expired_fingerprint, truncate_chars, BatchItem, BatchRollback,
+    ClaimBatch, ClaimParams, ClaimedDelivery, Completion, EnqueueOutcome, ErrorKind, Extended,
+    Failure, FailureApplied, LeaseRef, NewMessage, OutboxStore, PruneReport, Registration, Replay,
+    RescueParams, Snooze, StoreError, SubscriptionSpec, TransactionalBatchOutcome,
+    TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS, MAX_SNOOZES,
 };
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
@@ -284,11 +284,17 @@ impl OutboxStore for PgStore {
             .map(|f| truncate_chars(&f.error, MAX_ERROR_CHARS))
             .collect();
         let delays: Vec<Option<i64>> = failures.iter().map(|f| f.retry_in.map(millis)).collect();
+        let fingerprints: Vec<String> = failures
+            .iter()
+            .zip(&errors)
+            .map(|(f, error)| error_fingerprint(f.kind, error))
+            .collect();
         let rows = sqlx::query(&self.q().fail)
             .bind(&ids)
             .bind(&tokens)
             .bind(&errors)
             .bind(&delays)
+            .bind(&fingerprints)
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
@@ -310,12 +316,17 @@ impl OutboxStore for PgStore {
             .iter()
             .map(|z| truncate_chars(&z.reason, MAX_ERROR_CHARS - 100))
             .collect();
+        let fingerprints: Vec<String> = reasons
+            .iter()
+            .map(|reason| error_fingerprint(ErrorKind::Snooze, reason))
+            .collect();
         let rows = sqlx::query(&self.q().snooze)
             .bind(&ids)
             .bind(&tokens)
             .bind(&delays)
             .bind(&reasons)
             .bind(MAX_SNOOZES)
+            .bind(&fingerprints)
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
@@ -382,6 +393,7 @@ impl OutboxStore for PgStore {
             .bind(i64::try_from(params.limit).unwrap_or(i64::MAX))
             .bind(millis(params.backoff_base) as f64)
             .bind(millis(params.backoff_cap) as f64)
+            .bind(lease_expired_fingerprint())
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;

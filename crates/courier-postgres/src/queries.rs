@@ -53,6 +53,7 @@ queries!(
     complete,
     complete_leased,
     dead_letter_get,
+    dead_letter_groups,
     dead_letters_count,
     dead_letters_discard,
     dead_letters_list,

@@ -2,10 +2,10 @@
 //! router and its handlers are not generic over the backend.
 
 use courier::{
-    AdminStore, CancelOutcome, DeadLetter, DeadLetterFilter, DeadLetterKey, DeadLetterPage,
-    DeadLetterStore, DeliveryStatsPage, DeliverySummary, DeliveryTotals, EnqueueOutcome,
-    MessageFilter, MessageKey, MessagePage, NewMessage, OutboxStore, StatsKey, StoreError,
-    StoredMessage, SubscriptionInfo, SubscriptionPage,
+    AdminStore, CancelOutcome, DeadLetter, DeadLetterFilter, DeadLetterGroup, DeadLetterKey,
+    DeadLetterPage, DeadLetterStore, DeliveryStatsPage, DeliverySummary, DeliveryTotals,
+    EnqueueOutcome, MessageFilter, MessageKey, MessagePage, NewMessage, OutboxStore, StatsKey,
+    StoreError, StoredMessage, SubscriptionInfo, SubscriptionPage,
 };
 use futures_util::future::BoxFuture;
 use uuid::Uuid;
@@ -73,6 +73,12 @@ pub trait ApiStore: Send + Sync + 'static {
     ) -> StoreFuture<'_, DeadLetterPage>;
     /// How many dead letters match a filter.
     fn count_dead_letters(&self, filter: DeadLetterFilter) -> StoreFuture<'_, u64>;
+    /// Dead letters matching a filter, grouped by failure fingerprint.
+    fn dead_letter_groups(
+        &self,
+        filter: DeadLetterFilter,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<DeadLetterGroup>>;
     /// One dead letter.
     fn get_dead_letter(&self, delivery_id: i64) -> StoreFuture<'_, Option<DeadLetter>>;
     /// Retries dead letters by id.
@@ -190,6 +196,14 @@ where
 
     fn count_dead_letters(&self, filter: DeadLetterFilter) -> StoreFuture<'_, u64> {
         Box::pin(async move { DeadLetterStore::count_dead_letters(self, &filter).await })
+    }
+
+    fn dead_letter_groups(
+        &self,
+        filter: DeadLetterFilter,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<DeadLetterGroup>> {
+        Box::pin(async move { DeadLetterStore::dead_letter_groups(self, &filter, limit).await })
     }
 
     fn get_dead_letter(&self, delivery_id: i64) -> StoreFuture<'_, Option<DeadLetter>> {

@@ -525,6 +525,7 @@ fn routes(message_id: &str) -> Vec<(Method, String, Option<Value>, &'static str)
         (Method::GET, "/v1/stats".into(), None, "read"),
         (Method::GET, "/v1/throughput".into(), None, "read"),
         (Method::GET, "/v1/dead-letters".into(), None, "read"),
+        (Method::GET, "/v1/dead-letters/groups".into(), None, "read"),
         (
             Method::GET,
             "/v1/dead-letters/999999999".into(),
@@ -928,6 +929,232 @@ where
     );
     let ready = get(&app, "/readyz", None).await;
     assert_eq!(ready.body["status"], json!("ready"));
+    Ok(())
+}
+
+/// `GET /v1/dead-letters/groups` groups a token's tenants' dead letters by
+/// failure (a tenant-scoped token sees its tenants' groups only); retry,
+/// discard and the listing take a group's fingerprint as a filter and leave
+/// the other groups alone; a bad fingerprint or limit is refused naming it.
+async fn dead_letters_group_by_failure_per_token_and_a_group_is_retried_by_fingerprint<S>(
+    courier: Courier<S>,
+) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
+    let worker = courier
+        .worker("billing")
+        .handle(
+            "invoice.paid",
+            1,
+            handler_fn(|message: courier::Message<Value>| async move {
+                let reason = if message.tenant == "a" {
+                    format!("the ledger refused invoice {}", message.id)
+                } else {
+                    "the ledger is closed".to_owned()
+                };
+                Err::<(), _>(HandlerError::permanent(reason))
+            }),
+        )
+        .handle(
+            "invoice.void",
+            1,
+            handler_fn(|_message: courier::Message<Value>| async {
+                Err::<(), _>(HandlerError::permanent("voids are not supported"))
+            }),
+        )
+        .build()
+        .await?;
+    for (tenant, topic, n) in [
+        ("a", "invoice.paid", 3),
+        ("a", "invoice.void", 2),
+        ("b", "invoice.paid", 4),
+    ] {
+        for _ in 0..n {
+            let reply = post(&app, "/v1/messages", Some("all"), &message(tenant, topic)).await;
+            assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+        }
+    }
+    assert_eq!(worker.run_once().await?, 9);
+
+    let counts = |reply: &common::Reply| -> Vec<(String, u64)> {
+        reply.body["items"]
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .map(|g| {
+                        (
+                            g["sample_error"].as_str().unwrap_or_default().to_owned(),
+                            g["count"].as_u64().unwrap_or_default(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let all = get(&app, "/v1/dead-letters/groups", Some("all")).await;
+    assert_eq!(all.status, StatusCode::OK, "{}", all.text);
+    let all_counts = counts(&all);
+    assert_eq!(all_counts.len(), 3, "{}", all.text);
+    assert_eq!(
+        all_counts.iter().map(|(_, n)| *n).collect::<Vec<_>>(),
+        [4, 3, 2],
+        "{}",
+        all.text
+    );
+    assert!(
+        all_counts[0].0.contains("the ledger is closed"),
+        "{}",
+        all.text
+    );
+    assert!(
+        all_counts[1].0.contains("the ledger refused invoice"),
+        "{}",
+        all.text
+    );
+    assert!(
+        all_counts[2].0.contains("voids are not supported"),
+        "{}",
+        all.text
+    );
+    assert_eq!(all.body["items"][0]["subscriptions"], json!(["billing"]));
+    assert_eq!(all.body["items"][0]["topics"], json!(["invoice.paid"]));
+    assert!(
+        all.body["items"][0]["first_seen"].is_string(),
+        "{}",
+        all.text
+    );
+    assert!(
+        all.body["items"][0]["last_seen"].is_string(),
+        "{}",
+        all.text
+    );
+
+    // A token scoped to tenant a sees a's groups only; b's is not even named.
+    let scoped = get(&app, "/v1/dead-letters/groups", Some("reader-a")).await;
+    assert_eq!(scoped.status, StatusCode::OK, "{}", scoped.text);
+    assert_eq!(
+        counts(&scoped).iter().map(|(_, n)| *n).collect::<Vec<_>>(),
+        [3, 2],
+        "{}",
+        scoped.text
+    );
+    assert!(!scoped.text.contains("closed"), "{}", scoped.text);
+    let other = get(&app, "/v1/dead-letters/groups?tenant=b", Some("reader-a")).await;
+    assert_eq!(other.status, StatusCode::FORBIDDEN, "{}", other.text);
+    let several = get(&app, "/v1/dead-letters/groups", Some("both-ab")).await;
+    assert_eq!(several.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(several.field(), Some("tenant"));
+
+    // Bad parameters are refused naming the field.
+    for (uri, field) in [
+        ("/v1/dead-letters/groups?fingerprint=nope", "fingerprint"),
+        ("/v1/dead-letters/groups?limit=0", "limit"),
+        (
+            "/v1/dead-letters?fingerprint=ABCDEF0123456789",
+            "fingerprint",
+        ),
+    ] {
+        let refused = get(&app, uri, Some("all")).await;
+        assert_eq!(
+            refused.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{uri}: {}",
+            refused.text
+        );
+        assert_eq!(refused.field(), Some(field), "{uri}: {}", refused.text);
+    }
+    let refused = post(
+        &app,
+        "/v1/dead-letters/retry",
+        Some("all"),
+        &json!({"filter": {"fingerprint": "nope"}}),
+    )
+    .await;
+    assert_eq!(
+        refused.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        refused.text
+    );
+    assert_eq!(
+        refused.field(),
+        Some("filter.fingerprint"),
+        "{}",
+        refused.text
+    );
+
+    // The listing by fingerprint shows that group's dead letters only.
+    let refused_fp = all.body["items"][1]["fingerprint"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let listed = get(
+        &app,
+        &format!("/v1/dead-letters?fingerprint={refused_fp}"),
+        Some("all"),
+    )
+    .await;
+    assert_eq!(
+        listed.body["items"].as_array().map(Vec::len),
+        Some(3),
+        "{}",
+        listed.text
+    );
+    // A dry run counts the group; the retry moves it and nothing else.
+    let dry = post(
+        &app,
+        "/v1/dead-letters/retry",
+        Some("admin-a"),
+        &json!({"filter": {"fingerprint": refused_fp}, "dry_run": true}),
+    )
+    .await;
+    assert_eq!(dry.body["affected"], json!(3), "{}", dry.text);
+    let retried = post(
+        &app,
+        "/v1/dead-letters/retry",
+        Some("admin-a"),
+        &json!({"filter": {"fingerprint": refused_fp}}),
+    )
+    .await;
+    assert_eq!(retried.body["affected"], json!(3), "{}", retried.text);
+    let after = get(&app, "/v1/dead-letters/groups", Some("all")).await;
+    let mut expected = all.body["items"].as_array().cloned().unwrap_or_default();
+    expected.remove(1);
+    assert_eq!(
+        after.body["items"],
+        Value::Array(expected),
+        "{}",
+        after.text
+    );
+    // Discard by fingerprint: a scoped admin cannot reach another tenant's group.
+    let closed_fp = all.body["items"][0]["fingerprint"].clone();
+    let none = post(
+        &app,
+        "/v1/dead-letters/discard",
+        Some("admin-a"),
+        &json!({"filter": {"fingerprint": closed_fp}}),
+    )
+    .await;
+    assert_eq!(none.body["affected"], json!(0), "{}", none.text);
+    let discarded = post(
+        &app,
+        "/v1/dead-letters/discard",
+        Some("admin-all"),
+        &json!({"filter": {"fingerprint": closed_fp}}),
+    )
+    .await;
+    assert_eq!(discarded.body["affected"], json!(4), "{}", discarded.text);
+    let last = get(&app, "/v1/dead-letters/groups", Some("all")).await;
+    assert_eq!(
+        last.body["items"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        last.text
+    );
+    assert_eq!(last.body["items"][0], all.body["items"][2], "{}", last.text);
     Ok(())
 }
 
@@ -1732,6 +1959,7 @@ api_tests!(
     bad_input_names_the_field_and_stores_nothing,
     every_route_checks_token_role_and_tenant,
     dead_letters_and_subscriptions_are_managed,
+    dead_letters_group_by_failure_per_token_and_a_group_is_retried_by_fingerprint,
 );
 
 #[test]
@@ -1757,6 +1985,7 @@ fn the_openapi_document_lists_every_route() {
         ("/v1/session", "delete"),
         ("/v1/dead-letters", "get"),
         ("/v1/dead-letters/{id}", "get"),
+        ("/v1/dead-letters/groups", "get"),
         ("/v1/dead-letters/retry", "post"),
         ("/v1/dead-letters/discard", "post"),
         ("/v1/subscriptions", "get"),

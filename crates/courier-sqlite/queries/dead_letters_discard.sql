@@ -1,5 +1,6 @@
 -- Discards dead letters for good (their messages are then pruned by retention).
--- Selected like dead_letters_retry.sql, ?5 (tenants) included.
+-- Selected like dead_letters_retry.sql, ?5 (tenants) and ?9 (fingerprint)
+-- included.
 -- Touches: deliveries (delete); the deliveries_discarded trigger records each
 -- in discards (migrations/0007_plain_completions.sql), so that the admin views
 -- do not take the delivery it leaves missing for a completion.
@@ -14,4 +15,5 @@ WHERE state = 'dead'
            AND (?4 IS NULL OR subscription = ?4)
            AND (?6 IS NULL OR message_id = ?6)
            AND (?7 IS NULL OR dead_at >= ?7)
-           AND (?8 IS NULL OR dead_at < ?8)))
+           AND (?8 IS NULL OR dead_at < ?8)
+           AND (?9 IS NULL OR coalesce(error_fingerprint, 'unknown') = ?9)))

@@ -5,7 +5,8 @@
 -- the range's end to that message's dead letters. Filters (NULL: any):
 -- tenant ?1, topic ?2, subscription ?3, message id ?4, and the
 -- dead_at range's end ?5 in
--- milliseconds.
+-- milliseconds, and the fingerprint ?9 of the last failure (`unknown` also
+-- matches a dead row without one).
 -- Touches: reads deliveries and messages. Locks: nothing.
 -- Shape: the key and the range's end are bounds on deliveries_dead_at
 -- (dead_at, id) WHERE state = 'dead', written with coalesce so that the
@@ -21,6 +22,7 @@ WHERE d.state = 'dead'
   AND (?2 IS NULL OR d.topic = ?2)
   AND (?3 IS NULL OR d.subscription = ?3)
   AND (?4 IS NULL OR d.message_id = ?4)
+  AND (?9 IS NULL OR coalesce(d.error_fingerprint, 'unknown') = ?9)
   AND d.dead_at < coalesce(?5, 9223372036854775807)
   AND (d.dead_at, d.id) > (coalesce(?6, -9223372036854775808), coalesce(?7, 0))
 ORDER BY d.dead_at, d.id

@@ -1,6 +1,7 @@
 -- Records failed attempts on deliveries whose lease is still held (same fence
 -- as complete.sql). ?1 is a JSON array of [delivery id, lease token, error,
--- delay in ms or null]. A delivery goes back to `available` after its delay or,
+-- delay in ms or null, fingerprint of the error (computed in Rust:
+-- courier_core::error_fingerprint), kept in error_fingerprint]. A delivery goes back to `available` after its delay or,
 -- when the delay is null or its attempts are spent, to `dead`. The error history
 -- keeps the newest 20 entries; `at` is RFC 3339 text, as PostgreSQL's jsonb gives.
 -- Touches: deliveries (update). Locks: one autocommit statement takes the write
@@ -21,9 +22,10 @@ SET state = CASE WHEN f.delay_ms IS NULL OR attempts >= max_attempts
       '$[#]',
       json_object('attempt', attempts,
                   'at', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
-                  'message', f.error))
+                  'message', f.error)),
+    error_fingerprint = f.fingerprint
 FROM (SELECT value ->> 0 AS id, value ->> 1 AS lease_token, value ->> 2 AS error,
-             value ->> 3 AS delay_ms
+             value ->> 3 AS delay_ms, value ->> 4 AS fingerprint
       FROM json_each(?1)) AS f
 WHERE deliveries.id = f.id
   AND deliveries.lease_token = f.lease_token

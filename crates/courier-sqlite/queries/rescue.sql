@@ -2,7 +2,8 @@
 -- after a backoff (?2 ms doubled per attempt spent, capped at ?3 ms, jittered
 -- to between half and all of that: the crash may have been the message's
 -- fault), or dead-letters those that used their last attempt, noting the
--- expiry in the error history (newest 20 kept).
+-- expiry in the error history (newest 20 kept) with the one fingerprint of
+-- every expiry, ?4 (whichever worker held the lease).
 -- Touches: deliveries (update). Locks: one autocommit statement; SQLite's single
 -- writer means a completing worker either finished before this or finds its
 -- lease gone. Shape: INDEXED BY keeps the scan on the small deliveries_running
@@ -21,6 +22,7 @@ SET state = CASE WHEN attempts >= coalesce(max_attempts, 1) THEN 'dead' ELSE 'av
       json_object('attempt', attempts,
                   'at', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
                   'message', 'lease expired (worker ' || coalesce(claimed_by, '?') || ')')),
+    error_fingerprint = ?4,
     lease_token = NULL,
     lease_expires_at = NULL,
     claimed_by = NULL

@@ -1,7 +1,7 @@
 -- Puts snoozed deliveries whose lease is still held (same fence as fail.sql)
 -- back after their delay, giving back the attempt the claim spent and counting
 -- the snooze. ?1 is a JSON array of [delivery id, lease token, delay in ms,
--- reason]. A delivery that has already snoozed ?2 times spends the attempt
+-- reason, fingerprint of the error a snooze past the bound notes]. A delivery that has already snoozed ?2 times spends the attempt
 -- instead, like a failure: the history notes it (newest 20 kept), and when that
 -- was its last attempt it is dead-lettered.
 -- Touches: deliveries (update). Locks: one autocommit statement.
@@ -24,9 +24,10 @@ SET state = CASE WHEN snoozes >= ?2 AND attempts >= max_attempts THEN 'dead' ELS
                json_object('attempt', attempts,
                            'at', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
                            'message', 'snoozed ' || snoozes || ' times already: ' || z.reason))
-             END
+             END,
+    error_fingerprint = CASE WHEN snoozes < ?2 THEN error_fingerprint ELSE z.fingerprint END
 FROM (SELECT value ->> 0 AS id, value ->> 1 AS lease_token, value ->> 2 AS delay_ms,
-             value ->> 3 AS reason
+             value ->> 3 AS reason, value ->> 4 AS fingerprint
       FROM json_each(?1)) AS z
 WHERE deliveries.id = z.id
   AND deliveries.lease_token = z.lease_token

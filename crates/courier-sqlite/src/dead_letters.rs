@@ -1,8 +1,8 @@
 //! [`DeadLetterStore`] for SQLite: list, inspect, retry and discard.
 
 use courier_core::{
-    DeadLetter, DeadLetterFilter, DeadLetterKey, DeadLetterPage, DeadLetterStore, DeliverySummary,
-    StoreError,
+    DeadLetter, DeadLetterFilter, DeadLetterGroup, DeadLetterKey, DeadLetterPage, DeadLetterStore,
+    DeliverySummary, StoreError, MAX_DEAD_LETTER_GROUPS,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -49,6 +49,7 @@ impl DeadLetterStore for SqliteStore {
             .bind(start.map(|key| millis_ceil(key.dead_at)))
             .bind(start.map(|key| key.delivery_id))
             .bind(i64::try_from(limit + 1).unwrap_or(i64::MAX))
+            .bind(&filter.fingerprint)
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
@@ -77,10 +78,47 @@ impl DeadLetterStore for SqliteStore {
             .bind(filter.message_id.map(|id| id.to_string()))
             .bind(filter.dead_after.map(millis_ceil))
             .bind(filter.dead_before.map(millis_ceil))
+            .bind(&filter.fingerprint)
             .fetch_one(&self.inner.pool)
             .await
             .map_err(map)?;
         Ok(u64::try_from(count).unwrap_or(0))
+    }
+
+    async fn dead_letter_groups<'c>(
+        &'c self,
+        filter: &'c DeadLetterFilter,
+        limit: usize,
+    ) -> Result<Vec<DeadLetterGroup>, StoreError> {
+        filter.validate()?;
+        let limit = limit.clamp(1, MAX_DEAD_LETTER_GROUPS);
+        let fetched = sqlx::query(queries::DEAD_LETTER_GROUPS)
+            .bind(&filter.tenant)
+            .bind(&filter.topic)
+            .bind(&filter.subscription)
+            .bind(filter.message_id.map(|id| id.to_string()))
+            .bind(filter.dead_after.map(millis_ceil))
+            .bind(filter.dead_before.map(millis_ceil))
+            .bind(&filter.fingerprint)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map)?;
+        fetched
+            .iter()
+            .map(|row| {
+                let count: i64 = get(row, "dead")?;
+                Ok(DeadLetterGroup {
+                    fingerprint: get(row, "fingerprint")?,
+                    sample_error: get(row, "sample_error")?,
+                    count: u64::try_from(count).unwrap_or(0),
+                    first_seen: rows::optional_time(row, "first_seen")?,
+                    last_seen: rows::optional_time(row, "last_seen")?,
+                    subscriptions: sorted_names(row, "subscriptions")?,
+                    topics: sorted_names(row, "topics")?,
+                })
+            })
+            .collect()
     }
 
     async fn get_dead_letter(
@@ -208,11 +246,21 @@ impl SqliteStore {
             .bind(filter.message_id.map(|id| id.to_string()))
             .bind(filter.dead_after.map(millis_ceil))
             .bind(filter.dead_before.map(millis_ceil))
+            .bind(&filter.fingerprint)
             .execute(&self.inner.pool)
             .await
             .map_err(map)?;
         Ok(result.rows_affected())
     }
+}
+
+/// A JSON array of names (`json_group_array`), sorted.
+fn sorted_names(row: &sqlx::sqlite::SqliteRow, column: &str) -> Result<Vec<String>, StoreError> {
+    let text: String = get(row, column)?;
+    let mut names: Vec<String> = serde_json::from_str(&text)
+        .map_err(|e| StoreError::Corrupt(format!("{column} is not a JSON array of names: {e}")))?;
+    names.sort();
+    Ok(names)
 }
 
 /// The listing key of a dead letter of `dead_letters_list.sql`, which lists

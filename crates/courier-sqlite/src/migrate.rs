@@ -41,10 +41,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "removed_topics",
         include_str!("../migrations/0008_removed_topics.sql"),
     ),
+    (
+        9,
+        "error_fingerprints",
+        include_str!("../migrations/0009_error_fingerprints.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// The bookkeeping table, named so that it cannot collide with an
 /// application's own `schema_migrations` in a shared file.

@@ -4,11 +4,12 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use courier_core::{
-    truncate_chars, validate_name, Availability, BatchItem, BatchRollback, ClaimBatch, ClaimParams,
-    ClaimedDelivery, Completion, EnqueueOutcome, Extended, Failure, FailureApplied, LeaseRef,
-    NewMessage, OutboxStore, PruneReport, Registration, Replay, RescueParams, Snooze, StoreError,
-    SubscriptionSpec, TransactionalBatchOutcome, TransactionalOutcome, TxWork, ValidationError,
-    MAX_ERROR_CHARS, MAX_SNOOZES,
+    error_fingerprint, lease_expired_fingerprint, truncate_chars, validate_name, Availability,
+    BatchItem, BatchRollback, ClaimBatch, ClaimParams, ClaimedDelivery, Completion, EnqueueOutcome,
+    ErrorKind, Extended, Failure, FailureApplied, LeaseRef, NewMessage, OutboxStore, PruneReport,
+    Registration, Replay, RescueParams, Snooze, StoreError, SubscriptionSpec,
+    TransactionalBatchOutcome, TransactionalOutcome, TxWork, ValidationError, MAX_ERROR_CHARS,
+    MAX_SNOOZES,
 };
 use serde_json::{json, Value};
 use sqlx::{Connection, SqliteConnection};
@@ -453,11 +454,13 @@ impl OutboxStore for SqliteStore {
             failures
                 .iter()
                 .map(|f| {
+                    let error = truncate_chars(&f.error, MAX_ERROR_CHARS);
                     json!([
                         f.lease.delivery_id,
                         f.lease.lease_token.to_string(),
-                        truncate_chars(&f.error, MAX_ERROR_CHARS),
+                        error,
                         f.retry_in.map(millis),
+                        error_fingerprint(f.kind, error),
                     ])
                 })
                 .collect(),
@@ -483,11 +486,13 @@ impl OutboxStore for SqliteStore {
             snoozes
                 .iter()
                 .map(|z| {
+                    let reason = truncate_chars(&z.reason, MAX_ERROR_CHARS - 100);
                     json!([
                         z.lease.delivery_id,
                         z.lease.lease_token.to_string(),
                         millis(z.delay),
-                        truncate_chars(&z.reason, MAX_ERROR_CHARS - 100),
+                        reason,
+                        error_fingerprint(ErrorKind::Snooze, reason),
                     ])
                 })
                 .collect(),
@@ -572,6 +577,7 @@ impl OutboxStore for SqliteStore {
             .bind(i64::try_from(params.limit).unwrap_or(i64::MAX))
             .bind(millis(params.backoff_base))
             .bind(millis(params.backoff_cap))
+            .bind(lease_expired_fingerprint())
             .execute(&self.inner.pool)
             .await
             .map_err(map)?;

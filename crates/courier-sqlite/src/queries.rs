@@ -22,6 +22,7 @@ queries!(
     COMPLETE => "complete.sql",
     COMPLETE_IN_TX => "complete_in_tx.sql",
     DEAD_LETTER_GET => "dead_letter_get.sql",
+    DEAD_LETTER_GROUPS => "dead_letter_groups.sql",
     DEAD_LETTERS_COUNT => "dead_letters_count.sql",
     DEAD_LETTERS_DISCARD => "dead_letters_discard.sql",
     DEAD_LETTERS_LIST => "dead_letters_list.sql",

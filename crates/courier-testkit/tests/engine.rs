@@ -1408,6 +1408,7 @@ async fn a_retried_dead_head_never_runs_beside_a_later_message_of_its_key<B: Bac
     let dead = courier::Failure {
         lease: head[0].lease(),
         error: "rejected".into(),
+        kind: courier::ErrorKind::Permanent,
         retry_in: None,
     };
     assert_eq!(store.fail_many(&[dead]).await?.len(), 1);

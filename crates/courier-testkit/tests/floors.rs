@@ -107,6 +107,7 @@ async fn put_back_below_the_floors_is_claimed_within_5_s(how: PutBack) -> anyhow
                 .fail_many(&[Failure {
                     lease: victim.lease(),
                     error: "try again".into(),
+                    kind: courier::ErrorKind::Retry,
                     retry_in: Some(Duration::ZERO),
                 }])
                 .await?;
@@ -121,6 +122,7 @@ async fn put_back_below_the_floors_is_claimed_within_5_s(how: PutBack) -> anyhow
                 .fail_many(&[Failure {
                     lease: victim.lease(),
                     error: "poison".into(),
+                    kind: courier::ErrorKind::Permanent,
                     retry_in: None,
                 }])
                 .await?;

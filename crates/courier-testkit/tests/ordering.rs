@@ -56,6 +56,7 @@ async fn a_dead_head_retried_while_a_later_claim_commits_never_runs_beside_it() 
     let dead = courier::Failure {
         lease: head[0].lease(),
         error: "rejected".into(),
+        kind: courier::ErrorKind::Permanent,
         retry_in: None,
     };
     store.fail_many(&[dead]).await?;

@@ -2,14 +2,16 @@
 //! (PostgreSQL schema 12, SQLite 6: plain completions wrote receipts) left
 //! with completed and pending work reads the same after the upgrade to plain
 //! completions without receipts, and the work completed after it reads
-//! completed too.
+//! completed too. Dead letters from before fingerprints (PostgreSQL schema
+//! 14, SQLite 8) still group after the upgrade, under `unknown`.
 
 use std::time::Duration;
 
 use courier::postgres::PgStore;
 use courier::sqlite::SqliteStore;
 use courier::{
-    AdminStore, ClaimParams, ClaimedDelivery, NewMessage, OutboxStore, Route, StoreError,
+    error_fingerprint, AdminStore, ClaimParams, ClaimedDelivery, DeadLetterFilter, DeadLetterStore,
+    ErrorKind, Failure, NewMessage, OutboxStore, Route, StoreError, UNKNOWN_FINGERPRINT,
 };
 use courier_testkit::{states_of, Event};
 use uuid::Uuid;
@@ -157,6 +159,156 @@ async fn sqlite_an_upgrade_from_schema_6_keeps_what_reads_completed() -> anyhow:
                  WHERE message_id = '{completed}';
                  DELETE FROM deliveries WHERE message_id IN ('{completed}', '{discarded}')"
             ))
+            .execute(&pool)
+            .await?;
+            Ok(())
+        },
+        async || {
+            store.migrate().await?;
+            anyhow::ensure!(store.schema_version().await? == courier::sqlite::SCHEMA_VERSION);
+            Ok(())
+        },
+    )
+    .await
+}
+
+/// Dead letters an older build left (before fingerprints: PostgreSQL schema
+/// 14, SQLite 8) group after the upgrade under `unknown`, with a sample of
+/// their stored last error; that group is retried by its fingerprint like
+/// any other, and a failure after the upgrade groups by its own fingerprint.
+async fn upgrade_groups_old_dead_letters_as_unknown<S: OutboxStore + DeadLetterStore>(
+    store: &S,
+    kill_by_hand: impl AsyncFnOnce() -> anyhow::Result<()>,
+    upgrade: impl AsyncFnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let messages = [
+        NewMessage::new("acme", "t", &Event { n: 1 })?,
+        NewMessage::new("acme", "t", &Event { n: 2 })?,
+        NewMessage::new("acme", "t", &Event { n: 3 })?,
+    ];
+    store.publish_batch(&messages).await?;
+    kill_by_hand().await?;
+    upgrade().await?;
+
+    let any = DeadLetterFilter::default();
+    let groups = store.dead_letter_groups(&any, 10).await?;
+    assert_eq!(groups.len(), 1, "{groups:#?}");
+    assert_eq!(groups[0].fingerprint, UNKNOWN_FINGERPRINT);
+    assert_eq!(groups[0].count, 3);
+    assert_eq!(groups[0].sample_error, "boom before the upgrade");
+    assert_eq!(groups[0].subscriptions, ["old"]);
+    assert_eq!(groups[0].topics, ["t"]);
+    let unknown = DeadLetterFilter {
+        fingerprint: Some(UNKNOWN_FINGERPRINT.to_owned()),
+        ..DeadLetterFilter::default()
+    };
+    assert_eq!(
+        store
+            .list_dead_letters(&unknown, None, 10)
+            .await?
+            .items
+            .len(),
+        3
+    );
+    assert_eq!(store.retry_dead_letters_matching(&unknown).await?, 3);
+
+    let claimed = claim(store, 10).await?;
+    assert_eq!(claimed.len(), 3);
+    let failures: Vec<Failure> = claimed
+        .iter()
+        .map(|d| Failure {
+            lease: d.lease(),
+            error: format!("permanent failure: order {} refused", d.delivery_id),
+            kind: ErrorKind::Permanent,
+            retry_in: None,
+        })
+        .collect();
+    store.fail_many(&failures).await?;
+    let groups = store.dead_letter_groups(&any, 10).await?;
+    assert_eq!(groups.len(), 1, "{groups:#?}");
+    assert_eq!(
+        groups[0].fingerprint,
+        error_fingerprint(ErrorKind::Permanent, "permanent failure: order 1 refused")
+    );
+    assert_eq!(groups[0].count, 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn postgres_dead_letters_from_schema_14_group_as_unknown_after_the_upgrade(
+) -> anyhow::Result<()> {
+    let schema = format!("t_{}", &Uuid::new_v4().simple().to_string()[..16]);
+    let pool = courier_testkit::pg_pool(&schema, 4).await?;
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&pool)
+        .await?;
+    let store = PgStore::with_schema(pool.clone(), &schema)?;
+    store.migrate_to(14).await?;
+    assert_eq!(store.schema_version().await?, 14);
+    sqlx::raw_sql(
+        "INSERT INTO subscriptions (name) VALUES ('old');
+         INSERT INTO subscription_topics (subscription, pattern, prefix) VALUES ('old', 't', NULL)",
+    )
+    .execute(&pool)
+    .await?;
+    let result = upgrade_groups_old_dead_letters_as_unknown(
+        &store,
+        async || {
+            // As schema 14's fail.sql left a dead letter.
+            sqlx::raw_sql(
+                "UPDATE deliveries SET state = 'dead', attempts = 1, dead_at = clock_timestamp(),
+                   errors = jsonb_build_array(jsonb_build_object(
+                     'attempt', 1, 'at', clock_timestamp(),
+                     'message', 'boom before the upgrade'))",
+            )
+            .execute(&pool)
+            .await?;
+            Ok(())
+        },
+        async || {
+            store.migrate().await?;
+            anyhow::ensure!(store.schema_version().await? == courier::postgres::SCHEMA_VERSION);
+            Ok(())
+        },
+    )
+    .await;
+    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&pool)
+        .await?;
+    result
+}
+
+#[tokio::test]
+async fn sqlite_dead_letters_from_schema_8_group_as_unknown_after_the_upgrade() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("courier.db");
+    let path = path
+        .to_str()
+        .ok_or_else(|| anyhow::anyhow!("temporary path is not UTF-8"))?;
+    let pool = courier::sqlite::connect(path, 4).await?;
+    let store = SqliteStore::new(pool.clone());
+    store.migrate_to(8).await?;
+    assert_eq!(store.schema_version().await?, 8);
+    sqlx::raw_sql(
+        "INSERT INTO subscriptions (name) VALUES ('old');
+         INSERT INTO subscription_topics (subscription, pattern, prefix) VALUES ('old', 't', NULL)",
+    )
+    .execute(&pool)
+    .await?;
+    // Enqueued a millisecond after the registration, as in any real run.
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    upgrade_groups_old_dead_letters_as_unknown(
+        &store,
+        async || {
+            // As schema 8's fail.sql left a dead letter.
+            sqlx::raw_sql(
+                "UPDATE deliveries SET state = 'dead', attempts = 1,
+                   dead_at = CAST(round(unixepoch('subsec') * 1000) AS INTEGER),
+                   errors = json_array(json_object(
+                     'attempt', 1, 'at', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
+                     'message', 'boom before the upgrade'))",
+            )
             .execute(&pool)
             .await?;
             Ok(())

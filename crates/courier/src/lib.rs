@@ -47,6 +47,10 @@ pub use courier_core::{
     MAX_STREAM_BATCH, MAX_STREAM_BLOCK, MAX_STREAM_PAGE,
 };
 pub use courier_core::{
+    error_fingerprint, lease_expired_fingerprint, normalise_error, validate_fingerprint,
+    DeadLetterGroup, ErrorKind, MAX_DEAD_LETTER_GROUPS, UNKNOWN_FINGERPRINT,
+};
+pub use courier_core::{
     topic_matches, truncate_chars, validate_name, AdminStore, Availability, BatchItem,
     BatchRollback, CancelOutcome, ClaimBatch, ClaimParams, ClaimedDelivery, DatabaseHealth,
     DeadLetter, DeadLetterFilter, DeadLetterKey, DeadLetterPage, DeadLetterStore, DeliveryStats,
@@ -328,6 +332,17 @@ impl<S: OutboxStore + DeadLetterStore> Courier<S> {
     /// Makes dead letters deliverable again with attempts reset; returns how many.
     pub async fn retry_dead_letters(&self, delivery_ids: &[i64]) -> Result<u64, StoreError> {
         self.store.retry_dead_letters(delivery_ids).await
+    }
+
+    /// Dead letters matching `filter` grouped by the fingerprint of their
+    /// last failure, largest first (see
+    /// [`DeadLetterStore::dead_letter_groups`]).
+    pub async fn dead_letter_groups(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: usize,
+    ) -> Result<Vec<DeadLetterGroup>, StoreError> {
+        self.store.dead_letter_groups(filter, limit).await
     }
 
     /// How many dead letters match `filter`: what a retry or discard by it

@@ -1,4 +1,5 @@
-//! `courier dlq …`: dead letters — list, show, retry, discard.
+//! `courier dlq …`: dead letters — list, group by failure, show, retry,
+//! discard.
 
 use clap::{Args, Subcommand};
 use courier_api::{DeadLetterFilterBody, DeadLetterSelection};
@@ -27,6 +28,17 @@ pub struct DlqFilterArgs {
     /// Only those dead-lettered before this RFC 3339 time.
     #[arg(long)]
     pub until: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only those whose last failure has this fingerprint (as `dlq groups`
+    /// shows it; `unknown`: dead letters from before fingerprints).
+    #[arg(long, value_parser = parse_fingerprint)]
+    pub fingerprint: Option<String>,
+}
+
+/// A `--fingerprint` as `dlq groups` prints it, refused here with the rule.
+fn parse_fingerprint(text: &str) -> Result<String, String> {
+    courier::validate_fingerprint("fingerprint", text)
+        .map(|()| text.to_owned())
+        .map_err(|e| e.reason)
 }
 
 impl DlqFilterArgs {
@@ -47,6 +59,7 @@ impl DlqFilterArgs {
             ("message_id", self.message_id.map(|id| id.to_string())),
             ("dead_after", self.since.as_ref().map(time)),
             ("dead_before", self.until.as_ref().map(time)),
+            ("fingerprint", self.fingerprint.clone()),
         ]
         .into_iter()
         .filter_map(|(key, value)| value.map(|value| (key, value)))
@@ -62,6 +75,7 @@ impl DlqFilterArgs {
             message_id: self.message_id,
             dead_after: self.since,
             dead_before: self.until,
+            fingerprint: self.fingerprint.clone(),
         }
     }
 }
@@ -73,7 +87,7 @@ pub struct SelectionArgs {
     #[command(flatten)]
     pub filter: DlqFilterArgs,
     /// Every dead letter (the token may see): needed without ids and filter.
-    #[arg(long, conflicts_with_all = ["ids", "tenant", "topic", "subscription", "message_id", "since", "until"])]
+    #[arg(long, conflicts_with_all = ["ids", "tenant", "topic", "subscription", "message_id", "since", "until", "fingerprint"])]
     pub all: bool,
     /// Delivery ids; without ids, every dead letter matching the filter.
     pub ids: Vec<i64>,
@@ -85,7 +99,7 @@ impl SelectionArgs {
         if self.ids.is_empty() && self.filter.filter().is_empty() && !self.all {
             anyhow::bail!(
                 "invalid arguments: without ids or a filter (--tenant, --topic, --subscription, \
-                 --message-id, --since, --until) this would {verb} \
+                 --message-id, --since, --until, --fingerprint) this would {verb} \
                  every dead letter; pass --all to mean that"
             );
         }
@@ -129,6 +143,20 @@ pub enum DlqCommand {
         #[arg(long)]
         cursor: Option<String>,
     },
+    /// Group dead letters by what broke (the fingerprint of their last
+    /// failure), largest group first, with a sample error, the count, first
+    /// and last seen, and the subscriptions and topics affected.
+    Groups {
+        /// Where the verb goes.
+        #[command(flatten)]
+        db: DbArgs,
+        /// Which dead letters.
+        #[command(flatten)]
+        filter: DlqFilterArgs,
+        /// The most groups to show.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
     /// Show one dead letter with its payload and error history.
     Show {
         /// Where the verb goes.
@@ -166,6 +194,9 @@ pub async fn run(command: DlqCommand) -> anyhow::Result<()> {
             limit,
             cursor,
         } => list(&Target::open(&db)?, &filter, limit, cursor).await,
+        DlqCommand::Groups { db, filter, limit } => {
+            groups(&Target::open(&db)?, &filter, limit).await
+        }
         DlqCommand::Show { db, id } => show(&Target::open(&db)?, id).await,
         DlqCommand::Retry { db, selection } => {
             settle(&Target::open(&db)?, Settle::Retry, &selection).await
@@ -244,6 +275,66 @@ pub async fn list(
     );
     if let Some(key) = page.next_cursor {
         println!("more: --cursor {}", courier_server::cursor::encode(&key));
+    }
+    Ok(())
+}
+
+/// Prints the dead letters `filter` matches grouped by the fingerprint of
+/// their last failure, largest first: the API's document, or locally a
+/// table and how to retry a group.
+pub async fn groups(target: &Target, filter: &DlqFilterArgs, limit: usize) -> anyhow::Result<()> {
+    let store = match target {
+        Target::Remote(remote) => {
+            let mut query = vec![("limit", limit.to_string())];
+            query.extend(filter.fields());
+            let query: Vec<String> = query
+                .iter()
+                .map(|(k, v)| format!("{k}={}", ops::encode(v)))
+                .collect();
+            let path = format!("/v1/dead-letters/groups?{}", query.join("&"));
+            return ops::print_json(&remote.get(&path).await?);
+        }
+        Target::Local(local) => local.open().await?,
+    };
+    let groups = store.dead_letter_groups(&filter.filter(), limit).await?;
+    let time = |at: Option<chrono::DateTime<chrono::Utc>>| {
+        at.map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .unwrap_or_default()
+    };
+    let rows: Vec<Vec<String>> = groups
+        .iter()
+        .map(|g| {
+            vec![
+                g.fingerprint.clone(),
+                g.count.to_string(),
+                time(g.first_seen),
+                time(g.last_seen),
+                g.subscriptions.join(","),
+                g.topics.join(","),
+                courier::truncate_chars(&g.sample_error, 60).to_owned(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        ops::table(
+            &[
+                "FINGERPRINT",
+                "COUNT",
+                "FIRST SEEN",
+                "LAST SEEN",
+                "SUBSCRIPTIONS",
+                "TOPICS",
+                "SAMPLE ERROR"
+            ],
+            &rows
+        )
+    );
+    if let Some(first) = groups.first() {
+        println!(
+            "retry one: courier dlq retry --fingerprint {}",
+            first.fingerprint
+        );
     }
     Ok(())
 }

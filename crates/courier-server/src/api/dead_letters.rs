@@ -1,6 +1,7 @@
 //! Dead letters, under `/v1/dead-letters`: deliveries a subscription gave
-//! up on, listed and shown with their error history, and retried (attempts
-//! reset) or discarded by `ids` or by `filter`.
+//! up on, listed and shown with their error history, grouped by the
+//! fingerprint of their last failure (`/groups`), and retried (attempts
+//! reset) or discarded by `ids` or by `filter` (a `fingerprint` too).
 //!
 //! A selection names exactly one of `ids` (1 to [`MAX_IDS`]) and `filter`.
 //! An empty filter matches every dead letter the token may see, so it is
@@ -12,7 +13,7 @@
 use axum::extract::State;
 use axum::Json;
 use chrono::{DateTime, Utc};
-use courier::{DeadLetter, DeadLetterFilter, DeadLetterKey};
+use courier::{DeadLetter, DeadLetterFilter, DeadLetterGroup, DeadLetterKey};
 pub use courier_api::{Affected, DeadLetterFilterBody, DeadLetterSelection};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -33,6 +34,7 @@ use crate::error::{ApiError, ErrorBody};
 pub(super) fn routes() -> OpenApiRouter<ApiState> {
     OpenApiRouter::new()
         .routes(routes!(list_dead_letters))
+        .routes(routes!(dead_letter_groups))
         .routes(routes!(get_dead_letter))
         .routes(routes!(retry_dead_letters))
         .routes(routes!(discard_dead_letters))
@@ -57,10 +59,79 @@ pub struct DeadLetterQuery {
     /// Only those dead-lettered before this instant (RFC 3339); after
     /// `dead_after` when both are given.
     pub dead_before: Option<DateTime<Utc>>,
+    /// Only those whose last failure has this fingerprint (16 hex digits, as
+    /// `GET /v1/dead-letters/groups` shows, or `unknown`).
+    pub fingerprint: Option<String>,
     /// Page size, 1 to 500 (default 50).
     pub limit: Option<usize>,
     /// The `next_cursor` of the previous page, unchanged (opaque).
     pub cursor: Option<String>,
+}
+
+/// Filters of `GET /v1/dead-letters/groups`: those of `GET /v1/dead-letters`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct DeadLetterGroupsQuery {
+    /// Only this tenant's; required for a token scoped to several tenants.
+    pub tenant: Option<String>,
+    /// Only this topic's.
+    pub topic: Option<String>,
+    /// Only this subscription's.
+    pub subscription: Option<String>,
+    /// Only this message's.
+    pub message_id: Option<Uuid>,
+    /// Only those dead-lettered at or after this instant (RFC 3339).
+    pub dead_after: Option<DateTime<Utc>>,
+    /// Only those dead-lettered before this instant (RFC 3339); after
+    /// `dead_after` when both are given.
+    pub dead_before: Option<DateTime<Utc>>,
+    /// Only this fingerprint's group (16 hex digits, or `unknown`).
+    pub fingerprint: Option<String>,
+    /// The most groups, largest first: 1 to 500 (default 50).
+    pub limit: Option<usize>,
+}
+
+/// Dead letters whose last failure has one fingerprint.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeadLetterGroupView {
+    /// The fingerprint: what `fingerprint` filters on in the listing, retry
+    /// and discard. `unknown`: dead letters recorded before Courier stored
+    /// fingerprints.
+    pub fingerprint: String,
+    /// The last error of the group's newest dead letter, as stored.
+    pub sample_error: String,
+    /// How many dead letters the group holds (within the filters).
+    pub count: u64,
+    /// The oldest `dead_at` in the group.
+    pub first_seen: Option<DateTime<Utc>>,
+    /// The newest `dead_at` in the group.
+    pub last_seen: Option<DateTime<Utc>>,
+    /// The subscriptions affected, sorted.
+    pub subscriptions: Vec<String>,
+    /// The topics affected, sorted.
+    pub topics: Vec<String>,
+}
+
+impl From<DeadLetterGroup> for DeadLetterGroupView {
+    fn from(group: DeadLetterGroup) -> Self {
+        Self {
+            fingerprint: group.fingerprint,
+            sample_error: group.sample_error,
+            count: group.count,
+            first_seen: group.first_seen,
+            last_seen: group.last_seen,
+            subscriptions: group.subscriptions,
+            topics: group.topics,
+        }
+    }
+}
+
+/// Dead-letter groups, largest first (by count, then fingerprint).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeadLetterGroupsView {
+    /// The groups.
+    pub items: Vec<DeadLetterGroupView>,
 }
 
 /// A dead-lettered delivery.
@@ -149,12 +220,54 @@ async fn list_dead_letters(
         message_id: query.message_id,
         dead_after: query.dead_after,
         dead_before: query.dead_before,
+        fingerprint: query.fingerprint,
     };
     filter.validate()?;
     let page = state.store.list_dead_letters(filter, after, limit).await?;
     Ok(Json(DeadLetterPageView {
         items: page.items.into_iter().map(DeadLetterView::from).collect(),
         next_cursor: page.next_cursor.as_ref().map(cursor::encode),
+    }))
+}
+
+/// Dead letters of the token's tenants grouped by what broke: the
+/// fingerprint of their last failure, with a sample error, the count, when
+/// the group was first and last seen and the subscriptions and topics it
+/// touched. Retry or discard a group with `filter.fingerprint`.
+#[utoipa::path(
+    get,
+    path = "/v1/dead-letters/groups",
+    tag = "dead-letters",
+    params(DeadLetterGroupsQuery),
+    responses(
+        (status = 200, body = DeadLetterGroupsView),
+        (status = 401, description = "Missing or unknown token", body = ErrorBody),
+        (status = 403, description = "No `read` role, or another tenant", body = ErrorBody),
+        (status = 422, description = "A parameter is refused", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+async fn dead_letter_groups(
+    State(state): State<ApiState>,
+    Reader(principal): Reader,
+    ApiQuery(query): ApiQuery<DeadLetterGroupsQuery>,
+) -> Result<Json<DeadLetterGroupsView>, ApiError> {
+    check_name("topic", query.topic.as_ref())?;
+    check_name("subscription", query.subscription.as_ref())?;
+    let limit = page_limit(query.limit)?;
+    let filter = DeadLetterFilter {
+        tenant: single_tenant(&principal, query.tenant, "tenant")?,
+        topic: query.topic,
+        subscription: query.subscription,
+        message_id: query.message_id,
+        dead_after: query.dead_after,
+        dead_before: query.dead_before,
+        fingerprint: query.fingerprint,
+    };
+    filter.validate()?;
+    let groups = state.store.dead_letter_groups(filter, limit).await?;
+    Ok(Json(DeadLetterGroupsView {
+        items: groups.into_iter().map(DeadLetterGroupView::from).collect(),
     }))
 }
 
@@ -269,7 +382,8 @@ fn resolve_selection(
                 return Err(ApiError::invalid(
                     "filter",
                     "an empty filter matches every dead letter this token may see; name a \
-                     tenant, topic, subscription, message_id or dead_after/dead_before, or send \
+                     tenant, topic, subscription, message_id, fingerprint or \
+                     dead_after/dead_before, or send \
                      \"all\": true to mean every one",
                 ));
             }

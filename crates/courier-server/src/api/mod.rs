@@ -62,8 +62,8 @@ mod session;
 mod subscriptions;
 
 pub use dead_letters::{
-    Affected, DeadLetterFilterBody, DeadLetterPageView, DeadLetterQuery, DeadLetterSelection,
-    DeadLetterView,
+    Affected, DeadLetterFilterBody, DeadLetterGroupView, DeadLetterGroupsQuery,
+    DeadLetterGroupsView, DeadLetterPageView, DeadLetterQuery, DeadLetterSelection, DeadLetterView,
 };
 pub use extract::{ApiJson, ApiPath, ApiQuery};
 pub use health::{

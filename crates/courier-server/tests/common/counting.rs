@@ -123,6 +123,14 @@ impl<S: ApiStore> ApiStore for CountingStore<S> {
         self.count("count_dead_letters");
         self.inner.count_dead_letters(filter)
     }
+    fn dead_letter_groups(
+        &self,
+        filter: DeadLetterFilter,
+        limit: usize,
+    ) -> Future<'_, Vec<courier::DeadLetterGroup>> {
+        self.count("dead_letter_groups");
+        self.inner.dead_letter_groups(filter, limit)
+    }
     fn get_dead_letter(&self, delivery_id: i64) -> Future<'_, Option<DeadLetter>> {
         self.count("get_dead_letter");
         self.inner.get_dead_letter(delivery_id)

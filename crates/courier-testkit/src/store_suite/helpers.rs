@@ -70,6 +70,7 @@ pub(super) fn failure(
     Failure {
         lease: delivery.lease(),
         error: error.to_owned(),
+        kind: courier::ErrorKind::Retry,
         retry_in,
     }
 }

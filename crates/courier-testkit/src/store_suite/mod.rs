@@ -21,6 +21,7 @@
 
 mod claim;
 mod concurrency;
+mod dead_letter_groups;
 mod dead_letters;
 mod enqueue;
 mod fixtures;
@@ -39,6 +40,7 @@ use crate::EffectConnection;
 
 pub use claim::*;
 pub use concurrency::*;
+pub use dead_letter_groups::*;
 pub use dead_letters::*;
 pub use enqueue::*;
 pub use rescue::*;
@@ -216,6 +218,8 @@ macro_rules! store_conformance_tests {
             dead_letters_can_be_listed_inspected_retried_and_discarded,
             dead_letters_by_id_for_tenants_leave_other_tenants_alone,
             dead_letters_filter_by_message_and_dead_time_everywhere,
+            dead_letters_group_by_failure_and_a_group_is_retried_or_discarded_alone,
+            rescued_dead_letters_group_as_one_expiry,
             prune_removes_finished_messages_and_old_receipts_but_keeps_dead_letters,
             prune_works_in_batches,
             transactional_work_commits_with_its_receipt_and_completion,

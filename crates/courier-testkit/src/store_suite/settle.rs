@@ -31,6 +31,7 @@ pub async fn completion_with_a_wrong_token_is_refused<F: StoreFixture>(
         .fail_many(&[Failure {
             lease: forged,
             error: "x".into(),
+            kind: courier::ErrorKind::Retry,
             retry_in: None
         }])
         .await?
@@ -119,6 +120,7 @@ pub async fn a_zombie_with_the_right_token_is_refused_by_the_clock<F: StoreFixtu
     let failure = Failure {
         lease,
         error: "late".into(),
+        kind: courier::ErrorKind::Retry,
         retry_in: Some(Duration::ZERO),
     };
     assert!(store.fail_many(&[failure]).await?.is_empty(), "fail");
@@ -438,7 +440,8 @@ pub async fn a_snooze_puts_the_delivery_back_after_its_delay_without_spending_an
     Ok(())
 }
 
-/// The bound on snoozes: past it, a snooze spends the attempt like a failure.
+/// The bound on snoozes: past it, a snooze spends the attempt like a failure
+/// (and, when that was the last, dead-letters with the snooze's fingerprint).
 pub async fn a_delivery_past_the_snooze_bound_spends_its_attempt<F: StoreFixture>(
     fixture: F,
 ) -> anyhow::Result<()> {
@@ -481,6 +484,16 @@ pub async fn a_delivery_past_the_snooze_bound_spends_its_attempt<F: StoreFixture
     assert_eq!(
         letter.errors.last().map(|e| e.message.as_str()),
         Some("snoozed 1000 times already: over quota")
+    );
+    // Its fingerprint is the snooze's, from the reason: the dead letter
+    // groups under it, not under the failures of other kinds.
+    let groups = store
+        .dead_letter_groups(&courier::DeadLetterFilter::default(), 10)
+        .await?;
+    assert_eq!(groups.len(), 1);
+    assert_eq!(
+        groups[0].fingerprint,
+        courier::error_fingerprint(courier::ErrorKind::Snooze, "over quota")
     );
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! `courier migrate status`.
 
 use anyhow::Context;
-use courier::{Courier, MigrationState, MigrationStatus, StoreError};
+use courier::{Courier, MigrationState, MigrationStatus};
 
 /// A database Courier can run on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,39 +124,6 @@ pub async fn migration_status(
             status.context("reading the migration status")
         }
     }
-}
-
-/// Why `courier migrate` would refuse a database with this status (the
-/// same error it would report), or `None` when it would apply what is
-/// pending: a migration changed after it was applied, or one applied by a
-/// newer build.
-pub fn migration_refusal(statuses: &[MigrationStatus]) -> Option<StoreError> {
-    let known = statuses
-        .iter()
-        .filter(|s| s.state != MigrationState::Unknown)
-        .map(|s| s.version)
-        .max()
-        .unwrap_or(0);
-    if let Some(newest) = statuses
-        .iter()
-        .filter(|s| s.state == MigrationState::Unknown)
-        .map(|s| s.version)
-        .max()
-    {
-        return Some(StoreError::SchemaTooNew {
-            found: newest,
-            known,
-        });
-    }
-    statuses
-        .iter()
-        .find(|s| s.state == MigrationState::Changed)
-        .map(|changed| StoreError::MigrationChanged {
-            version: changed.version,
-            name: changed.name.clone(),
-            recorded: changed.recorded_checksum.clone().unwrap_or_default(),
-            expected: changed.checksum.clone().unwrap_or_default(),
-        })
 }
 
 fn short(checksum: &str) -> &str {
@@ -281,34 +248,6 @@ mod status_tests {
             applied_at: None,
             state,
         }
-    }
-
-    #[test]
-    fn pending_migrations_are_no_refusal_but_changed_and_unknown_ones_are() {
-        let pending = [
-            line(1, MigrationState::Applied, Some(&"a".repeat(64))),
-            line(2, MigrationState::Pending, None),
-        ];
-        assert!(migration_refusal(&pending).is_none());
-        let changed = [
-            line(1, MigrationState::Changed, Some("b")),
-            line(2, MigrationState::Pending, None),
-        ];
-        let refusal = migration_refusal(&changed).map(|e| e.to_string());
-        assert!(
-            refusal.as_deref().is_some_and(
-                |r| r.starts_with("migration 0001 m1 was changed after it was applied")
-            ),
-            "{refusal:?}"
-        );
-        let newer = [
-            line(1, MigrationState::Applied, None),
-            line(7, MigrationState::Unknown, None),
-        ];
-        assert!(matches!(
-            migration_refusal(&newer),
-            Some(StoreError::SchemaTooNew { found: 7, known: 1 })
-        ));
     }
 
     #[test]

@@ -375,7 +375,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 print!("{}", database::migration_status_table(&statuses));
             }
-            if let Some(refusal) = database::migration_refusal(&statuses) {
+            if let Some(refusal) = courier::migration_refusal(&statuses) {
                 return Err(anyhow::Error::new(refusal).context("`courier migrate` would refuse"));
             }
         }

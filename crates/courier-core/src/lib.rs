@@ -29,8 +29,8 @@ pub use message::{
     Message, NewMessage, MAX_ERROR_CHARS, MAX_HEADERS, MAX_HOLD, MAX_KEY_BYTES, MAX_PAYLOAD_BYTES,
 };
 pub use migration::{
-    check_applied, migration_checksum, migration_status, AppliedMigration, Migration,
-    MigrationState, MigrationStatus,
+    check_applied, migration_checksum, migration_refusal, migration_status, AppliedMigration,
+    Migration, MigrationState, MigrationStatus,
 };
 pub use names::{validate_name, NAME_MAX_LEN};
 pub use retry::RetryPolicy;

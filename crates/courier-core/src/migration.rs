@@ -156,45 +156,60 @@ pub fn migration_status(
     statuses
 }
 
-/// Whether a migration run may go on over what the database `recorded`:
-/// refuses a version newer than every one this binary ships
-/// ([`StoreError::SchemaTooNew`] naming the newest recorded version), any
-/// other version it does not ship ([`StoreError::Corrupt`]), and a
-/// recorded checksum that differs from the binary's
-/// ([`StoreError::MigrationChanged`], the oldest such migration). A row with
-/// no checksum passes: the run records the binary's (trust on first use).
+/// Whether a migration run may go on over what the database `recorded`
+/// (see [`migration_refusal`]); a row with no checksum passes: the run
+/// records the binary's (trust on first use).
 pub fn check_applied(
     shipped: &[Migration],
     recorded: &[AppliedMigration],
 ) -> Result<(), StoreError> {
-    let known = shipped.iter().map(|m| m.version).max().unwrap_or(0);
-    let newest = recorded.iter().map(|r| r.version).max().unwrap_or(0);
+    match migration_refusal(&migration_status(shipped, recorded)) {
+        Some(refusal) => Err(refusal),
+        None => Ok(()),
+    }
+}
+
+/// Why a migration run refuses a database with this status, or `None` when
+/// it would apply what is pending: a version newer than every one this
+/// binary ships ([`StoreError::SchemaTooNew`] naming the newest recorded
+/// version), any other version it does not ship ([`StoreError::Corrupt`]),
+/// or a recorded checksum that differs from the binary's
+/// ([`StoreError::MigrationChanged`], the oldest such migration). What
+/// `courier migrate status` reports and what the runners refuse with.
+pub fn migration_refusal(statuses: &[MigrationStatus]) -> Option<StoreError> {
+    let known = statuses
+        .iter()
+        .filter(|s| s.state != MigrationState::Unknown)
+        .map(|s| s.version)
+        .max()
+        .unwrap_or(0);
+    let newest = statuses
+        .iter()
+        .filter(|s| s.applied_at.is_some())
+        .map(|s| s.version)
+        .max()
+        .unwrap_or(0);
     if newest > known {
-        return Err(StoreError::SchemaTooNew {
+        return Some(StoreError::SchemaTooNew {
             found: newest,
             known,
         });
     }
-    if let Some(stranger) = recorded
-        .iter()
-        .find(|r| !shipped.iter().any(|m| m.version == r.version))
-    {
-        return Err(StoreError::Corrupt(format!(
+    if let Some(stranger) = statuses.iter().find(|s| s.state == MigrationState::Unknown) {
+        return Some(StoreError::Corrupt(format!(
             "the database records migration {:04} {}, which this binary does not ship",
             stranger.version, stranger.name
         )));
     }
-    for status in migration_status(shipped, recorded) {
-        if status.state == MigrationState::Changed {
-            return Err(StoreError::MigrationChanged {
-                version: status.version,
-                name: status.name,
-                recorded: status.recorded_checksum.unwrap_or_default(),
-                expected: status.checksum.unwrap_or_default(),
-            });
-        }
-    }
-    Ok(())
+    statuses
+        .iter()
+        .find(|s| s.state == MigrationState::Changed)
+        .map(|changed| StoreError::MigrationChanged {
+            version: changed.version,
+            name: changed.name.clone(),
+            recorded: changed.recorded_checksum.clone().unwrap_or_default(),
+            expected: changed.checksum.clone().unwrap_or_default(),
+        })
 }
 
 #[cfg(test)]

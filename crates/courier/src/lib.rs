@@ -67,7 +67,9 @@ pub use courier_engine::{
 // What the daemon's configuration and streams API build on.
 pub use courier_core::{validate_count, MAX_HEADERS};
 // What `courier migrate status` and the migration runners speak.
-pub use courier_core::{migration_status, Migration, MigrationState, MigrationStatus};
+pub use courier_core::{
+    migration_refusal, migration_status, Migration, MigrationState, MigrationStatus,
+};
 pub use courier_engine::stream_worker::{
     default_consumer, DEFAULT_CLAIM_INTERVAL, DEFAULT_DEFER_MAX, DEFAULT_DEFER_MIN,
     DEFAULT_MAX_DELIVERIES, DEFAULT_MIN_IDLE, DEFAULT_STREAM_BATCH, DEFAULT_STREAM_BLOCK,

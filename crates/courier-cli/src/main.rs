@@ -32,6 +32,7 @@ Examples:
   courier streams ack --tenant acme --stream orders --group billing 1-0 2-0
   courier streams pending --url http://127.0.0.1:7070 --token $TOKEN --tenant acme --stream orders --group billing
   courier migrate --database-url postgres://postgres@127.0.0.1:5432/app --schema courier
+  courier migrate status --database-url postgres://postgres@127.0.0.1:5432/app --schema courier
   courier bench --quick
   courier bench --scenario all --baseline --database-url postgres://postgres@127.0.0.1:5432/test
   courier bench --scenario drain --messages 20000 --json > drain.json
@@ -107,11 +108,19 @@ enum Command {
     /// consumer), group, ack, claim, pending, trim, consumers.
     #[command(subcommand)]
     Streams(StreamsCommand),
-    /// Create or upgrade Courier's tables (safe to run from many processes at once).
+    /// Create or upgrade Courier's tables (safe to run from many processes at
+    /// once); `courier migrate status` lists what is applied and pending.
+    ///
+    /// Refuses, applying nothing, a database where a migration was changed
+    /// after it was applied (its recorded checksum, the SHA-256 of its SQL,
+    /// differs from this binary's) or that a newer courier migrated.
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Migrate {
+        #[command(subcommand)]
+        command: Option<MigrateCommand>,
         /// `postgres://…`, or a SQLite file path (`sqlite:` prefix optional).
-        #[arg(long, env = "COURIER_DATABASE_URL")]
-        database_url: String,
+        #[arg(long, env = "COURIER_DATABASE_URL", required = true)]
+        database_url: Option<String>,
         /// PostgreSQL schema for Courier's tables.
         #[arg(long, default_value = courier::postgres::DEFAULT_SCHEMA)]
         schema: String,
@@ -123,6 +132,31 @@ enum Command {
     /// `stop` or the end of stdin and prints `handled <n>`.
     #[command(hide = true)]
     BenchWorker(BenchWorkerArgs),
+}
+
+#[derive(Subcommand)]
+enum MigrateCommand {
+    /// List every migration with its state (applied, pending, changed,
+    /// unknown), when it was applied and its checksum; applies nothing and
+    /// creates nothing.
+    ///
+    /// Exit status: 0 when the status was read and `courier migrate` would
+    /// succeed, pending migrations included (as `sqlx migrate info` and
+    /// `diesel migration list` exit 0 with pending ones); 1 when it could not
+    /// be read, or when `courier migrate` would refuse the database (a
+    /// changed migration, or one a newer courier applied): the table is
+    /// still printed, and the refusal on stderr.
+    Status {
+        /// `postgres://…`, or a SQLite file path (`sqlite:` prefix optional).
+        #[arg(long, env = "COURIER_DATABASE_URL")]
+        database_url: String,
+        /// PostgreSQL schema for Courier's tables.
+        #[arg(long, default_value = courier::postgres::DEFAULT_SCHEMA)]
+        schema: String,
+        /// Print JSON (full checksums) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -315,11 +349,35 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Subscriptions(command) => subscriptions::run(command).await?,
         Command::Streams(command) => streams::run(command).await?,
         Command::Migrate {
+            command: None,
             database_url,
             schema,
         } => {
+            let database_url = database_url
+                .ok_or_else(|| anyhow::anyhow!("invalid arguments: --database-url is required"))?;
             let database = Database::parse(&database_url)?;
             println!("{}", database::migrate(&database, &schema).await?);
+        }
+        Command::Migrate {
+            command:
+                Some(MigrateCommand::Status {
+                    database_url,
+                    schema,
+                    json,
+                }),
+            ..
+        } => {
+            let database = Database::parse(&database_url)?;
+            let statuses = database::migration_status(&database, &schema).await?;
+            if json {
+                let document = database::migration_status_json(&database, &schema, &statuses)?;
+                println!("{}", serde_json::to_string_pretty(&document)?);
+            } else {
+                print!("{}", database::migration_status_table(&statuses));
+            }
+            if let Some(refusal) = courier::migration_refusal(&statuses) {
+                return Err(anyhow::Error::new(refusal).context("`courier migrate` would refuse"));
+            }
         }
         Command::Bench(args) => {
             let database = match args.database_url.as_deref() {

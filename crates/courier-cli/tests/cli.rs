@@ -858,3 +858,181 @@ fn cancel_removes_a_waiting_message_once() {
         stderr(&again)
     );
 }
+
+async fn pg_execute(sql: &str) {
+    let pool = sqlx::PgPool::connect(&database_url())
+        .await
+        .expect("connect");
+    sqlx::raw_sql(sql).execute(&pool).await.expect("execute");
+    pool.close().await;
+}
+
+/// The rows of `courier migrate status`'s table: (version, state).
+fn status_rows(table: &str) -> Vec<(String, String)> {
+    table
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().collect::<Vec<&str>>())
+        .take_while(|cells| {
+            cells.len() >= 3 && cells[0].len() == 4 && cells[0].chars().all(|c| c.is_ascii_digit())
+        })
+        .map(|cells| (cells[0].to_owned(), cells[2].to_owned()))
+        .collect()
+}
+
+#[tokio::test]
+async fn migrate_status_lists_every_migration_pending_then_applied_and_creates_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let schema = fresh_schema("status");
+    let url = database_url();
+    let status = [
+        "migrate",
+        "status",
+        "--database-url",
+        &url,
+        "--schema",
+        &schema,
+    ];
+
+    let before = courier(dir.path(), &status);
+    assert_eq!(before.status.code(), Some(0), "stderr: {}", stderr(&before));
+    let rows = status_rows(&stdout(&before));
+    assert_eq!(rows.len(), 14, "{}", stdout(&before));
+    assert!(rows.iter().all(|(_, state)| state == "pending"), "{rows:?}");
+    assert_eq!(rows[2].0, "0003");
+    assert!(!schema_exists(&schema).await, "status created the schema");
+
+    let migrated = courier(
+        dir.path(),
+        &["migrate", "--database-url", &url, "--schema", &schema],
+    );
+    assert!(migrated.status.success(), "stderr: {}", stderr(&migrated));
+    let after = courier(dir.path(), &status);
+    assert_eq!(after.status.code(), Some(0), "stderr: {}", stderr(&after));
+    let rows = status_rows(&stdout(&after));
+    assert_eq!(rows.len(), 14);
+    assert!(rows.iter().all(|(_, state)| state == "applied"), "{rows:?}");
+
+    let mut json_args = status.to_vec();
+    json_args.push("--json");
+    let json = courier(dir.path(), &json_args);
+    assert_eq!(json.status.code(), Some(0), "stderr: {}", stderr(&json));
+    let document: serde_json::Value = serde_json::from_str(&stdout(&json)).expect("JSON");
+    assert_eq!(document["backend"], "postgres");
+    assert_eq!(document["schema"], schema.as_str());
+    let migrations = document["migrations"].as_array().expect("migrations");
+    assert_eq!(migrations.len(), 14);
+    let third = &migrations[2];
+    assert_eq!(third["version"], 3);
+    assert_eq!(third["name"], "idle_workers");
+    assert_eq!(third["state"], "applied");
+    let checksum = third["checksum"].as_str().expect("checksum");
+    assert_eq!(checksum.len(), 64);
+    assert_eq!(third["recorded_checksum"].as_str(), Some(checksum));
+    // The table shows the first 12 hex digits of the same checksum.
+    assert!(stdout(&after).contains(&checksum[..12]));
+    assert!(!stdout(&after).contains(&checksum[..13]));
+    drop_schema(&schema).await;
+}
+
+#[tokio::test]
+async fn migrate_refuses_a_changed_migration_by_name_and_status_exits_1() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let schema = fresh_schema("changed");
+    let url = database_url();
+    let migrate = ["migrate", "--database-url", &url, "--schema", &schema];
+    let migrated = courier(dir.path(), &migrate);
+    assert!(migrated.status.success(), "stderr: {}", stderr(&migrated));
+    pg_execute(&format!(
+        "UPDATE {schema}.schema_migrations SET checksum = repeat('0', 64) WHERE version = 3"
+    ))
+    .await;
+
+    let refused = courier(dir.path(), &migrate);
+    assert_eq!(refused.status.code(), Some(1));
+    let message = stderr(&refused);
+    assert!(
+        message.contains(&format!(
+            "migration 0003 idle_workers was changed after it was applied: recorded checksum {}, this binary has ",
+            "0".repeat(64)
+        )),
+        "{message}"
+    );
+    assert_eq!(message.trim().lines().count(), 1, "one line: {message}");
+
+    let status = courier(
+        dir.path(),
+        &[
+            "migrate",
+            "status",
+            "--database-url",
+            &url,
+            "--schema",
+            &schema,
+        ],
+    );
+    assert_eq!(status.status.code(), Some(1));
+    let rows = status_rows(&stdout(&status));
+    assert_eq!(rows[2], ("0003".to_owned(), "changed".to_owned()));
+    assert!(stdout(&status).contains("(recorded 000000000000)"));
+    assert!(
+        stderr(&status).contains("migration 0003 idle_workers was changed after it was applied"),
+        "{}",
+        stderr(&status)
+    );
+    drop_schema(&schema).await;
+}
+
+#[tokio::test]
+async fn on_sqlite_status_creates_no_file_and_migrate_and_serve_refuse_a_changed_migration() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("courier.db");
+    let path = db.to_str().expect("UTF-8 path");
+
+    let status = courier(dir.path(), &["migrate", "status", "--database-url", path]);
+    assert_eq!(status.status.code(), Some(0), "stderr: {}", stderr(&status));
+    let rows = status_rows(&stdout(&status));
+    assert_eq!(rows.len(), 8, "{}", stdout(&status));
+    assert!(rows.iter().all(|(_, state)| state == "pending"), "{rows:?}");
+    assert!(!db.exists(), "status created the file");
+
+    let migrated = courier(dir.path(), &["migrate", "--database-url", path]);
+    assert!(migrated.status.success(), "stderr: {}", stderr(&migrated));
+    let pool = courier::sqlite::connect(path, 1).await.expect("open");
+    sqlx::query("UPDATE courier_schema_migrations SET checksum = 'edited' WHERE version = 3")
+        .execute(&pool)
+        .await
+        .expect("update");
+    pool.close().await;
+
+    let expected = "migration 0003 tenant_rate_limits was changed after it was applied: \
+                    recorded checksum edited, this binary has ";
+    let refused = courier(dir.path(), &["migrate", "--database-url", path]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(stderr(&refused).contains(expected), "{}", stderr(&refused));
+
+    let status = courier(dir.path(), &["migrate", "status", "--database-url", path]);
+    assert_eq!(status.status.code(), Some(1));
+    assert_eq!(
+        status_rows(&stdout(&status))[2],
+        ("0003".to_owned(), "changed".to_owned())
+    );
+
+    // The daemon migrates before it listens: it stops with the same error.
+    let serve = tokio::process::Command::new(env!("CARGO_BIN_EXE_courier"))
+        .args(["serve", "--database-url", path, "--listen", "127.0.0.1:0"])
+        .current_dir(dir.path())
+        .env_remove("COURIER_DATABASE_URL")
+        .kill_on_drop(true)
+        .output();
+    let served = tokio::time::timeout(std::time::Duration::from_secs(60), serve)
+        .await
+        .expect("serve stops on its own")
+        .expect("the courier binary runs");
+    assert_eq!(served.status.code(), Some(1));
+    let message = stderr(&served);
+    assert!(
+        message.contains(&format!("cannot migrate the database: {expected}")),
+        "{message}"
+    );
+}

@@ -57,6 +57,23 @@ pub enum StoreError {
         /// The newest version this build ships.
         known: i64,
     },
+    /// A migration applied to the database differs from the one this build
+    /// ships (its recorded checksum is not the binary's): someone edited
+    /// history. The migration run that found it applied nothing.
+    #[error(
+        "migration {version:04} {name} was changed after it was applied: \
+         recorded checksum {recorded}, this binary has {expected}"
+    )]
+    MigrationChanged {
+        /// The migration's version.
+        version: i64,
+        /// The migration's name, as this build ships it.
+        name: String,
+        /// The checksum the database recorded when it was applied.
+        recorded: String,
+        /// This build's checksum of it.
+        expected: String,
+    },
     /// A stored row could not be decoded (a corrupt or foreign row).
     #[error("corrupt row: {0}")]
     Corrupt(String),

@@ -5,12 +5,15 @@
 //! retries are spaced ([`RetryPolicy`]), the errors every crate boundary speaks
 //! ([`StoreError`], [`HandlerError`], [`ValidationError`]) and the storage seam
 //! ([`OutboxStore`], [`DeadLetterStore`]) that the PostgreSQL and SQLite
-//! backends implement and the conformance suite checks.
+//! backends implement and the conformance suite checks, and how both
+//! backends check and report their migrations ([`Migration`],
+//! [`check_applied`], [`migration_status`]).
 
 mod admin;
 mod error;
 mod fingerprint;
 mod message;
+mod migration;
 mod names;
 mod retry;
 mod store;
@@ -29,6 +32,10 @@ pub use fingerprint::{
 pub use message::{
     enqueue_outcomes, truncate_chars, Availability, ClaimedDelivery, EnqueueOutcome, ErrorEntry,
     Message, NewMessage, MAX_ERROR_CHARS, MAX_HEADERS, MAX_HOLD, MAX_KEY_BYTES, MAX_PAYLOAD_BYTES,
+};
+pub use migration::{
+    check_applied, migration_checksum, migration_refusal, migration_status, AppliedMigration,
+    Migration, MigrationState, MigrationStatus,
 };
 pub use names::{topic_matches, validate_name, NAME_MAX_LEN};
 pub use retry::RetryPolicy;

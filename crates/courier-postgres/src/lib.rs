@@ -35,7 +35,7 @@ use sqlx::Arguments;
 use sqlx::{PgConnection, PgPool};
 
 pub use admin::MAX_MESSAGE_PAGE;
-pub use migrate::SCHEMA_VERSION;
+pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
 pub use notifier::{PgNotifier, LISTEN_CHECK};
 pub use streams::POLL_INTERVAL as STREAM_POLL_INTERVAL;
 
@@ -201,6 +201,19 @@ impl PgStore {
     /// The schema version in the database (0 before the first migration).
     pub async fn schema_version(&self) -> Result<i64, StoreError> {
         migrate::current(&self.inner.pool, self.q(), &self.inner.schema).await
+    }
+
+    /// Every migration this build ships and every one the schema records,
+    /// oldest first, with its state ([`courier_core::MigrationStatus`]):
+    /// applied, pending, changed (its recorded checksum is not this
+    /// build's: [`courier_core::OutboxStore::migrate`] would refuse), or
+    /// unknown (applied by a newer build). Reads only, takes no lock, and
+    /// creates nothing: a schema never migrated lists every migration
+    /// pending. A migration an older build applied without recording a
+    /// checksum reads applied with none recorded; the next migration run
+    /// records this build's (trust on first use).
+    pub async fn migration_status(&self) -> Result<Vec<courier_core::MigrationStatus>, StoreError> {
+        migrate::status(&self.inner.pool, self.q(), &self.inner.schema).await
     }
 
     /// Applies the migrations up to schema `version` only (a later one is

@@ -92,6 +92,8 @@ queries!(
     migrate_lock,
     migrate_timeouts_off,
     migrate_record,
+    migrate_trust,
+    migrate_applied,
     migrate_table_exists,
     migrate_version,
     ping,

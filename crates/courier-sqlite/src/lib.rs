@@ -54,7 +54,7 @@ use tokio::sync::watch;
 
 pub use admin::MAX_MESSAGE_PAGE;
 pub use dead_letters::MAX_DEAD_LETTER_PAGE;
-pub use migrate::SCHEMA_VERSION;
+pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
 pub use outbox::MAX_TENANTS_PER_TURN;
 pub use streams::STREAM_POLL_INTERVAL;
 
@@ -166,6 +166,19 @@ impl SqliteStore {
     /// The schema version in the database (0 before the first migration).
     pub async fn schema_version(&self) -> Result<i64, StoreError> {
         migrate::current(&self.inner.pool).await
+    }
+
+    /// Every migration this build ships and every one the file records,
+    /// oldest first, with its state ([`courier_core::MigrationStatus`]):
+    /// applied, pending, changed (its recorded checksum is not this
+    /// build's: [`courier_core::OutboxStore::migrate`] would refuse), or
+    /// unknown (applied by a newer build). Reads only and creates nothing in
+    /// the file: one never migrated lists every migration pending. A
+    /// migration an older build applied without recording a checksum reads
+    /// applied with none recorded; the next migration run records this
+    /// build's (trust on first use).
+    pub async fn migration_status(&self) -> Result<Vec<courier_core::MigrationStatus>, StoreError> {
+        migrate::status(&self.inner.pool).await
     }
 
     /// Applies the migrations up to schema `version` only (a later one is

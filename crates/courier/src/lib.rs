@@ -70,6 +70,10 @@ pub use courier_engine::{
 };
 // What the daemon's configuration and streams API build on.
 pub use courier_core::{validate_count, MAX_HEADERS};
+// What `courier migrate status` and the migration runners speak.
+pub use courier_core::{
+    migration_refusal, migration_status, Migration, MigrationState, MigrationStatus,
+};
 pub use courier_engine::stream_worker::{
     default_consumer, DEFAULT_CLAIM_INTERVAL, DEFAULT_DEFER_MAX, DEFAULT_DEFER_MIN,
     DEFAULT_MAX_DELIVERIES, DEFAULT_MIN_IDLE, DEFAULT_STREAM_BATCH, DEFAULT_STREAM_BLOCK,
@@ -251,6 +255,14 @@ impl<S: OutboxStore + DeadLetterStore> Courier<S> {
     }
 
     /// Creates or upgrades Courier's tables; safe to run from many processes at once.
+    ///
+    /// Refuses, applying nothing, a database where an applied migration's
+    /// recorded checksum (the SHA-256 of its SQL as shipped) differs from
+    /// this build's ([`StoreError::MigrationChanged`], naming it) or that a
+    /// newer build migrated ([`StoreError::SchemaTooNew`]). Migrations an
+    /// older build applied without a checksum get this build's recorded
+    /// (trust on first use). The backends' `migration_status` lists where
+    /// each migration stands without changing anything.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         self.store.migrate().await
     }

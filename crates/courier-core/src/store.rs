@@ -385,11 +385,11 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<FailureApplied>, StoreError>> + Send + 'c;
 
     /// Extends leases still held by `lease`. A lease that was not extended
-    /// is either [`Extended::gone`] (its delivery no longer exists:
-    /// completed, cancelled or dead-lettered, so nobody else can run it) or
-    /// lost (the delivery is there, under an expired lease or another
-    /// claim's). A delivery whose completion was committing while the
-    /// extension waited for it reads as gone, never as lost.
+    /// is either [`Extended::gone`] (its delivery no longer exists: completed
+    /// or cancelled, by this lease's holder or, once the lease had lapsed,
+    /// by another's) or not (the delivery is there, dead-lettered or under
+    /// an expired lease or another claim's). A delivery whose completion was
+    /// committing while the extension waited for it reads as gone.
     fn extend_many<'c>(
         &'c self,
         leases: &'c [LeaseRef],
@@ -480,7 +480,7 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
 pub struct Extended {
     /// The deliveries whose leases were extended.
     pub extended: Vec<i64>,
-    /// The deliveries that no longer exist.
+    /// The deliveries that no longer exist (completed or cancelled).
     pub gone: Vec<i64>,
 }
 

@@ -48,9 +48,10 @@ pub(crate) async fn beat_once<S: OutboxStore>(
         let by = batch.first().map_or(lease, |e| e.by);
         match store.extend_many(&leases, by).await {
             Ok(answer) => {
+                let answered = Instant::now();
                 let applied: HashSet<i64> = answer.extended.into_iter().collect();
                 let gone: HashSet<i64> = answer.gone.into_iter().collect();
-                lost += in_flight.extended(sent, &batch, &applied, &gone);
+                lost += in_flight.extended(sent, answered, &batch, &applied, &gone);
             }
             Err(error) => {
                 metrics::counter!(STORE_ERRORS, "operation" => "extend").increment(1);

@@ -135,16 +135,22 @@ impl InFlight {
         extensions
     }
 
-    /// Records that the extensions sent at `sent` were applied to `applied`,
-    /// found the deliveries in `gone` no longer stored, and were lost for the
-    /// rest of `asked`; returns how many of the lost ones still had a handler
-    /// running. Handlers of lost and gone deliveries are told to stop; gone
-    /// ones are not counted: nobody else can run them, and most are a
-    /// transactional group's own, committed before the group was marked
-    /// settling.
+    /// Records that the extensions sent at `sent` and answered at `answered`
+    /// were applied to `applied`, found the deliveries in `gone` no longer
+    /// stored, and were lost for the rest of `asked`; returns how many lost
+    /// ones still had a handler running (those handlers are told to stop).
+    ///
+    /// A delivery gone while its lease was surely held until after the
+    /// answer is not lost: nobody else could have claimed it, so its row was
+    /// deleted by this worker's own completion (a transactional group's
+    /// commit, which the extension waited on, lands before the group is
+    /// marked settling). It is left alone: stopping it could break off a
+    /// group reading its own commit's reply. A delivery gone after its lease
+    /// could have lapsed may have been run elsewhere: it counts as lost.
     pub(crate) fn extended(
         &self,
         sent: Instant,
+        answered: Instant,
         asked: &[Extension],
         applied: &std::collections::HashSet<i64>,
         gone: &std::collections::HashSet<i64>,
@@ -161,10 +167,11 @@ impl InFlight {
             if applied.contains(&extension.lease.delivery_id) {
                 entry.held_until = entry.held_until.max(sent + extension.by);
             } else if !entry.settling {
-                entry.lost.cancel();
-                if !gone.contains(&extension.lease.delivery_id) {
-                    lost += 1;
+                if gone.contains(&extension.lease.delivery_id) && answered < entry.held_until {
+                    continue;
                 }
+                entry.lost.cancel();
+                lost += 1;
             }
         }
         lost
@@ -231,7 +238,7 @@ mod tests {
         let later = sent + Duration::from_secs(10);
         let applied = [1].into_iter().collect();
         assert_eq!(
-            ledger.extended(later, &asked, &applied, &Default::default()),
+            ledger.extended(later, later, &asked, &applied, &Default::default()),
             0
         );
         assert_eq!(ledger.held_until(1), Some(later + Duration::from_secs(30)));
@@ -246,30 +253,55 @@ mod tests {
         ledger.started(1, None, &lost);
         let asked = ledger.to_extend(now, Duration::from_secs(30), Duration::from_secs(1));
         assert_eq!(
-            ledger.extended(now, &asked, &Default::default(), &Default::default()),
+            ledger.extended(now, now, &asked, &Default::default(), &Default::default()),
             1
         );
         assert!(lost.is_cancelled());
     }
 
     /// A transactional group's rows are deleted by its commit, a moment
-    /// before it is marked settling: a heartbeat that meets them gone stops
-    /// what may still run but counts no loss (nobody else can run them).
+    /// before it is marked settling: a heartbeat answered while their leases
+    /// were surely held finds them gone, and neither stops them nor counts a
+    /// loss (nobody else could have claimed them). Gone after the lease
+    /// could have lapsed, a delivery may have been run elsewhere: lost.
     #[test]
-    fn a_delivery_gone_from_the_store_is_not_counted_lost() {
+    fn a_delivery_gone_while_its_lease_was_held_is_not_lost() {
         let ledger = InFlight::default();
         let now = Instant::now();
-        ledger.track(&delivery(1), now, Duration::from_secs(30));
-        ledger.track(&delivery(2), now, Duration::from_secs(30));
-        let group = CancellationToken::new();
-        ledger.started(1, None, &group);
-        let other = CancellationToken::new();
-        ledger.started(2, None, &other);
-        let asked = ledger.to_extend(now, Duration::from_secs(30), Duration::from_secs(1));
-        let gone = [1].into_iter().collect();
-        assert_eq!(ledger.extended(now, &asked, &Default::default(), &gone), 1);
-        assert!(group.is_cancelled());
-        assert!(other.is_cancelled());
+        let lease = Duration::from_secs(30);
+        ledger.track(&delivery(1), now, lease);
+        ledger.track(&delivery(2), now, lease);
+        ledger.track(&delivery(3), now, lease);
+        let tokens: Vec<CancellationToken> = (1..=3)
+            .map(|id| {
+                let token = CancellationToken::new();
+                ledger.started(id, None, &token);
+                token
+            })
+            .collect();
+        let asked = ledger.to_extend(now, lease, Duration::from_secs(1));
+        let gone = [1, 2].into_iter().collect();
+        let answered = now + Duration::from_secs(1);
+        assert_eq!(
+            ledger.extended(now, answered, &asked, &Default::default(), &gone),
+            1,
+            "only the delivery still stored under another lease is lost"
+        );
+        assert!(!tokens[0].is_cancelled() && !tokens[1].is_cancelled());
+        assert!(tokens[2].is_cancelled());
+
+        // Answered after the lease could have lapsed: gone may be someone
+        // else's completion.
+        let late = now + lease + Duration::from_secs(1);
+        let first: Vec<Extension> = asked
+            .into_iter()
+            .filter(|e| e.lease.delivery_id == 1)
+            .collect();
+        assert_eq!(
+            ledger.extended(now, late, &first, &Default::default(), &gone),
+            1
+        );
+        assert!(tokens[0].is_cancelled());
     }
 
     #[test]

@@ -30,7 +30,6 @@ const FAN_OUT_WAIT_AT_MOST: Duration = Duration::from_secs(30);
 /// queue behind it meanwhile).
 const FAN_OUT_QUEUE_AT_MOST: Duration = Duration::from_millis(200);
 
-/// `(delivery ids, lease tokens)` as the two arrays the settle queries take.
 /// The ids of `all` that are not in `some`, in `all`'s order.
 fn not_in(all: &[i64], some: &[i64]) -> Vec<i64> {
     let some: std::collections::HashSet<i64> = some.iter().copied().collect();
@@ -40,6 +39,7 @@ fn not_in(all: &[i64], some: &[i64]) -> Vec<i64> {
         .collect()
 }
 
+/// `(delivery ids, lease tokens)` as the two arrays the settle queries take.
 fn lease_columns(leases: &[LeaseRef]) -> (Vec<i64>, Vec<Uuid>) {
     leases
         .iter()

@@ -189,7 +189,11 @@ impl<S: OutboxStore> WorkerBuilder<S> {
             )
             .into());
         }
-        for ((topic, from), step) in &self.upcasters {
+        // In (topic, version) order, so a refusal names the same upcaster
+        // every time.
+        let mut upcasters: Vec<(&(String, i32), &UpcastStep)> = self.upcasters.iter().collect();
+        upcasters.sort_by(|a, b| a.0.cmp(b.0));
+        for ((topic, from), step) in upcasters.iter().copied() {
             courier_core::validate_name("topic", topic)?;
             if *from < 1 || step.to <= *from {
                 return Err(ValidationError::new(
@@ -203,7 +207,7 @@ impl<S: OutboxStore> WorkerBuilder<S> {
             }
         }
         let mut added = Vec::new();
-        for ((topic, from), step) in &self.upcasters {
+        for ((topic, from), step) in upcasters {
             let mut steps = vec![step.clone()];
             let mut version = step.to;
             // Every upcaster goes to a later version, so a chain ends.
@@ -430,24 +434,26 @@ impl<S: OutboxStore> WorkerBuilder<S> {
         let mut policy_routes = Vec::new();
         for (topic, policy) in topic_policies {
             policy.validate()?;
-            if claim_routes.iter().any(|r| &r.topic == topic) {
-                continue;
-            }
+            let handled = claim_routes.iter().any(|r| &r.topic == topic);
             let taken = catch_all
                 && self
                     .catch_all_topics
                     .iter()
                     .any(|pattern| courier_core::topic_matches(pattern, topic));
             if !taken {
+                if handled {
+                    continue;
+                }
                 return Err(ValidationError::new(
                     "retry",
                     format!("a policy names topic {topic:?}, which has no handler"),
                 )
                 .into());
             }
-            // The handler of every topic takes it: claims of this topic
-            // carry its own attempt budget (an exact topic's route comes
-            // before the catch-all's in the claim).
+            // The handler of every topic takes it (its versions without a
+            // handler of their own): claims of this topic carry its own
+            // attempt budget (an exact topic's route comes before the
+            // catch-all's in the claim, an exact version's before any).
             courier_core::validate_name("topic", topic)?;
             let versions = match &self.catch_all_versions {
                 Some(versions) => versions.clone(),
@@ -471,7 +477,12 @@ impl<S: OutboxStore> WorkerBuilder<S> {
                 )
                 .into());
             }
-            if !claim_routes.iter().any(|r| &r.topic == topic) {
+            let taken = catch_all
+                && self
+                    .catch_all_topics
+                    .iter()
+                    .any(|pattern| courier_core::topic_matches(pattern, topic));
+            if !taken && !claim_routes.iter().any(|r| &r.topic == topic) {
                 return Err(ValidationError::new(
                     "handler_timeout",
                     format!("a timeout names topic {topic:?}, which has no handler"),

@@ -759,14 +759,26 @@ async fn a_listen_connection_terminated_then_frozen_still_delivers_and_comes_bac
         .fetch_one(&pool)
         .await?;
     anyhow::ensure!(terminated, "could not terminate the LISTEN connection");
-    let second = new_listener(&pool, &[first], Duration::from_secs(10)).await?;
+    let mut second = new_listener(&pool, &[first], Duration::from_secs(10)).await?;
     load_from(&pool, 0, 50).await?;
     drained(&pool, RECOVERY).await?;
 
-    let status = std::process::Command::new("kill")
-        .args(["-STOP", &second.to_string()])
-        .status()?;
-    anyhow::ensure!(status.success(), "kill -STOP {second} failed");
+    // Freeze the listener the worker has now. It may have replaced the one
+    // found above meanwhile (a probe that came back late on a busy machine
+    // makes it listen on a new connection; a CI run saw the backend gone):
+    // then freeze its successor.
+    let mut gone = vec![first];
+    loop {
+        let status = std::process::Command::new("kill")
+            .args(["-STOP", &second.to_string()])
+            .status()?;
+        if status.success() {
+            break;
+        }
+        gone.push(second);
+        anyhow::ensure!(gone.len() <= 4, "kill -STOP failed for listeners {gone:?}");
+        second = new_listener(&pool, &gone, Duration::from_secs(10)).await?;
+    }
     let frozen = Frozen(second);
     let stopped = Instant::now();
     for n in 50..100 {
@@ -776,9 +788,10 @@ async fn a_listen_connection_terminated_then_frozen_still_delivers_and_comes_bac
     }
     drained(&pool, RECOVERY).await?;
     let delivered_while_frozen = stopped.elapsed();
+    gone.push(second);
     let third = new_listener(
         &pool,
-        &[first, second],
+        &gone,
         3 * courier::postgres::LISTEN_CHECK + Duration::from_secs(5),
     )
     .await?;

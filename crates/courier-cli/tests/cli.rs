@@ -897,7 +897,12 @@ async fn migrate_status_lists_every_migration_pending_then_applied_and_creates_n
     let before = courier(dir.path(), &status);
     assert_eq!(before.status.code(), Some(0), "stderr: {}", stderr(&before));
     let rows = status_rows(&stdout(&before));
-    assert_eq!(rows.len(), 14, "{}", stdout(&before));
+    assert_eq!(
+        rows.len(),
+        courier::postgres::MIGRATIONS.len(),
+        "{}",
+        stdout(&before)
+    );
     assert!(rows.iter().all(|(_, state)| state == "pending"), "{rows:?}");
     assert_eq!(rows[2].0, "0003");
     assert!(!schema_exists(&schema).await, "status created the schema");
@@ -910,7 +915,7 @@ async fn migrate_status_lists_every_migration_pending_then_applied_and_creates_n
     let after = courier(dir.path(), &status);
     assert_eq!(after.status.code(), Some(0), "stderr: {}", stderr(&after));
     let rows = status_rows(&stdout(&after));
-    assert_eq!(rows.len(), 14);
+    assert_eq!(rows.len(), courier::postgres::MIGRATIONS.len());
     assert!(rows.iter().all(|(_, state)| state == "applied"), "{rows:?}");
 
     let mut json_args = status.to_vec();
@@ -921,7 +926,7 @@ async fn migrate_status_lists_every_migration_pending_then_applied_and_creates_n
     assert_eq!(document["backend"], "postgres");
     assert_eq!(document["schema"], schema.as_str());
     let migrations = document["migrations"].as_array().expect("migrations");
-    assert_eq!(migrations.len(), 14);
+    assert_eq!(migrations.len(), courier::postgres::MIGRATIONS.len());
     let third = &migrations[2];
     assert_eq!(third["version"], 3);
     assert_eq!(third["name"], "idle_workers");
@@ -992,7 +997,12 @@ async fn on_sqlite_status_creates_no_file_and_migrate_and_serve_refuse_a_changed
     let status = courier(dir.path(), &["migrate", "status", "--database-url", path]);
     assert_eq!(status.status.code(), Some(0), "stderr: {}", stderr(&status));
     let rows = status_rows(&stdout(&status));
-    assert_eq!(rows.len(), 8, "{}", stdout(&status));
+    assert_eq!(
+        rows.len(),
+        courier::sqlite::MIGRATIONS.len(),
+        "{}",
+        stdout(&status)
+    );
     assert!(rows.iter().all(|(_, state)| state == "pending"), "{rows:?}");
     assert!(!db.exists(), "status created the file");
 

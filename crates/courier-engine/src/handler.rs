@@ -197,23 +197,25 @@ impl<C> ErasedHandler<C> for UpcastRoute<C> {
                     delivery.topic, delivery.schema_version
                 ))
             })?;
-        let mut version = delivery.schema_version;
         for step in &self.steps {
-            let upcast = Arc::clone(&step.upcast);
             // A panicking upcaster fails like a failing one: it is named.
-            payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| upcast(payload)))
-                .unwrap_or_else(|_| Err("the upcaster panicked".to_owned()))
-                .map_err(|error| {
-                    HandlerError::permanent(format!(
-                        "upcaster of {} v{} → v{} failed: {error}",
-                        self.topic, step.from, step.to
-                    ))
-                })?;
-            version = step.to;
+            payload =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (step.upcast)(payload)))
+                    .unwrap_or_else(|_| Err("the upcaster panicked".to_owned()))
+                    .map_err(|error| {
+                        HandlerError::permanent(format!(
+                            "upcaster of {} v{} → v{} failed: {error}",
+                            self.topic, step.from, step.to
+                        ))
+                    })?;
         }
         let mut upcast = delivery.clone();
         upcast.payload = payload.to_string();
-        upcast.schema_version = version;
+        // The version the chain ends at (a route always has a step).
+        upcast.schema_version = self
+            .steps
+            .last()
+            .map_or(delivery.schema_version, |step| step.to);
         self.target.prepare(&upcast)
     }
 

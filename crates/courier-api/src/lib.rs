@@ -54,7 +54,22 @@ mod tests {
             ordering_key: None,
             idempotency_key: None,
             available_at: None,
+            priority: None,
         }
+    }
+
+    #[test]
+    fn a_priority_outside_0_to_9_is_refused_by_name() {
+        let mut bad = request("acme", serde_json::json!({}));
+        bad.priority = Some(10);
+        let error = bad
+            .validate_into("messages[1].", 1024, courier_core::MAX_HOLD, None)
+            .unwrap_err();
+        assert_eq!(error.kind, RequestErrorKind::Invalid);
+        assert_eq!(error.field, "messages[1].priority");
+        let mut good = request("acme", serde_json::json!({}));
+        good.priority = Some(9);
+        assert_eq!(good.into_message(1024).map(|m| m.priority), Ok(9));
     }
 
     #[test]

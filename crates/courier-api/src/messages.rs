@@ -36,6 +36,10 @@ pub struct PublishRequest {
     /// Hold the message until this RFC 3339 time.
     #[schema(format = DateTime)]
     pub available_at: Option<String>,
+    /// 0 (the default) to 9: within its tenant's share of each claim, a
+    /// higher priority is delivered first (tenants still take turns first).
+    #[schema(minimum = 0, maximum = 9)]
+    pub priority: Option<i16>,
 }
 
 impl PublishRequest {
@@ -105,6 +109,9 @@ impl PublishRequest {
         }
         if let Some(key) = self.ordering_key {
             message = message.with_ordering_key(key);
+        }
+        if let Some(priority) = self.priority {
+            message = message.with_priority(priority);
         }
         let key = match (self.idempotency_key, header_key) {
             (Some(body), Some(header)) if body != header => {

@@ -78,6 +78,7 @@ fn quick_bench_on_sqlite_prints_the_table_and_removes_its_file() {
         "drain.two_subscriptions",
         "drain.ordering_keys",
         "drain.tenants",
+        "drain.priorities",
         "drain.processes_1",
         "drain.processes_2",
         "drain.processes_4",
@@ -229,7 +230,7 @@ async fn quick_bench_on_postgres_prints_json_and_drops_its_schema() {
     assert_eq!(report["settings"]["concurrency"], 128, "{report:#}");
     assert_eq!(report["settings"]["batch_size_is_default"], false);
     let measurements = report["measurements"].as_array().expect("measurements");
-    assert_eq!(measurements.len(), 19, "{report:#}");
+    assert_eq!(measurements.len(), 20, "{report:#}");
     let find = |id: &str| {
         measurements
             .iter()

@@ -29,6 +29,8 @@ pub struct StoredMessage {
     pub ordering_key: Option<String>,
     /// The idempotency key, if any.
     pub idempotency_key: Option<String>,
+    /// The priority (0 to 9, higher first).
+    pub priority: i16,
     /// When the event happened (producer clock).
     pub occurred_at: DateTime<Utc>,
     /// When it first became deliverable.

@@ -32,6 +32,7 @@ pub use fingerprint::{
 pub use message::{
     enqueue_outcomes, truncate_chars, Availability, ClaimedDelivery, EnqueueOutcome, ErrorEntry,
     Message, NewMessage, MAX_ERROR_CHARS, MAX_HEADERS, MAX_HOLD, MAX_KEY_BYTES, MAX_PAYLOAD_BYTES,
+    MAX_PRIORITY, MIN_PRIORITY,
 };
 pub use migration::{
     check_applied, migration_checksum, migration_refusal, migration_status, AppliedMigration,

@@ -48,6 +48,10 @@ pub struct NewMessage {
     pub occurred_at: DateTime<Utc>,
     /// When the message may first be delivered.
     pub available: Availability,
+    /// How urgent it is, [`MIN_PRIORITY`] (the default) to [`MAX_PRIORITY`]:
+    /// within its tenant's share of each claim, a higher priority is claimed
+    /// first; tenants still take turns first.
+    pub priority: i16,
 }
 
 /// When a new message becomes deliverable.
@@ -91,6 +95,7 @@ impl NewMessage {
             idempotency_key: None,
             occurred_at: Utc::now(),
             available: Availability::Now,
+            priority: MIN_PRIORITY,
         };
         validate_name("tenant", &message.tenant)?;
         validate_name("topic", &message.topic)?;
@@ -144,6 +149,14 @@ impl NewMessage {
         self
     }
 
+    /// Sets the priority, [`MIN_PRIORITY`] (the default) to [`MAX_PRIORITY`];
+    /// higher is claimed first within its tenant's share of each claim.
+    /// [`NewMessage::validate`] refuses a value outside that range.
+    pub fn with_priority(mut self, priority: i16) -> Self {
+        self.priority = priority;
+        self
+    }
+
     /// Sets the id (the default is a fresh UUIDv7).
     pub fn with_id(mut self, id: Uuid) -> Self {
         self.id = id;
@@ -172,6 +185,15 @@ impl NewMessage {
                 format!(
                     "is {} bytes; the limit is {MAX_PAYLOAD_BYTES}",
                     self.payload.len()
+                ),
+            ));
+        }
+        if !(MIN_PRIORITY..=MAX_PRIORITY).contains(&self.priority) {
+            return Err(ValidationError::new(
+                "priority",
+                format!(
+                    "must be between {MIN_PRIORITY} and {MAX_PRIORITY} (higher is delivered first), got {}",
+                    self.priority
                 ),
             ));
         }
@@ -254,6 +276,13 @@ impl NewMessage {
         serde_json::to_string(&self.headers).unwrap_or_else(|_| "{}".to_owned())
     }
 }
+
+/// The lowest (and default) priority: most messages have it.
+pub const MIN_PRIORITY: i16 = 0;
+
+/// The highest priority; within a tenant's share of a claim, higher is
+/// claimed first.
+pub const MAX_PRIORITY: i16 = 9;
 
 /// The longest a new message may be held before its first delivery: with an
 /// ordering key, a message held longer would hold back its key as long.
@@ -377,6 +406,8 @@ pub struct ClaimedDelivery {
     pub schema_version: i32,
     /// The ordering key, if any.
     pub ordering_key: Option<String>,
+    /// The message's priority ([`MIN_PRIORITY`] to [`MAX_PRIORITY`]).
+    pub priority: i16,
     /// The payload as JSON text.
     pub payload: String,
     /// The headers.
@@ -422,6 +453,8 @@ pub struct Message<T> {
     pub headers: BTreeMap<String, String>,
     /// The ordering key, if any.
     pub ordering_key: Option<String>,
+    /// The message's priority ([`MIN_PRIORITY`] to [`MAX_PRIORITY`]).
+    pub priority: i16,
     /// The subscription delivering it.
     pub subscription: String,
     /// This attempt's number, starting at 1.

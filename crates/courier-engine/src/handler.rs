@@ -98,6 +98,7 @@ pub(crate) fn decode<T: DeserializeOwned>(
         payload,
         headers: delivery.headers.clone(),
         ordering_key: delivery.ordering_key.clone(),
+        priority: delivery.priority,
         subscription: delivery.subscription.clone(),
         attempt: delivery.attempt,
         occurred_at: delivery.occurred_at,

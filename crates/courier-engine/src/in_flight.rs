@@ -217,6 +217,7 @@ mod tests {
             topic: "t".into(),
             schema_version: 1,
             ordering_key: None,
+            priority: 0,
             payload: "{}".into(),
             headers: Default::default(),
             attempt: 1,

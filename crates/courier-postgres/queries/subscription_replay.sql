@@ -5,8 +5,8 @@
 -- created the subscription, so no message is both replayed and fanned out,
 -- and none committed before the registration is missed.
 INSERT INTO {schema}.deliveries
-  (message_id, subscription, tenant, topic, schema_version, ordering_key, available_at)
-SELECT m.id, $1, m.tenant, m.topic, m.schema_version, m.ordering_key, m.available_at
+  (message_id, subscription, tenant, topic, schema_version, ordering_key, available_at, priority)
+SELECT m.id, $1, m.tenant, m.topic, m.schema_version, m.ordering_key, m.available_at, m.priority
 FROM {schema}.messages m
 WHERE ($2::timestamptz IS NULL OR (m.created_at, m.id) >= ($2::timestamptz, $3::uuid))
   AND EXISTS (SELECT 1 FROM {schema}.subscription_topics t

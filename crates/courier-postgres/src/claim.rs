@@ -244,6 +244,7 @@ impl PgStore {
                 id: d.delivery_id,
                 tenant: &d.tenant,
                 ordered: d.ordering_key.is_some(),
+                urgent: d.priority > 0,
             })
             .collect();
         self.inner.floors.record(

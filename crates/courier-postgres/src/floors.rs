@@ -144,6 +144,10 @@ pub(crate) struct Claimed<'a> {
     pub(crate) id: i64,
     pub(crate) tenant: &'a str,
     pub(crate) ordered: bool,
+    /// Priority above 0: taken from deliveries_urgent ahead of the floor
+    /// walk, so its id says nothing about where the tenant's priority-0
+    /// work starts.
+    pub(crate) urgent: bool,
 }
 
 /// What a claim found, for [`Floors::record`].
@@ -374,7 +378,10 @@ impl Floors {
         let lane = &mut state.lanes[index];
         let full = planned.pass == Pass::Full;
         let mut lowest: BTreeMap<&str, i64> = BTreeMap::new();
-        for c in found.claimed {
+        // Floors bound the priority-0 walk only: an urgent delivery is newer
+        // than most of its tenant's backlog, and a floor just below it would
+        // skip that backlog.
+        for c in found.claimed.iter().filter(|c| !c.urgent) {
             lowest
                 .entry(c.tenant)
                 .and_modify(|low| *low = (*low).min(c.id))
@@ -651,6 +658,7 @@ mod tests {
                 id,
                 tenant,
                 ordered: false,
+                urgent: false,
             })
             .collect()
     }
@@ -757,6 +765,77 @@ mod tests {
         assert_eq!(
             floors_of(&floors, t0 + Duration::from_millis(20)).1,
             vec![4, 29]
+        );
+    }
+
+    #[test]
+    fn an_urgent_delivery_does_not_raise_its_tenant_s_floor() {
+        let floors = Floors::default();
+        let t0 = Instant::now();
+        let first = floors.plan(&lane(), "", 10, t0);
+        claim(
+            &floors,
+            &first,
+            "",
+            &["a"],
+            false,
+            &claimed("a", &[5]),
+            t0,
+            Duration::from_millis(5),
+        );
+        let next = floors.plan(&lane(), "", 10, t0 + Duration::from_millis(10));
+        assert!(matches!(next.pass, Pass::Floor { .. }));
+        // The floor pass took only a priority-9 delivery enqueued after a
+        // backlog (ids 6 to 99): a floor at 99 would skip the backlog.
+        let urgent = [Claimed {
+            id: 100,
+            tenant: "a",
+            ordered: false,
+            urgent: true,
+        }];
+        claim(
+            &floors,
+            &next,
+            "",
+            &["a"],
+            false,
+            &urgent,
+            t0,
+            Duration::from_millis(1),
+        );
+        assert_eq!(
+            floors_of(&floors, t0 + Duration::from_millis(20)).1,
+            vec![4]
+        );
+        // Beside priority-0 rows, those set it as before.
+        let later = floors.plan(&lane(), "", 10, t0 + Duration::from_millis(30));
+        let mixed = [
+            Claimed {
+                id: 101,
+                tenant: "a",
+                ordered: false,
+                urgent: true,
+            },
+            Claimed {
+                id: 6,
+                tenant: "a",
+                ordered: false,
+                urgent: false,
+            },
+        ];
+        claim(
+            &floors,
+            &later,
+            "",
+            &["a"],
+            false,
+            &mixed,
+            t0,
+            Duration::from_millis(1),
+        );
+        assert_eq!(
+            floors_of(&floors, t0 + Duration::from_millis(40)).1,
+            vec![5]
         );
     }
 
@@ -1088,16 +1167,19 @@ mod tests {
                 id: 10,
                 tenant: "a",
                 ordered: true,
+                urgent: false,
             },
             Claimed {
                 id: 11,
                 tenant: "a",
                 ordered: false,
+                urgent: false,
             },
             Claimed {
                 id: 12,
                 tenant: "a",
                 ordered: false,
+                urgent: false,
             },
         ];
         let full = floors.plan(&lane(), "", 10, t0);

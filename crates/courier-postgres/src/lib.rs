@@ -275,6 +275,7 @@ pub fn enqueue_arguments(messages: &[NewMessage]) -> Result<PgArguments, StoreEr
     let mut occurred = Vec::with_capacity(n);
     let mut available_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
     let mut delays: Vec<Option<i64>> = Vec::with_capacity(n);
+    let mut priorities: Vec<i16> = Vec::with_capacity(n);
     for message in messages {
         message.validate()?;
         ids.push(message.id);
@@ -293,6 +294,7 @@ pub fn enqueue_arguments(messages: &[NewMessage]) -> Result<PgArguments, StoreEr
         };
         available_at.push(at);
         delays.push(delay);
+        priorities.push(message.priority);
     }
     let mut arguments = PgArguments::default();
     let encoded = (|| {
@@ -306,7 +308,8 @@ pub fn enqueue_arguments(messages: &[NewMessage]) -> Result<PgArguments, StoreEr
         arguments.add(&idempotency_keys)?;
         arguments.add(&occurred)?;
         arguments.add(&available_at)?;
-        arguments.add(&delays)
+        arguments.add(&delays)?;
+        arguments.add(&priorities)
     })();
     encoded.map_err(|error| map(sqlx::Error::Encode(error)))?;
     Ok(arguments)

@@ -98,10 +98,15 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "error_fingerprints",
         sql: include_str!("../migrations/0015_error_fingerprints.sql"),
     },
+    Migration {
+        version: 16,
+        name: "priorities",
+        sql: include_str!("../migrations/0016_priorities.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 15;
+pub const SCHEMA_VERSION: i64 = 16;
 
 /// Applies every migration newer than the schema's, in one transaction under
 /// the migration lock, after checking the applied ones (see the module doc).

@@ -412,6 +412,7 @@ mod tests {
             payload: serde_json::Value::Null,
             headers: Default::default(),
             ordering_key: None,
+            priority: 0,
             subscription: "s".into(),
             attempt: 1,
             occurred_at: chrono::Utc::now(),

@@ -98,6 +98,7 @@ where
     full["schema_version"] = json!(2);
     full["headers"] = json!({"trace": "t-1"});
     full["ordering_key"] = json!("customer-1");
+    full["priority"] = json!(7);
     // Within MAX_HOLD (366 days) from now.
     let at = (chrono::Utc::now() + chrono::Duration::days(30))
         .format("%Y-%m-%dT%H:%M:%S")
@@ -112,6 +113,7 @@ where
     assert_eq!(read.body["schema_version"], json!(2));
     assert_eq!(read.body["headers"], json!({"trace": "t-1"}));
     assert_eq!(read.body["ordering_key"], json!("customer-1"));
+    assert_eq!(read.body["priority"], json!(7));
     assert!(read.body["available_at"]
         .as_str()
         .unwrap_or_default()
@@ -319,6 +321,18 @@ where
             with("available_at", json!(1_700_000_000)),
             StatusCode::UNPROCESSABLE_ENTITY,
             "available_at",
+        ),
+        (
+            "priority above 9",
+            with("priority", json!(10)),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "priority",
+        ),
+        (
+            "priority below 0",
+            with("priority", json!(-1)),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "priority",
         ),
         (
             "empty ordering_key",

@@ -29,7 +29,7 @@ SET state = 'running',
 WHERE id IN (
 {picks}
 )
-RETURNING id, message_id, tenant, topic, schema_version, ordering_key, attempts, max_attempts,
+RETURNING id, message_id, tenant, topic, schema_version, ordering_key, priority, attempts, max_attempts,
           lease_token, lease_expires_at,
           (SELECT m.payload FROM messages m WHERE m.id = deliveries.message_id) AS payload,
           (SELECT m.headers FROM messages m WHERE m.id = deliveries.message_id) AS headers,

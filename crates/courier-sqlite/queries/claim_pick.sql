@@ -1,8 +1,8 @@
 -- One tenant's share of a claim (a fragment of claim.sql, repeated per tenant in
 -- the turn; the tenant and quota placeholders become that tenant's parameter
 -- numbers).
--- Walks deliveries_ready for (subscription ?1, tenant) in enqueue order and stops
--- after the quota. Only routes the worker handles are taken (topic '*' with
+-- Walks deliveries_ready for (subscription ?1, tenant), highest priority first
+-- and in enqueue order within a priority, and stops after the quota. Only routes the worker handles are taken (topic '*' with
 -- version 0 is a catch-all); a delivery with an
 -- ordering key waits while an earlier delivery with that key is not dead, or
 -- while any delivery with that key is running (a retried dead letter must not
@@ -24,6 +24,6 @@ SELECT id FROM (
             AND e.ordering_key = d.ordering_key
             AND e.state <> 'dead'
             AND (e.id < d.id OR e.state = 'running')))
-  ORDER BY d.id
+  ORDER BY d.priority DESC, d.id
   LIMIT ?{quota}
 )

@@ -27,7 +27,7 @@
 -- few messages of the range reads further back (the range, or retention,
 -- bounds how far).
 SELECT m.id, m.tenant, m.topic, m.schema_version, m.payload, m.headers,
-       m.ordering_key, m.idempotency_key, m.occurred_at, m.available_at, m.created_at
+       m.ordering_key, m.idempotency_key, m.priority, m.occurred_at, m.available_at, m.created_at
 FROM messages m
 WHERE (?1 IS NULL OR m.tenant IN (SELECT value FROM json_each(?1)))
   AND (?2 IS NULL OR m.topic = ?2)

@@ -5,8 +5,8 @@
 -- transaction that created the subscription, so no message is both replayed
 -- and fanned out.
 INSERT INTO deliveries
-  (message_id, subscription, tenant, topic, schema_version, ordering_key, available_at)
-SELECT m.id, ?1, m.tenant, m.topic, m.schema_version, m.ordering_key, m.available_at
+  (message_id, subscription, tenant, topic, schema_version, ordering_key, available_at, priority)
+SELECT m.id, ?1, m.tenant, m.topic, m.schema_version, m.ordering_key, m.available_at, m.priority
 FROM messages m
 WHERE (?2 IS NULL OR (m.created_at, m.id) >= (?2, ?3))
   AND EXISTS (SELECT 1 FROM subscription_topics t

@@ -69,10 +69,15 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "error_fingerprints",
         sql: include_str!("../migrations/0009_error_fingerprints.sql"),
     },
+    Migration {
+        version: 10,
+        name: "priorities",
+        sql: include_str!("../migrations/0010_priorities.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// The bookkeeping table, named so that it cannot collide with an
 /// application's own `schema_migrations` in a shared file. `checksum` is

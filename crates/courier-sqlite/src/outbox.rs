@@ -131,7 +131,8 @@ impl SqliteStore {
                 .bind(message.idempotency_key.as_deref())
                 .bind(message.occurred_at.timestamp_millis())
                 .bind(available_at)
-                .bind(delay);
+                .bind(delay)
+                .bind(message.priority);
         }
         let returned = query.fetch_all(&mut *conn).await.map_err(map)?;
         returned.iter().map(|row| rows::uuid(row, "id")).collect()

@@ -100,7 +100,7 @@ const ENQUEUE: &str = include_str!("../queries/enqueue.sql");
 const ENQUEUE_ROW: &str = include_str!("../queries/enqueue_row.sql");
 
 /// Bound parameters one enqueued message takes (see `enqueue_row.sql`).
-pub(crate) const ENQUEUE_PARAMS_PER_ROW: usize = 11;
+pub(crate) const ENQUEUE_PARAMS_PER_ROW: usize = 12;
 
 /// Bound parameters the claim statement takes before the per-tenant pieces.
 pub(crate) const CLAIM_SHARED_PARAMS: usize = 4;

@@ -11,7 +11,7 @@ use courier::postgres::PgStore;
 use courier::sqlite::SqliteStore;
 use courier::{
     error_fingerprint, AdminStore, ClaimParams, ClaimedDelivery, DeadLetterFilter, DeadLetterStore,
-    ErrorKind, Failure, NewMessage, OutboxStore, Route, StoreError, UNKNOWN_FINGERPRINT,
+    ErrorKind, Failure, LeaseRef, NewMessage, OutboxStore, Route, StoreError, UNKNOWN_FINGERPRINT,
 };
 use courier_testkit::{states_of, Event};
 use uuid::Uuid;
@@ -38,11 +38,96 @@ async fn claim<S: OutboxStore>(
     Ok(batch.deliveries)
 }
 
+/// The database as an older build's producers and workers wrote it: this
+/// build's enqueue and claim statements name columns an older schema lacks.
+enum OldDb {
+    Postgres(sqlx::PgPool),
+    Sqlite(sqlx::SqlitePool),
+}
+
+impl OldDb {
+    /// Publishes `messages` in order, as a plain-SQL producer of any schema
+    /// version does (the columns every version has).
+    async fn publish(&self, messages: &[NewMessage]) -> anyhow::Result<()> {
+        for message in messages {
+            match self {
+                Self::Postgres(pool) => {
+                    sqlx::query(
+                        "INSERT INTO messages (id, tenant, topic, payload) VALUES ($1, $2, $3, $4::jsonb)",
+                    )
+                    .bind(message.id)
+                    .bind(&message.tenant)
+                    .bind(&message.topic)
+                    .bind(&message.payload)
+                    .execute(pool)
+                    .await?;
+                }
+                Self::Sqlite(pool) => {
+                    sqlx::query(
+                        "INSERT INTO messages (id, tenant, topic, payload) VALUES (?1, ?2, ?3, ?4)",
+                    )
+                    .bind(message.id.to_string())
+                    .bind(&message.tenant)
+                    .bind(&message.topic)
+                    .bind(&message.payload)
+                    .execute(pool)
+                    .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the `n` oldest available deliveries running under one fresh
+    /// five-minute lease, as an older build's claim did; returns the leases.
+    async fn claim(&self, n: i64) -> anyhow::Result<Vec<LeaseRef>> {
+        let token = Uuid::new_v4();
+        let ids: Vec<i64> = match self {
+            Self::Postgres(pool) => {
+                sqlx::query_scalar(
+                    "UPDATE deliveries SET state = 'running', attempts = attempts + 1,
+                       max_attempts = 10, lease_token = $1, claimed_by = 'old',
+                       lease_expires_at = statement_timestamp() + interval '5 minutes'
+                     WHERE id IN (SELECT id FROM deliveries WHERE state = 'available'
+                                  ORDER BY id LIMIT $2)
+                     RETURNING id",
+                )
+                .bind(token)
+                .bind(n)
+                .fetch_all(pool)
+                .await?
+            }
+            Self::Sqlite(pool) => {
+                sqlx::query_scalar(
+                    "UPDATE deliveries SET state = 'running', attempts = attempts + 1,
+                       max_attempts = 10, lease_token = ?1, claimed_by = 'old',
+                       lease_expires_at = CAST(round(unixepoch('subsec') * 1000) AS INTEGER) + 300000
+                     WHERE id IN (SELECT id FROM deliveries WHERE state = 'available'
+                                  ORDER BY id LIMIT ?2)
+                     RETURNING id",
+                )
+                .bind(token.to_string())
+                .bind(n)
+                .fetch_all(pool)
+                .await?
+            }
+        };
+        Ok(ids
+            .into_iter()
+            .map(|delivery_id| LeaseRef {
+                delivery_id,
+                lease_token: token,
+            })
+            .collect())
+    }
+}
+
 /// What the older build had done: `first` completed with its receipt, the
 /// dead letter of `fourth` discarded (its delivery deleted), `second` and
 /// `third` pending. Then the upgrade, then `second` completes.
 async fn upgrade_keeps_completed<S: OutboxStore + AdminStore>(
     store: &S,
+    old: &OldDb,
     old_completion: impl AsyncFnOnce(Uuid, Uuid) -> anyhow::Result<()>,
     upgrade: impl AsyncFnOnce() -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
@@ -52,7 +137,7 @@ async fn upgrade_keeps_completed<S: OutboxStore + AdminStore>(
         NewMessage::new("acme", "t", &Event { n: 3 })?,
         NewMessage::new("acme", "t", &Event { n: 4 })?,
     ];
-    store.publish_batch(&messages).await?;
+    old.publish(&messages).await?;
     old_completion(messages[0].id, messages[3].id).await?;
     upgrade().await?;
 
@@ -103,6 +188,7 @@ async fn postgres_an_upgrade_from_schema_12_keeps_what_reads_completed() -> anyh
     .await?;
     let result = upgrade_keeps_completed(
         &store,
+        &OldDb::Postgres(pool.clone()),
         async |completed, discarded| {
             sqlx::query(
                 "WITH done AS (DELETE FROM deliveries WHERE message_id = $1
@@ -152,6 +238,7 @@ async fn sqlite_an_upgrade_from_schema_6_keeps_what_reads_completed() -> anyhow:
     tokio::time::sleep(Duration::from_millis(2)).await;
     upgrade_keeps_completed(
         &store,
+        &OldDb::Sqlite(pool.clone()),
         async |completed, discarded| {
             sqlx::raw_sql(&format!(
                 "INSERT INTO receipts (tenant, subscription, message_id)
@@ -178,6 +265,7 @@ async fn sqlite_an_upgrade_from_schema_6_keeps_what_reads_completed() -> anyhow:
 /// any other, and a failure after the upgrade groups by its own fingerprint.
 async fn upgrade_groups_old_dead_letters_as_unknown<S: OutboxStore + DeadLetterStore>(
     store: &S,
+    old: &OldDb,
     kill_by_hand: impl AsyncFnOnce() -> anyhow::Result<()>,
     upgrade: impl AsyncFnOnce() -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
@@ -186,7 +274,7 @@ async fn upgrade_groups_old_dead_letters_as_unknown<S: OutboxStore + DeadLetterS
         NewMessage::new("acme", "t", &Event { n: 2 })?,
         NewMessage::new("acme", "t", &Event { n: 3 })?,
     ];
-    store.publish_batch(&messages).await?;
+    old.publish(&messages).await?;
     kill_by_hand().await?;
     upgrade().await?;
 
@@ -253,6 +341,7 @@ async fn postgres_dead_letters_from_schema_14_group_as_unknown_after_the_upgrade
     .await?;
     let result = upgrade_groups_old_dead_letters_as_unknown(
         &store,
+        &OldDb::Postgres(pool.clone()),
         async || {
             // As schema 14's fail.sql left a dead letter.
             sqlx::raw_sql(
@@ -300,6 +389,7 @@ async fn sqlite_dead_letters_from_schema_8_group_as_unknown_after_the_upgrade() 
     tokio::time::sleep(Duration::from_millis(2)).await;
     upgrade_groups_old_dead_letters_as_unknown(
         &store,
+        &OldDb::Sqlite(pool.clone()),
         async || {
             // As schema 8's fail.sql left a dead letter.
             sqlx::raw_sql(
@@ -308,6 +398,152 @@ async fn sqlite_dead_letters_from_schema_8_group_as_unknown_after_the_upgrade() 
                    errors = json_array(json_object(
                      'attempt', 1, 'at', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
                      'message', 'boom before the upgrade'))",
+            )
+            .execute(&pool)
+            .await?;
+            Ok(())
+        },
+        async || {
+            store.migrate().await?;
+            anyhow::ensure!(store.schema_version().await? == courier::sqlite::SCHEMA_VERSION);
+            Ok(())
+        },
+    )
+    .await
+}
+
+/// A database an older build (before priorities) left with pending, running
+/// and dead work: after the upgrade the running delivery completes under the
+/// lease it had, the pending ones are claimed as priority 0, the dead letter
+/// is retried and delivered, and a new priority-9 message overtakes the old
+/// backlog. Every message is delivered once.
+async fn upgrade_keeps_work_in_flight_and_adds_priorities<S: OutboxStore + DeadLetterStore>(
+    store: &S,
+    old: &OldDb,
+    kill_by_hand: impl AsyncFnOnce() -> anyhow::Result<()>,
+    upgrade: impl AsyncFnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let doomed = NewMessage::new("acme", "t", &Event { n: 0 })?;
+    old.publish(std::slice::from_ref(&doomed)).await?;
+    kill_by_hand().await?;
+    let backlog: Vec<NewMessage> = (1..=20)
+        .map(|n| NewMessage::new("acme", "t", &Event { n }))
+        .collect::<Result<_, _>>()?;
+    old.publish(&backlog).await?;
+    let running = old.claim(2).await?;
+    assert_eq!(running.len(), 2);
+    upgrade().await?;
+
+    let mut delivered: Vec<Uuid> = backlog[..2].iter().map(|m| m.id).collect();
+    assert_eq!(
+        store.complete_many(&running).await?.len(),
+        2,
+        "a lease from before the upgrade was refused"
+    );
+
+    let urgent = NewMessage::new("acme", "t", &Event { n: 99 })?.with_priority(9);
+    store.publish_batch(std::slice::from_ref(&urgent)).await?;
+    let first = claim(store, 1).await?;
+    assert_eq!(
+        first.iter().map(|d| d.message_id).collect::<Vec<_>>(),
+        [urgent.id]
+    );
+    let leases: Vec<_> = first.iter().map(ClaimedDelivery::lease).collect();
+    store.complete_many(&leases).await?;
+    delivered.push(urgent.id);
+
+    assert_eq!(
+        store
+            .retry_dead_letters_matching(&DeadLetterFilter::default())
+            .await?,
+        1
+    );
+    loop {
+        let claimed = claim(store, 7).await?;
+        if claimed.is_empty() {
+            break;
+        }
+        assert!(claimed.iter().all(|d| d.priority == 0));
+        let leases: Vec<_> = claimed.iter().map(ClaimedDelivery::lease).collect();
+        store.complete_many(&leases).await?;
+        delivered.extend(claimed.iter().map(|d| d.message_id));
+    }
+    let mut expected: Vec<Uuid> = backlog.iter().map(|m| m.id).collect();
+    expected.push(doomed.id);
+    expected.push(urgent.id);
+    expected.sort();
+    delivered.sort();
+    assert_eq!(delivered, expected, "every message once");
+    Ok(())
+}
+
+#[tokio::test]
+async fn postgres_an_upgrade_from_schema_15_keeps_work_in_flight_and_adds_priorities(
+) -> anyhow::Result<()> {
+    let schema = format!("t_{}", &Uuid::new_v4().simple().to_string()[..16]);
+    let pool = courier_testkit::pg_pool(&schema, 4).await?;
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&pool)
+        .await?;
+    let store = PgStore::with_schema(pool.clone(), &schema)?;
+    store.migrate_to(15).await?;
+    sqlx::raw_sql(
+        "INSERT INTO subscriptions (name) VALUES ('old');
+         INSERT INTO subscription_topics (subscription, pattern, prefix) VALUES ('old', 't', NULL)",
+    )
+    .execute(&pool)
+    .await?;
+    let result = upgrade_keeps_work_in_flight_and_adds_priorities(
+        &store,
+        &OldDb::Postgres(pool.clone()),
+        async || {
+            sqlx::raw_sql(
+                "UPDATE deliveries SET state = 'dead', attempts = 1, dead_at = clock_timestamp(),
+                   error_fingerprint = 'unknown'",
+            )
+            .execute(&pool)
+            .await?;
+            Ok(())
+        },
+        async || {
+            store.migrate().await?;
+            anyhow::ensure!(store.schema_version().await? == courier::postgres::SCHEMA_VERSION);
+            Ok(())
+        },
+    )
+    .await;
+    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&pool)
+        .await?;
+    result
+}
+
+#[tokio::test]
+async fn sqlite_an_upgrade_from_schema_9_keeps_work_in_flight_and_adds_priorities(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("courier.db");
+    let path = path
+        .to_str()
+        .ok_or_else(|| anyhow::anyhow!("temporary path is not UTF-8"))?;
+    let pool = courier::sqlite::connect(path, 4).await?;
+    let store = SqliteStore::new(pool.clone());
+    store.migrate_to(9).await?;
+    sqlx::raw_sql(
+        "INSERT INTO subscriptions (name) VALUES ('old');
+         INSERT INTO subscription_topics (subscription, pattern, prefix) VALUES ('old', 't', NULL)",
+    )
+    .execute(&pool)
+    .await?;
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    upgrade_keeps_work_in_flight_and_adds_priorities(
+        &store,
+        &OldDb::Sqlite(pool.clone()),
+        async || {
+            sqlx::raw_sql(
+                "UPDATE deliveries SET state = 'dead', attempts = 1,
+                   dead_at = CAST(round(unixepoch('subsec') * 1000) AS INTEGER),
+                   error_fingerprint = 'unknown'",
             )
             .execute(&pool)
             .await?;

@@ -26,6 +26,8 @@ const ORDERING_KEYS: u64 = 1000;
 const TENANTS: u64 = 50;
 /// One message in this many fails in the failing exactly-once case.
 const FAIL_EVERY: u64 = 100;
+/// One message in this many has a priority above 0 in the priorities case.
+const URGENT_EVERY: u64 = 10;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Case {
@@ -35,6 +37,7 @@ enum Case {
     TwoSubscriptions,
     OrderingKeys,
     Tenants,
+    Priorities,
 }
 
 impl Case {
@@ -46,6 +49,7 @@ impl Case {
             Self::TwoSubscriptions => "drain.two_subscriptions",
             Self::OrderingKeys => "drain.ordering_keys",
             Self::Tenants => "drain.tenants",
+            Self::Priorities => "drain.priorities",
         }
     }
 
@@ -59,6 +63,7 @@ impl Case {
             Self::TwoSubscriptions => "2 subscriptions on 1 topic (deliveries/s)".to_owned(),
             Self::OrderingKeys => format!("no-op, {ORDERING_KEYS} ordering keys"),
             Self::Tenants => format!("no-op, {TENANTS} tenants"),
+            Self::Priorities => format!("no-op, 1 in {URGENT_EVERY} at priority 1-9"),
         }
     }
 
@@ -77,6 +82,11 @@ impl Case {
         let message = NewMessage::new(tenant, TOPIC, &BenchPayload { seq })?;
         Ok(match self {
             Self::OrderingKeys => message.with_ordering_key(format!("key-{}", seq % ORDERING_KEYS)),
+            Self::Priorities if seq.is_multiple_of(URGENT_EVERY) => {
+                // 1 to 9 in turn, so every priority has messages.
+                let level = (seq / URGENT_EVERY) % 9 + 1;
+                message.with_priority(i16::try_from(level).unwrap_or(1))
+            }
             _ => message,
         })
     }
@@ -106,6 +116,7 @@ pub(crate) async fn run<F: Fixture>(
         Case::TwoSubscriptions,
         Case::OrderingKeys,
         Case::Tenants,
+        Case::Priorities,
     ] {
         let measurement = drain(fixture, plan, case, baseline)
             .await

@@ -302,6 +302,17 @@ impl Report {
                 met: share >= 0.60,
             });
         }
+        if let (Some(noop), Some(urgent)) = (
+            noop.and_then(|m| m.per_second),
+            self.find("drain.priorities").and_then(|m| m.per_second),
+        ) {
+            let share = urgent / noop;
+            bars.push(BarCheck {
+                bar: "drain with priorities ≥ 95% of no-op".into(),
+                measured: format!("{:.0}%", share * 100.0),
+                met: share >= 0.95,
+            });
+        }
         if let Some(rate) = self.find("enqueue.batch_1000").and_then(|m| m.per_second) {
             bars.push(BarCheck {
                 bar: "batched enqueue ≥ 150,000 msg/s".into(),

@@ -32,6 +32,10 @@ pub struct PublishArgs {
     /// Idempotency key.
     #[arg(long)]
     pub idempotency_key: Option<String>,
+    /// Priority, 0 (the default) to 9: higher is delivered first within
+    /// its tenant's share of each claim.
+    #[arg(long)]
+    pub priority: Option<i16>,
 }
 
 impl PublishArgs {
@@ -57,6 +61,7 @@ impl PublishArgs {
             ordering_key: self.ordering_key.clone(),
             idempotency_key: self.idempotency_key.clone(),
             available_at: None,
+            priority: self.priority,
         };
         Ok(Some(serde_json::to_string(&body)?))
     }

@@ -935,6 +935,7 @@
           ['Tenant', m.tenant, 'tenant'],
           ['Topic', mono(m.topic), 'topic'],
           ['Schema version', String(m.schema_version), 'schema-version'],
+          ['Priority', String(m.priority ?? 0), 'priority'],
           ['Ordering key', m.ordering_key == null ? null : mono(m.ordering_key), 'ordering-key'],
           ['Idempotency key', m.idempotency_key == null ? null : mono(m.idempotency_key), 'idempotency-key'],
           ['Occurred at', timeEl(m.occurred_at), 'occurred-at'],

@@ -108,6 +108,9 @@ pub struct MessageView {
     pub ordering_key: Option<String>,
     /// The idempotency key.
     pub idempotency_key: Option<String>,
+    /// The priority, 0 to 9 (higher is delivered first within its tenant's
+    /// share of each claim).
+    pub priority: i16,
     /// When the event happened (producer clock).
     pub occurred_at: DateTime<Utc>,
     /// When it first became deliverable.
@@ -130,6 +133,7 @@ impl From<StoredMessage> for MessageView {
             headers: message.headers,
             ordering_key: message.ordering_key,
             idempotency_key: message.idempotency_key,
+            priority: message.priority,
             occurred_at: message.occurred_at,
             available_at: message.available_at,
             enqueued_at: message.enqueued_at,

@@ -26,6 +26,7 @@ mod dead_letters;
 mod enqueue;
 mod fixtures;
 mod helpers;
+mod priority;
 mod rescue;
 mod settle;
 mod transactional;
@@ -43,6 +44,7 @@ pub use concurrency::*;
 pub use dead_letter_groups::*;
 pub use dead_letters::*;
 pub use enqueue::*;
+pub use priority::*;
 pub use rescue::*;
 pub use settle::*;
 pub use transactional::*;
@@ -200,6 +202,10 @@ macro_rules! store_conformance_tests {
             an_ordering_key_holds_the_next_message_until_the_earlier_completes,
             an_ordering_key_releases_the_next_message_when_the_earlier_is_dead_lettered,
             a_delayed_message_waits_until_it_is_available,
+            a_priority_message_overtakes_a_100_000_message_backlog_in_one_claim,
+            priorities_order_a_tenant_s_share_and_tenants_still_take_turns,
+            a_priority_message_keeps_its_place_in_its_ordering_key,
+            priorities_outside_0_to_9_are_refused_and_plain_sql_sets_them,
             completion_with_a_wrong_token_is_refused,
             zombie_completion_is_refused_after_lease_expiry,
             a_zombie_with_the_right_token_is_refused_by_the_clock,

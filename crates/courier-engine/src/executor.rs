@@ -710,7 +710,7 @@ impl<S: OutboxStore> Executor<S> {
         work: TxWork<S::Connection>,
     ) -> TxWork<S::Connection> {
         let histogram = metrics::histogram!(HANDLER_SECONDS, "subscription" => self.subscription.clone(), "topic" => delivery.topic.clone());
-        let span = DeliverySpan::of(&self.subscription, delivery);
+        let span = DeliverySpan::of(&self.subscription, delivery).into_owned();
         crate::handler::transactional_work(move |conn: &mut S::Connection| {
             let span = span.open();
             Box::pin(

@@ -65,33 +65,58 @@ pub fn with_current_context(messages: &[NewMessage]) -> Cow<'_, [NewMessage]> {
     Cow::Owned(owned)
 }
 
-/// What one delivery's `courier.deliver` span is made of, taken from its
-/// claim without the payload, so that a transactional group can open each
+/// What one delivery's `courier.deliver` span is made of: borrowed from its
+/// claim to open the span at once, or owned ([`DeliverySpan::into_owned`],
+/// without the payload) so that a transactional group can open each
 /// delivery's span when its handler starts.
 #[derive(Debug, Clone)]
-pub(crate) struct DeliverySpan {
-    subscription: String,
+pub(crate) struct DeliverySpan<'a> {
+    subscription: Cow<'a, str>,
     message_id: uuid::Uuid,
-    tenant: String,
-    topic: String,
+    tenant: Cow<'a, str>,
+    topic: Cow<'a, str>,
     version: i32,
     attempt: i32,
-    /// The producer's context, which only OpenTelemetry spans continue.
+    /// The producer's `traceparent` and `tracestate` headers, which only
+    /// OpenTelemetry spans continue.
     #[cfg_attr(not(feature = "otel"), allow(dead_code))]
-    producer: Option<TraceHeaders>,
+    producer: (Option<Cow<'a, str>>, Option<Cow<'a, str>>),
 }
 
-impl DeliverySpan {
+impl<'a> DeliverySpan<'a> {
     /// The span fields of `delivery`, a delivery of `subscription`.
-    pub(crate) fn of(subscription: &str, delivery: &ClaimedDelivery) -> Self {
+    pub(crate) fn of(subscription: &'a str, delivery: &'a ClaimedDelivery) -> Self {
+        let header = |name: &str| {
+            delivery
+                .headers
+                .get(name)
+                .map(|v| Cow::Borrowed(v.as_str()))
+        };
         Self {
-            subscription: subscription.to_owned(),
+            subscription: Cow::Borrowed(subscription),
             message_id: delivery.message_id,
-            tenant: delivery.tenant.clone(),
-            topic: delivery.topic.clone(),
+            tenant: Cow::Borrowed(&delivery.tenant),
+            topic: Cow::Borrowed(&delivery.topic),
             version: delivery.schema_version,
             attempt: delivery.attempt,
-            producer: trace_headers_of(&delivery.headers),
+            producer: (
+                header(courier_core::TRACEPARENT),
+                header(courier_core::TRACESTATE),
+            ),
+        }
+    }
+
+    /// The same fields, owned.
+    pub(crate) fn into_owned(self) -> DeliverySpan<'static> {
+        let owned = |text: Cow<'a, str>| Cow::Owned(text.into_owned());
+        DeliverySpan {
+            subscription: owned(self.subscription),
+            message_id: self.message_id,
+            tenant: owned(self.tenant),
+            topic: owned(self.topic),
+            version: self.version,
+            attempt: self.attempt,
+            producer: (self.producer.0.map(owned), self.producer.1.map(owned)),
         }
     }
 
@@ -193,12 +218,21 @@ mod otel {
         context.span().span_context().is_valid().then_some(context)
     }
 
-    pub(super) fn continue_producer(span: &tracing::Span, delivery: &DeliverySpan) {
+    pub(super) fn continue_producer(span: &tracing::Span, delivery: &DeliverySpan<'_>) {
         span.set_attribute("messaging.system", "courier");
         span.set_attribute("messaging.operation", "process");
-        span.set_attribute("messaging.destination.name", delivery.topic.clone());
+        span.set_attribute("messaging.destination.name", delivery.topic.to_string());
         span.set_attribute("messaging.message.id", delivery.message_id.to_string());
-        if let Some(parent) = delivery.producer.as_ref().and_then(producer_context) {
+        let producer = match &delivery.producer {
+            (Some(traceparent), tracestate) if courier_core::valid_traceparent(traceparent) => {
+                Some(TraceHeaders {
+                    traceparent: traceparent.to_string(),
+                    tracestate: tracestate.as_deref().map(str::to_owned),
+                })
+            }
+            _ => None,
+        };
+        if let Some(parent) = producer.as_ref().and_then(producer_context) {
             // Fails only when no OpenTelemetry layer is installed (or the
             // span is disabled): then there is nothing to continue.
             let _ = span.set_parent(parent);

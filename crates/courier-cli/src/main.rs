@@ -339,8 +339,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             // The flags are checked as the file's keys are.
             config.validate()?;
-            courier_server::init_logging(config.log_format);
-            courier_server::run(config, shutdown_signal()).await?;
+            let telemetry = courier_server::init_telemetry(&config)?;
+            let served = courier_server::run(config, shutdown_signal()).await;
+            telemetry.shutdown().await;
+            served?;
         }
         Command::Publish(args) => commands::publish(&Target::open(&args.db)?, &args).await?,
         Command::Cancel { db, id } => commands::cancel(&Target::open(&db)?, id).await?,

@@ -18,6 +18,7 @@ mod names;
 mod retry;
 mod store;
 mod stream;
+mod trace_context;
 
 pub use admin::{
     AdminStore, CancelOutcome, DatabaseHealth, DeliveryStats, DeliveryStatsPage, DeliveryTotals,
@@ -54,4 +55,8 @@ pub use stream::{
     PendingSummary, ReadNew, ReceiptOutcome, StreamEntry, StreamEntryId, StreamKey, StreamPage,
     StreamReceipts, StreamStore, StreamSummary, TrimBound, DEAD_STREAM_SUFFIX, MAX_STREAM_BATCH,
     MAX_STREAM_BLOCK, MAX_STREAM_PAGE,
+};
+pub use trace_context::{
+    has_trace_context, insert_trace_context, traceparent_trace_id, valid_traceparent, TRACEPARENT,
+    TRACESTATE,
 };

@@ -47,6 +47,7 @@ use crate::handler::{ErasedHandler, Prepared};
 use crate::in_flight::InFlight;
 use crate::metrics_names::{HANDLERS_STOPPED, HANDLER_SECONDS, PICKUP_SECONDS, TIMED_OUT};
 use crate::settle::Settlement;
+use crate::trace_context::{link_producers, DeliverySpan};
 
 /// How long a worker runs transactional deliveries one per transaction after
 /// a group of them rolled back for a lost lease or a store error, and how
@@ -487,14 +488,7 @@ impl<S: OutboxStore> Executor<S> {
                 lease: delivery.lease(),
             };
         }
-        let span = tracing::info_span!(
-            "courier.deliver",
-            subscription = %self.subscription,
-            message_id = %delivery.message_id,
-            tenant = %delivery.tenant,
-            topic = %delivery.topic,
-            attempt = delivery.attempt,
-        );
+        let span = DeliverySpan::of(&self.subscription, &delivery).open();
         async move {
             self.record_pickup(&delivery);
             let started = Instant::now();
@@ -613,7 +607,7 @@ impl<S: OutboxStore> Executor<S> {
                         self.record_pickup(&delivery);
                     }
                     let work = limited(self.timeout_of(&delivery), work);
-                    works.push(self.timed(&delivery, work));
+                    works.push(self.observed(&delivery, work));
                     deliveries.push(delivery);
                 }
                 Ok(Prepared::Plain(_)) | Err(_) => singles.push(delivery),
@@ -635,6 +629,9 @@ impl<S: OutboxStore> Executor<S> {
             deliveries = deliveries.len(),
             isolate,
         );
+        // Each delivery's own `courier.deliver` span continues its producer's
+        // trace (see `observed`); the group's span links to every producer.
+        link_producers(&span, deliveries);
         let batch = deliveries.iter().zip(works).collect();
         let ids: Vec<i64> = deliveries.iter().map(|d| d.delivery_id).collect();
         // Each handler's timeout is its own work's (see `limited`); the group as
@@ -703,20 +700,28 @@ impl<S: OutboxStore> Executor<S> {
         }
     }
 
-    /// Wraps transactional work so its own run time is recorded as handler time.
-    fn timed(
+    /// Wraps a group's transactional work so its own run time is recorded as
+    /// handler time and it runs in its delivery's `courier.deliver` span,
+    /// opened when the work starts (a child of the group's span, continuing
+    /// its producer's trace: see [`DeliverySpan::open`]).
+    fn observed(
         &self,
         delivery: &ClaimedDelivery,
         work: TxWork<S::Connection>,
     ) -> TxWork<S::Connection> {
         let histogram = metrics::histogram!(HANDLER_SECONDS, "subscription" => self.subscription.clone(), "topic" => delivery.topic.clone());
+        let span = DeliverySpan::of(&self.subscription, delivery).into_owned();
         crate::handler::transactional_work(move |conn: &mut S::Connection| {
-            Box::pin(async move {
-                let started = Instant::now();
-                let result = work(conn).await;
-                histogram.record(started.elapsed().as_secs_f64());
-                result
-            }) as futures_util::future::BoxFuture<'_, Result<(), HandlerError>>
+            let span = span.open();
+            Box::pin(
+                async move {
+                    let started = Instant::now();
+                    let result = work(conn).await;
+                    histogram.record(started.elapsed().as_secs_f64());
+                    result
+                }
+                .instrument(span),
+            ) as futures_util::future::BoxFuture<'_, Result<(), HandlerError>>
         })
     }
 

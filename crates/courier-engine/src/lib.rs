@@ -11,7 +11,8 @@
 //! checks), `builder` (handler registration), [`handler`] (typed handlers and
 //! decoding), `fetcher` (the claim loop), `executor` (running handlers under
 //! their leases), `settle` (batched completion), `heartbeat` (lease
-//! extension), `in_flight` (the lease ledger they share), `worker` (wires
+//! extension), `in_flight` (the lease ledger they share), [`trace_context`]
+//! (the producer's trace carried through the outbox), `worker` (wires
 //! them together, start and shutdown), [`maintenance`] (rescuer and pruner).
 
 mod builder;
@@ -25,6 +26,7 @@ pub mod maintenance;
 mod metrics_names;
 mod settle;
 pub mod stream_worker;
+pub mod trace_context;
 mod worker;
 
 pub use builder::WorkerBuilder;

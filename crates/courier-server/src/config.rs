@@ -531,6 +531,35 @@ pub struct NatsSection {
     pub url: String,
 }
 
+/// `[otel]`: export spans (each delivery's `courier.deliver`, in its
+/// producer's trace) to an OpenTelemetry collector over OTLP/HTTP with
+/// protobuf. Needs a `courier` built with the `otel` feature (the default).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OtelSection {
+    /// The collector's base URL, `http://` or `https://`
+    /// (`http://127.0.0.1:4318`); spans are POSTed to `{endpoint}/v1/traces`,
+    /// as with `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    pub endpoint: String,
+    /// The `service.name` of the exported spans.
+    #[serde(default = "default_otel_service_name")]
+    pub service_name: String,
+}
+
+/// The default `otel.service_name`.
+pub const DEFAULT_OTEL_SERVICE_NAME: &str = "courier";
+
+fn default_otel_service_name() -> String {
+    DEFAULT_OTEL_SERVICE_NAME.to_owned()
+}
+
+impl OtelSection {
+    /// Where spans are sent: `{endpoint}/v1/traces`.
+    pub fn traces_url(&self) -> String {
+        format!("{}/v1/traces", self.endpoint.trim_end_matches('/'))
+    }
+}
+
 /// Where the daemon's streams live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -734,6 +763,8 @@ pub struct Config {
     pub redis: Option<RedisSection>,
     /// The NATS server, when relays use one.
     pub nats: Option<NatsSection>,
+    /// OpenTelemetry trace export; none: nothing is exported.
+    pub otel: Option<OtelSection>,
     /// Where streams live.
     pub streams: StreamsSection,
     /// Stream subscriptions the daemon delivers.
@@ -838,6 +869,7 @@ impl Default for Config {
             demo: false,
             redis: None,
             nats: None,
+            otel: None,
             streams: StreamsSection::default(),
             stream_subscriptions: Vec::new(),
             server: ServerSection::default(),
@@ -1057,6 +1089,38 @@ impl Config {
                     "nats.url",
                     &nats.url,
                     "must be a nats://, tls://, ws:// or wss:// URL",
+                ));
+            }
+        }
+        if let Some(otel) = &self.otel {
+            let parsed = reqwest::Url::parse(&otel.endpoint);
+            let ok = parsed.as_ref().is_ok_and(|url| {
+                matches!(url.scheme(), "http" | "https")
+                    && url.host_str().is_some_and(|host| !host.is_empty())
+                    && url.query().is_none()
+                    && url.fragment().is_none()
+            });
+            if !ok {
+                return Err(bad(
+                    "otel.endpoint",
+                    &otel.endpoint,
+                    "must be the collector's http:// or https:// base URL, without query \
+                     (`http://127.0.0.1:4318`; spans go to {endpoint}/v1/traces)",
+                ));
+            }
+            if otel.service_name.trim().is_empty() {
+                return Err(bad(
+                    "otel.service_name",
+                    &otel.service_name,
+                    "must not be empty",
+                ));
+            }
+            if !cfg!(feature = "otel") {
+                return Err(bad(
+                    "otel.endpoint",
+                    &otel.endpoint,
+                    "this courier was built without the `otel` feature and cannot export \
+                     traces; build it with `--features otel` or remove [otel]",
                 ));
             }
         }
@@ -1768,6 +1832,51 @@ mod tests {
             }),
         );
         assert_eq!(config.subscriptions, vec![made]);
+    }
+
+    #[test]
+    fn the_otel_endpoint_is_checked_and_named_when_refused() {
+        for bad in [
+            "127.0.0.1:4318",
+            "ftp://collector:4318",
+            "http://",
+            "http://collector:4318/?token=1",
+            "not a url",
+        ] {
+            let text = format!("[otel]\nendpoint = {bad:?}\n");
+            let error = Config::from_toml_str(&text).unwrap_err();
+            assert_eq!(error.key(), Some("otel.endpoint"), "{bad}: {error}");
+            assert!(error.to_string().contains("base URL"), "{bad}: {error}");
+        }
+        let from_env = Config::from_sources(
+            None,
+            None,
+            env(&[("COURIER_OTEL__ENDPOINT", "collector:4318")]),
+        )
+        .unwrap_err();
+        assert!(
+            from_env.key().is_some_and(
+                |key| key.contains("otel.endpoint") && key.contains("COURIER_OTEL__ENDPOINT")
+            ),
+            "{from_env}"
+        );
+        let empty_name = Config::from_toml_str(
+            "[otel]\nendpoint = \"http://127.0.0.1:4318\"\nservice_name = \" \"\n",
+        )
+        .unwrap_err();
+        assert_eq!(empty_name.key(), Some("otel.service_name"));
+
+        let good = Config::from_toml_str("[otel]\nendpoint = \"http://127.0.0.1:4318/\"\n");
+        if cfg!(feature = "otel") {
+            let otel = good.unwrap().otel.unwrap();
+            assert_eq!(otel.traces_url(), "http://127.0.0.1:4318/v1/traces");
+            assert_eq!(otel.service_name, DEFAULT_OTEL_SERVICE_NAME);
+        } else {
+            // A build that cannot export refuses the key instead of ignoring it.
+            let error = good.unwrap_err();
+            assert_eq!(error.key(), Some("otel.endpoint"));
+            assert!(error.to_string().contains("without the `otel` feature"));
+        }
     }
 
     #[test]

@@ -9,11 +9,13 @@
 //! ```no_run
 //! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
 //! let config = courier_server::Config::load(None)?; // defaults + COURIER_* variables
-//! courier_server::init_logging(config.log_format);
+//! let telemetry = courier_server::init_telemetry(&config)?; // logs, and `[otel]` export
 //! courier_server::run(config, async {
 //!     let _ = tokio::signal::ctrl_c().await;
 //! })
 //! .await?;
+//! telemetry.shutdown().await; // the last spans
+//!
 //! # Ok(()) }
 //! ```
 
@@ -37,6 +39,7 @@ pub mod stream_api;
 pub mod stream_store;
 pub mod stream_subscriptions;
 pub mod stream_webhook;
+pub mod telemetry;
 pub mod throughput;
 pub mod webhook;
 
@@ -47,6 +50,7 @@ pub use daemon::{bind, init_logging, run, Running, ServeError};
 pub use error::ApiError;
 pub use relay::{NativeRelay, NatsRelay, RedisRelay};
 pub use stream_store::ApiStreams;
+pub use telemetry::{init_telemetry, Telemetry, TelemetryError};
 pub use webhook::WebhookHandler;
 
 /// A message payload exactly as it was published: the daemon's targets

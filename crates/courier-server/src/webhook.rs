@@ -26,6 +26,10 @@
 //! metadata, which a message must not be able to forge) or `proxy-`. A
 //! header whose name is not an HTTP token or whose value holds a control
 //! character is not forwarded either; the delivery goes ahead without it.
+//! When the delivery's span has an OpenTelemetry context (the `otel`
+//! feature and a `tracing-opentelemetry` layer, as `[otel] endpoint` sets
+//! up), `traceparent` (and `tracestate`) are that span's instead, so the
+//! endpoint's span is a child of `courier.deliver` in the producer's trace.
 //!
 //! Outcomes: 2xx completes the delivery. A 429 or 503 with `Retry-After`
 //! (seconds) is the endpoint asking to wait: the subscription is throttled
@@ -637,6 +641,19 @@ fn message_headers(message: &Message<crate::RawPayload>) -> Result<HeaderMap, Ha
             continue;
         };
         headers.insert(name, value);
+    }
+    // With an OpenTelemetry context on the delivery's span (`courier.deliver`,
+    // itself the producer's child), the endpoint's span continues from it;
+    // otherwise the message's own context, forwarded above, is its parent.
+    if let Some(trace) = courier::trace_context::current_trace_headers() {
+        headers.insert(courier::TRACEPARENT, header(&trace.traceparent)?);
+        match trace
+            .tracestate
+            .and_then(|state| HeaderValue::from_str(&state).ok())
+        {
+            Some(state) => headers.insert(courier::TRACESTATE, state),
+            None => headers.remove(courier::TRACESTATE),
+        };
     }
     headers.insert("courier-tenant", header(&message.tenant)?);
     headers.insert("courier-topic", header(&message.topic)?);

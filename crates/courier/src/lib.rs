@@ -79,6 +79,13 @@ pub use courier_engine::stream_worker::{
     DEFAULT_MAX_DELIVERIES, DEFAULT_MIN_IDLE, DEFAULT_STREAM_BATCH, DEFAULT_STREAM_BLOCK,
 };
 pub use courier_engine::DEFAULT_HANDLER_TIMEOUT;
+// Traces across the outbox: the header keys and their rules, and (with the
+// `otel` feature) the current span's context.
+pub use courier_core::{
+    has_trace_context, insert_trace_context, traceparent_trace_id, valid_traceparent, TRACEPARENT,
+    TRACESTATE,
+};
+pub use courier_engine::trace_context;
 
 /// The PostgreSQL backend.
 #[cfg(feature = "postgres")]
@@ -269,35 +276,44 @@ impl<S: OutboxStore + DeadLetterStore> Courier<S> {
 
     /// Enqueues one message on the caller's connection, inside their
     /// transaction: it exists if and only if that transaction commits.
+    ///
+    /// With the `otel` feature, a message without a `traceparent` header of
+    /// its own gets the current span's trace context (`traceparent`,
+    /// `tracestate`; see [`trace_context`]), so its deliveries continue the
+    /// producer's trace. Without a `tracing-opentelemetry` layer there is no
+    /// context and nothing is added.
     pub async fn enqueue(
         &self,
         conn: &mut S::Connection,
         message: &NewMessage,
     ) -> Result<EnqueueOutcome, StoreError> {
-        let mut outcomes = self
-            .store
-            .enqueue_batch(conn, std::slice::from_ref(message))
-            .await?;
+        let messages = trace_context::with_current_context(std::slice::from_ref(message));
+        let mut outcomes = self.store.enqueue_batch(conn, &messages).await?;
         outcomes
             .pop()
             .ok_or_else(|| StoreError::Corrupt("enqueue returned no outcome".into()))
     }
 
-    /// Enqueues many messages in one round trip on the caller's connection.
+    /// Enqueues many messages in one round trip on the caller's connection,
+    /// each with the current trace context as [`Courier::enqueue`] adds it.
     pub async fn enqueue_batch(
         &self,
         conn: &mut S::Connection,
         messages: &[NewMessage],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        self.store.enqueue_batch(conn, messages).await
+        let messages = trace_context::with_current_context(messages);
+        self.store.enqueue_batch(conn, &messages).await
     }
 
-    /// Enqueues messages in a transaction of Courier's own (no application data with them).
+    /// Enqueues messages in a transaction of Courier's own (no application
+    /// data with them), each with the current trace context as
+    /// [`Courier::enqueue`] adds it.
     pub async fn publish(
         &self,
         messages: &[NewMessage],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        self.store.publish_batch(messages).await
+        let messages = trace_context::with_current_context(messages);
+        self.store.publish_batch(&messages).await
     }
 
     /// Starts configuring a worker for `subscription`, woken when messages

@@ -178,6 +178,11 @@ pub struct MessageQuery {
     pub cursor: Option<String>,
 }
 
+/// What the OpenAPI document says of the `traceparent` request header.
+const TRACEPARENT_DOC: &str = "W3C `traceparent` of the caller's span: stored as the \
+    message's `traceparent` header (with `tracestate`) unless the body's `headers` \
+    carry one, so deliveries continue the caller's trace; a malformed value is ignored";
+
 fn idempotency_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     match headers.get("idempotency-key") {
         None => Ok(None),
@@ -188,13 +193,43 @@ fn idempotency_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     }
 }
 
+/// The W3C trace context of a publish request (its `traceparent` and
+/// `tracestate` headers), for the messages it publishes; `None` when it has
+/// no `traceparent`, several, or one that is not valid
+/// ([`courier::valid_traceparent`]): a malformed context is ignored, never
+/// a reason to refuse the publish.
+fn request_trace_context(headers: &HeaderMap) -> Option<(&str, Option<&str>)> {
+    let mut parents = headers.get_all(courier::TRACEPARENT).iter();
+    let parent = parents.next()?.to_str().ok()?;
+    if parents.next().is_some() || !courier::valid_traceparent(parent) {
+        return None;
+    }
+    let state = headers
+        .get(courier::TRACESTATE)
+        .and_then(|state| state.to_str().ok());
+    Some((parent, state))
+}
+
+/// Adds the request's trace context to each message without one of its own.
+fn add_trace_context(headers: &HeaderMap, messages: &mut [NewMessage]) {
+    if let Some((parent, state)) = request_trace_context(headers) {
+        for message in messages {
+            courier::insert_trace_context(&mut message.headers, parent, state);
+        }
+    }
+}
+
 /// Publish one message.
 #[utoipa::path(
     post,
     path = "/v1/messages",
     tag = "messages",
     request_body = PublishRequest,
-    params(("Idempotency-Key" = Option<String>, Header, description = "Same as the body's `idempotency_key`")),
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "Same as the body's `idempotency_key`"),
+        ("traceparent" = Option<String>, Header, description = TRACEPARENT_DOC),
+        ("tracestate" = Option<String>, Header, description = "W3C `tracestate`, kept with `traceparent`"),
+    ),
     responses(
         (status = 201, description = "Stored", body = PublishResponse),
         (status = 200, description = "A message with this idempotency key exists; nothing stored", body = PublishResponse),
@@ -216,7 +251,8 @@ async fn publish_message(
 ) -> Result<Response, ApiError> {
     principal.require_tenant(&request.tenant, "tenant")?;
     let key = idempotency_header(&headers)?;
-    let message = request.validate_into("", state.max_payload_bytes, state.max_hold, key)?;
+    let mut message = request.validate_into("", state.max_payload_bytes, state.max_hold, key)?;
+    add_trace_context(&headers, std::slice::from_mut(&mut message));
     let asked = (
         message.topic.clone(),
         message.schema_version,
@@ -369,6 +405,10 @@ fn count_published(outcomes: &[courier::EnqueueOutcome]) {
     path = "/v1/messages/batch",
     tag = "messages",
     request_body = BatchRequest,
+    params(
+        ("traceparent" = Option<String>, Header, description = TRACEPARENT_DOC),
+        ("tracestate" = Option<String>, Header, description = "W3C `tracestate`, kept with `traceparent`"),
+    ),
     responses(
         (status = 201, description = "Stored (entries with `duplicate` stored nothing)", body = BatchResponse),
         (status = 400, description = "Malformed JSON", body = ErrorBody),
@@ -425,6 +465,7 @@ async fn publish_batch(
         )?);
     }
     refuse_reused_keys(&state, &messages).await?;
+    add_trace_context(&headers, &mut messages);
     let outcomes = state.store.publish(messages).await?;
     count_published(&outcomes);
     Ok((

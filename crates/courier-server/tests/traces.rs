@@ -1,0 +1,283 @@
+//! Traces through the daemon, on PostgreSQL and SQLite: a publish request's
+//! `traceparent` (and `tracestate`) become the message's headers, a malformed
+//! one is ignored; a webhook endpoint receives a `traceparent` in the
+//! producer's trace whose parent is the delivery's `courier.deliver` span.
+//!
+//! Spans go through `tracing-opentelemetry` to the OpenTelemetry SDK's
+//! in-memory exporter, behind this binary's global subscriber (the daemon's
+//! workers run on a multi-threaded runtime); each test reads only its own
+//! trace.
+// Test code: a panic is the failure report.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+#[macro_use]
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use axum::http::{HeaderMap, StatusCode};
+use common::{app, get, message, post_raw, standard_tokens};
+use courier::{AdminStore, Courier, DeadLetterStore, OutboxStore};
+use courier_server::config::{Config, Secret, SubscriptionConfig, TargetConfig, WebhookConfig};
+use opentelemetry::trace::{TraceId, TracerProvider as _};
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use serde_json::{json, Value};
+use tracing_subscriber::layer::SubscriberExt;
+
+const LIMIT: usize = 4096;
+
+/// The exporter behind this binary's global subscriber (installed on first use).
+fn exporter() -> &'static InMemorySpanExporter {
+    static INSTALLED: OnceLock<(InMemorySpanExporter, SdkTracerProvider)> = OnceLock::new();
+    let (exporter, _provider) = INSTALLED.get_or_init(|| {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("courier-tests")));
+        tracing::subscriber::set_global_default(subscriber)
+            .expect("the traces test binary installs the only global subscriber");
+        (exporter, provider)
+    });
+    exporter
+}
+
+fn spans_of(trace: TraceId) -> Vec<SpanData> {
+    exporter()
+        .get_finished_spans()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|span| span.span_context.trace_id() == trace)
+        .collect()
+}
+
+/// A fresh traceparent of a trace of its own: (header, trace id, parent id).
+fn fresh_traceparent() -> (String, String, String) {
+    let trace = uuid::Uuid::new_v4().simple().to_string();
+    let parent = uuid::Uuid::new_v4().simple().to_string()[..16].to_owned();
+    (format!("00-{trace}-{parent}-01"), trace, parent)
+}
+
+async fn stored_headers(app: &axum::Router, id: &str) -> Value {
+    let read = get(app, &format!("/v1/messages/{id}"), Some("all")).await;
+    assert_eq!(read.status, StatusCode::OK, "{}", read.text);
+    read.body["headers"].clone()
+}
+
+async fn a_publish_request_s_traceparent_becomes_the_message_s_and_a_malformed_one_is_ignored<S>(
+    courier: Courier<S>,
+) -> anyhow::Result<()>
+where
+    S: OutboxStore + DeadLetterStore + AdminStore,
+{
+    let app = app(courier.store().clone(), &standard_tokens(), LIMIT);
+    let body = message("a", "invoice.paid").to_string();
+    let (traceparent, _, _) = fresh_traceparent();
+
+    let traced = post_raw(
+        &app,
+        "/v1/messages",
+        Some("all"),
+        body.clone(),
+        &[("traceparent", &traceparent), ("tracestate", "vendor=1")],
+    )
+    .await;
+    assert_eq!(traced.status, StatusCode::CREATED, "{}", traced.text);
+    assert_eq!(
+        stored_headers(&app, traced.body["id"].as_str().unwrap()).await,
+        json!({"traceparent": traceparent, "tracestate": "vendor=1"})
+    );
+
+    for malformed in [
+        "garbage",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+    ] {
+        let ignored = post_raw(
+            &app,
+            "/v1/messages",
+            Some("all"),
+            body.clone(),
+            &[("traceparent", malformed), ("tracestate", "vendor=1")],
+        )
+        .await;
+        assert_eq!(
+            ignored.status,
+            StatusCode::CREATED,
+            "{malformed}: {}",
+            ignored.text
+        );
+        assert_eq!(
+            stored_headers(&app, ignored.body["id"].as_str().unwrap()).await,
+            json!({}),
+            "{malformed} is ignored, and its tracestate with it"
+        );
+    }
+
+    // The body's own context wins over the request's.
+    let (theirs, _, _) = fresh_traceparent();
+    let mut own = message("a", "invoice.paid");
+    own["headers"] = json!({"traceparent": theirs});
+    let kept = post_raw(
+        &app,
+        "/v1/messages",
+        Some("all"),
+        own.to_string(),
+        &[("traceparent", &traceparent)],
+    )
+    .await;
+    assert_eq!(kept.status, StatusCode::CREATED, "{}", kept.text);
+    assert_eq!(
+        stored_headers(&app, kept.body["id"].as_str().unwrap()).await,
+        json!({"traceparent": theirs})
+    );
+
+    // A batch: every message without its own context gets the request's.
+    let batch = json!({"messages": [message("a", "invoice.paid"), own]});
+    let stored = post_raw(
+        &app,
+        "/v1/messages/batch",
+        Some("all"),
+        batch.to_string(),
+        &[("traceparent", &traceparent)],
+    )
+    .await;
+    assert_eq!(stored.status, StatusCode::CREATED, "{}", stored.text);
+    let ids: Vec<String> = stored.body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        stored_headers(&app, &ids[0]).await,
+        json!({"traceparent": traceparent})
+    );
+    assert_eq!(
+        stored_headers(&app, &ids[1]).await,
+        json!({"traceparent": theirs})
+    );
+    Ok(())
+}
+
+api_tests!(a_publish_request_s_traceparent_becomes_the_message_s_and_a_malformed_one_is_ignored,);
+
+/// Every request's headers the receiver got.
+#[derive(Clone, Default)]
+struct Receiver(Arc<Mutex<Vec<HeaderMap>>>);
+
+async fn start_receiver() -> (Receiver, SocketAddr) {
+    let receiver = Receiver::default();
+    let app =
+        axum::Router::new()
+            .fallback(
+                |axum::extract::State(receiver): axum::extract::State<Receiver>,
+                 headers: HeaderMap| async move {
+                    receiver.0.lock().unwrap().push(headers);
+                    StatusCode::OK
+                },
+            )
+            .with_state(receiver.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (receiver, address)
+}
+
+/// Publishes with `traceparent` through a daemon on `database_url` (and
+/// `schema`) whose webhook subscription posts to a receiver; checks the
+/// `traceparent` the receiver got.
+async fn the_webhook_endpoint_gets_the_delivery_span_s_traceparent(
+    database_url: String,
+    schema: String,
+) {
+    exporter();
+    let (receiver, receiver_address) = start_receiver().await;
+    let subscription = SubscriptionConfig::new(
+        "hook",
+        vec!["*".into()],
+        TargetConfig::Webhook(WebhookConfig::new(
+            format!("http://{receiver_address}/hook"),
+            Secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()),
+        )),
+    );
+    let config = Config {
+        database_url,
+        schema,
+        listen: "127.0.0.1:0".parse().unwrap(),
+        subscriptions: vec![subscription],
+        ..Config::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = courier_server::bind(config, async move {
+        let _ = stopped.await;
+    })
+    .await
+    .unwrap();
+    let address = running.local_addr();
+    let done = tokio::spawn(running.finished());
+
+    let (traceparent, trace, producer_span) = fresh_traceparent();
+    let response = reqwest::Client::new()
+        .post(format!("http://{address}/v1/messages"))
+        .header("content-type", "application/json")
+        .header("traceparent", &traceparent)
+        .body(json!({"tenant": "acme", "topic": "invoice.paid", "payload": {"n": 1}}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    let arrived = courier_testkit::eventually(Duration::from_secs(10), || async {
+        !receiver.0.lock().unwrap().is_empty()
+    })
+    .await;
+    assert!(arrived, "the webhook was not called");
+    let _ = stop.send(());
+    done.await.unwrap().unwrap();
+
+    let sent = receiver.0.lock().unwrap()[0]
+        .get("traceparent")
+        .expect("the webhook request has a traceparent")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        courier::traceparent_trace_id(&sent),
+        Some(trace.as_str()),
+        "the endpoint is in the producer's trace: {sent}"
+    );
+    let deliver = spans_of(TraceId::from_hex(&trace).unwrap())
+        .into_iter()
+        .find(|span| span.name == "courier.deliver")
+        .expect("a courier.deliver span in the producer's trace");
+    assert_eq!(
+        deliver.parent_span_id.to_string(),
+        producer_span,
+        "the delivery's parent is the publisher's span"
+    );
+    assert_eq!(
+        sent,
+        format!("00-{trace}-{}-01", deliver.span_context.span_id()),
+        "the endpoint's parent is the delivery's span, not the publisher's"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_the_webhook_endpoint_gets_the_delivery_span_s_traceparent() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = dir.path().join("courier.db").to_str().unwrap().to_owned();
+    the_webhook_endpoint_gets_the_delivery_span_s_traceparent(url, "courier".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_the_webhook_endpoint_gets_the_delivery_span_s_traceparent() {
+    let fixture = courier_testkit::PgFixture::new().await.unwrap();
+    the_webhook_endpoint_gets_the_delivery_span_s_traceparent(
+        courier_testkit::database_url(),
+        fixture.schema.clone(),
+    )
+    .await;
+}

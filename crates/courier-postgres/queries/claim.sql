@@ -96,15 +96,22 @@ picked AS MATERIALIZED (
   -- priority-0 walk starts only when the urgent branch is short, and each
   -- branch locks only the rows it hands on. The urgent branch runs only when
   -- the subscription has a ready urgent delivery at all (an uncorrelated
-  -- probe: one per claim, not one per tenant).
+  -- probe: one per claim, not one per tenant). The probe is a scalar
+  -- subquery ordered as deliveries_urgent is (EXISTS would drop the ORDER
+  -- BY): without it, once ANALYZE has seen many urgent rows
+  -- the planner expects a sequential scan to find one at once, and after
+  -- they were claimed that scan reads the whole table on every claim
+  -- (seen: 28 ms of a 30 ms claim, 100,000 deliveries, 10 % urgent).
   CROSS JOIN LATERAL (
     -- (Each branch is a subquery of its own: FOR UPDATE is not allowed
     -- directly in a UNION's branches.)
     SELECT u.id, u.tenant, u.ordering_key FROM (
       SELECT * FROM (SELECT d.id, d.tenant, d.ordering_key
        FROM {schema}.deliveries d
-       WHERE EXISTS (SELECT 1 FROM {schema}.deliveries x
-                     WHERE x.subscription = $1 AND x.state = 'available' AND x.priority > 0)
+       WHERE (SELECT x.id FROM {schema}.deliveries x
+              WHERE x.subscription = $1 AND x.state = 'available' AND x.priority > 0
+              ORDER BY x.tenant, x.priority DESC, x.id
+              LIMIT 1) IS NOT NULL
          AND d.subscription = $1
          AND d.tenant = t.tenant
          AND d.state = 'available'

@@ -60,6 +60,29 @@ async fn effects_reach(pool: &sqlx::PgPool, n: i64) -> anyhow::Result<()> {
     }
 }
 
+/// Waits (up to 60 s) until the worker with process id `pid` holds a
+/// running delivery.
+async fn victim_holds_work(pool: &sqlx::PgPool, pid: u32) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let held: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM courier.deliveries
+                            WHERE state = 'running' AND claimed_by = $1)",
+        )
+        .bind(format!("chaos-{pid}"))
+        .fetch_one(pool)
+        .await?;
+        if held {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the worker held no delivery in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 /// A worker killed with SIGKILL mid-batch, with ordering keys in the load:
 /// another worker finishes its claims once their leases expire, within R of
 /// the kill; nothing is lost or applied twice and no two runs of one key
@@ -71,6 +94,10 @@ async fn a_worker_killed_mid_batch_loses_and_doubles_nothing() -> anyhow::Result
     let victim = Worker::start(WORKER, &cluster.url(), Duration::from_millis(20)).await?;
     let survivor = Worker::start(WORKER, &cluster.url(), Duration::from_millis(20)).await?;
     effects_reach(&pool, 200).await?;
+    // Kill it while it holds work: the first moment after 200 effects that
+    // the victim has a running delivery (a CI run once caught it between
+    // claims, so the scenario tested nothing).
+    victim_holds_work(&pool, victim.pid).await?;
     victim.signal("KILL")?;
     let killed = Instant::now();
     // What the victim held when it died: leased, maybe half applied (read

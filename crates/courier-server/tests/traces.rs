@@ -14,45 +14,19 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode};
 use common::{app, get, message, post_raw, standard_tokens};
 use courier::{AdminStore, Courier, DeadLetterStore, OutboxStore};
 use courier_server::config::{Config, Secret, SubscriptionConfig, TargetConfig, WebhookConfig};
-use opentelemetry::trace::{TraceId, TracerProvider as _};
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use opentelemetry::trace::TraceId;
 use serde_json::{json, Value};
-use tracing_subscriber::layer::SubscriberExt;
 
 const LIMIT: usize = 4096;
 
-/// The exporter behind this binary's global subscriber (installed on first use).
-fn exporter() -> &'static InMemorySpanExporter {
-    static INSTALLED: OnceLock<(InMemorySpanExporter, SdkTracerProvider)> = OnceLock::new();
-    let (exporter, _provider) = INSTALLED.get_or_init(|| {
-        let exporter = InMemorySpanExporter::default();
-        let provider = SdkTracerProvider::builder()
-            .with_simple_exporter(exporter.clone())
-            .build();
-        let subscriber = tracing_subscriber::registry()
-            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("courier-tests")));
-        tracing::subscriber::set_global_default(subscriber)
-            .expect("the traces test binary installs the only global subscriber");
-        (exporter, provider)
-    });
-    exporter
-}
-
-fn spans_of(trace: TraceId) -> Vec<SpanData> {
-    exporter()
-        .get_finished_spans()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|span| span.span_context.trace_id() == trace)
-        .collect()
-}
+use courier_testkit::spans::{exporter, spans_of};
 
 /// A fresh traceparent of a trace of its own: (header, trace id, parent id).
 fn fresh_traceparent() -> (String, String, String) {

@@ -22,6 +22,7 @@ use sqlx::{PgConnection, PgPool, SqliteConnection, SqlitePool};
 use uuid::Uuid;
 
 pub mod servers;
+pub mod spans;
 pub mod store_suite;
 pub mod stream_suite;
 pub use store_suite::{HeldSnapshot, StoreFixture, SuiteConnection};

@@ -10,49 +10,20 @@
 //! reads only the spans of its own trace, so tests running at once in one
 //! process (plain `cargo test`) do not see each other's.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use courier::{handler_fn, AdminStore, HandlerError, Message, NewMessage, TRACEPARENT};
 use courier_testkit::{backend_tests, eventually, Backend, Event, RecordEffect};
-use opentelemetry::trace::{SpanId, SpanKind, TraceContextExt, TraceId, TracerProvider as _};
+use opentelemetry::trace::{SpanId, SpanKind, TraceContextExt, TraceId};
 use opentelemetry::Value;
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use opentelemetry_sdk::trace::SpanData;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
-use tracing_subscriber::layer::SubscriberExt;
 
 const TOPIC: &str = "invoice.paid";
 
-/// The exporter behind this binary's global subscriber (installed on first use).
-fn exporter() -> &'static InMemorySpanExporter {
-    static INSTALLED: OnceLock<(InMemorySpanExporter, SdkTracerProvider)> = OnceLock::new();
-    let (exporter, _provider) = INSTALLED.get_or_init(|| {
-        let exporter = InMemorySpanExporter::default();
-        // The simple processor exports each span as it ends: nothing to flush.
-        let provider = SdkTracerProvider::builder()
-            .with_simple_exporter(exporter.clone())
-            .build();
-        let subscriber = tracing_subscriber::registry()
-            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("courier-tests")));
-        if tracing::subscriber::set_global_default(subscriber).is_err() {
-            panic!("another global subscriber was installed in the traces test binary");
-        }
-        (exporter, provider)
-    });
-    exporter
-}
-
-/// The finished spans of `trace`.
-fn spans_of(trace: TraceId) -> Vec<SpanData> {
-    exporter()
-        .get_finished_spans()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|span| span.span_context.trace_id() == trace)
-        .collect()
-}
+use courier_testkit::spans::{exporter, spans_of};
 
 /// Finished spans named `name` (of any trace).
 fn spans_named(name: &str) -> Vec<SpanData> {

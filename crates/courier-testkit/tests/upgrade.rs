@@ -38,6 +38,48 @@ async fn claim<S: OutboxStore>(
     Ok(batch.deliveries)
 }
 
+/// A fresh PostgreSQL schema migrated to `version`, with subscription `old`
+/// on topic `t` as that version's registration wrote it: (schema, pool,
+/// store). The caller drops the schema.
+async fn postgres_at(version: i64) -> anyhow::Result<(String, sqlx::PgPool, PgStore)> {
+    let schema = format!("t_{}", &Uuid::new_v4().simple().to_string()[..16]);
+    let pool = courier_testkit::pg_pool(&schema, 4).await?;
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&pool)
+        .await?;
+    let store = PgStore::with_schema(pool.clone(), &schema)?;
+    store.migrate_to(version).await?;
+    anyhow::ensure!(store.schema_version().await? == version);
+    sqlx::raw_sql(SUBSCRIBE_OLD).execute(&pool).await?;
+    Ok((schema, pool, store))
+}
+
+/// A fresh SQLite file migrated to `version`, with subscription `old` as
+/// [`postgres_at`] makes it: (its directory, pool, store). Messages of the
+/// test are enqueued a millisecond after the registration, as in any real
+/// run.
+async fn sqlite_at(
+    version: i64,
+) -> anyhow::Result<(tempfile::TempDir, sqlx::SqlitePool, SqliteStore)> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("courier.db");
+    let path = path
+        .to_str()
+        .ok_or_else(|| anyhow::anyhow!("temporary path is not UTF-8"))?;
+    let pool = courier::sqlite::connect(path, 4).await?;
+    let store = SqliteStore::new(pool.clone());
+    store.migrate_to(version).await?;
+    anyhow::ensure!(store.schema_version().await? == version);
+    sqlx::raw_sql(SUBSCRIBE_OLD).execute(&pool).await?;
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    Ok((dir, pool, store))
+}
+
+/// Subscription `old` on topic `t`, as every older schema's registration
+/// wrote it.
+const SUBSCRIBE_OLD: &str = "INSERT INTO subscriptions (name) VALUES ('old');
+     INSERT INTO subscription_topics (subscription, pattern, prefix) VALUES ('old', 't', NULL)";
+
 /// The database as an older build's producers and workers wrote it: this
 /// build's enqueue and claim statements name columns an older schema lacks.
 enum OldDb {
@@ -171,21 +213,7 @@ async fn upgrade_keeps_completed<S: OutboxStore + AdminStore>(
 
 #[tokio::test]
 async fn postgres_an_upgrade_from_schema_12_keeps_what_reads_completed() -> anyhow::Result<()> {
-    let schema = format!("t_{}", &Uuid::new_v4().simple().to_string()[..16]);
-    let pool = courier_testkit::pg_pool(&schema, 4).await?;
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
-        .execute(&pool)
-        .await?;
-    let store = PgStore::with_schema(pool.clone(), &schema)?;
-    store.migrate_to(12).await?;
-    assert_eq!(store.schema_version().await?, 12);
-    // As schema 12's registration wrote it.
-    sqlx::raw_sql(
-        "INSERT INTO subscriptions (name) VALUES ('old');
-         INSERT INTO subscription_topics (subscription, pattern, prefix) VALUES ('old', 't', NULL)",
-    )
-    .execute(&pool)
-    .await?;
+    let (schema, pool, store) = postgres_at(12).await?;
     let result = upgrade_keeps_completed(
         &store,
         &OldDb::Postgres(pool.clone()),
@@ -219,23 +247,7 @@ async fn postgres_an_upgrade_from_schema_12_keeps_what_reads_completed() -> anyh
 
 #[tokio::test]
 async fn sqlite_an_upgrade_from_schema_6_keeps_what_reads_completed() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("courier.db");
-    let path = path
-        .to_str()
-        .ok_or_else(|| anyhow::anyhow!("temporary path is not UTF-8"))?;
-    let pool = courier::sqlite::connect(path, 4).await?;
-    let store = SqliteStore::new(pool.clone());
-    store.migrate_to(6).await?;
-    assert_eq!(store.schema_version().await?, 6);
-    sqlx::raw_sql(
-        "INSERT INTO subscriptions (name) VALUES ('old');
-         INSERT INTO subscription_topics (subscription, pattern, prefix) VALUES ('old', 't', NULL)",
-    )
-    .execute(&pool)
-    .await?;
-    // Enqueued a millisecond after the registration, as in any real run.
-    tokio::time::sleep(Duration::from_millis(2)).await;
+    let (_dir, pool, store) = sqlite_at(6).await?;
     upgrade_keeps_completed(
         &store,
         &OldDb::Sqlite(pool.clone()),
@@ -325,20 +337,7 @@ async fn upgrade_groups_old_dead_letters_as_unknown<S: OutboxStore + DeadLetterS
 #[tokio::test]
 async fn postgres_dead_letters_from_schema_14_group_as_unknown_after_the_upgrade(
 ) -> anyhow::Result<()> {
-    let schema = format!("t_{}", &Uuid::new_v4().simple().to_string()[..16]);
-    let pool = courier_testkit::pg_pool(&schema, 4).await?;
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
-        .execute(&pool)
-        .await?;
-    let store = PgStore::with_schema(pool.clone(), &schema)?;
-    store.migrate_to(14).await?;
-    assert_eq!(store.schema_version().await?, 14);
-    sqlx::raw_sql(
-        "INSERT INTO subscriptions (name) VALUES ('old');
-         INSERT INTO subscription_topics (subscription, pattern, prefix) VALUES ('old', 't', NULL)",
-    )
-    .execute(&pool)
-    .await?;
+    let (schema, pool, store) = postgres_at(14).await?;
     let result = upgrade_groups_old_dead_letters_as_unknown(
         &store,
         &OldDb::Postgres(pool.clone()),
@@ -370,23 +369,7 @@ async fn postgres_dead_letters_from_schema_14_group_as_unknown_after_the_upgrade
 #[tokio::test]
 async fn sqlite_dead_letters_from_schema_8_group_as_unknown_after_the_upgrade() -> anyhow::Result<()>
 {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("courier.db");
-    let path = path
-        .to_str()
-        .ok_or_else(|| anyhow::anyhow!("temporary path is not UTF-8"))?;
-    let pool = courier::sqlite::connect(path, 4).await?;
-    let store = SqliteStore::new(pool.clone());
-    store.migrate_to(8).await?;
-    assert_eq!(store.schema_version().await?, 8);
-    sqlx::raw_sql(
-        "INSERT INTO subscriptions (name) VALUES ('old');
-         INSERT INTO subscription_topics (subscription, pattern, prefix) VALUES ('old', 't', NULL)",
-    )
-    .execute(&pool)
-    .await?;
-    // Enqueued a millisecond after the registration, as in any real run.
-    tokio::time::sleep(Duration::from_millis(2)).await;
+    let (_dir, pool, store) = sqlite_at(8).await?;
     upgrade_groups_old_dead_letters_as_unknown(
         &store,
         &OldDb::Sqlite(pool.clone()),
@@ -480,19 +463,7 @@ async fn upgrade_keeps_work_in_flight_and_adds_priorities<S: OutboxStore + DeadL
 #[tokio::test]
 async fn postgres_an_upgrade_from_schema_15_keeps_work_in_flight_and_adds_priorities(
 ) -> anyhow::Result<()> {
-    let schema = format!("t_{}", &Uuid::new_v4().simple().to_string()[..16]);
-    let pool = courier_testkit::pg_pool(&schema, 4).await?;
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
-        .execute(&pool)
-        .await?;
-    let store = PgStore::with_schema(pool.clone(), &schema)?;
-    store.migrate_to(15).await?;
-    sqlx::raw_sql(
-        "INSERT INTO subscriptions (name) VALUES ('old');
-         INSERT INTO subscription_topics (subscription, pattern, prefix) VALUES ('old', 't', NULL)",
-    )
-    .execute(&pool)
-    .await?;
+    let (schema, pool, store) = postgres_at(15).await?;
     let result = upgrade_keeps_work_in_flight_and_adds_priorities(
         &store,
         &OldDb::Postgres(pool.clone()),
@@ -521,21 +492,7 @@ async fn postgres_an_upgrade_from_schema_15_keeps_work_in_flight_and_adds_priori
 #[tokio::test]
 async fn sqlite_an_upgrade_from_schema_9_keeps_work_in_flight_and_adds_priorities(
 ) -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("courier.db");
-    let path = path
-        .to_str()
-        .ok_or_else(|| anyhow::anyhow!("temporary path is not UTF-8"))?;
-    let pool = courier::sqlite::connect(path, 4).await?;
-    let store = SqliteStore::new(pool.clone());
-    store.migrate_to(9).await?;
-    sqlx::raw_sql(
-        "INSERT INTO subscriptions (name) VALUES ('old');
-         INSERT INTO subscription_topics (subscription, pattern, prefix) VALUES ('old', 't', NULL)",
-    )
-    .execute(&pool)
-    .await?;
-    tokio::time::sleep(Duration::from_millis(2)).await;
+    let (_dir, pool, store) = sqlite_at(9).await?;
     upgrade_keeps_work_in_flight_and_adds_priorities(
         &store,
         &OldDb::Sqlite(pool.clone()),

@@ -174,11 +174,13 @@ async fn fifty_consumer_restarts_with_entries_pending_lose_nothing_and_keep_the_
     let appended = appender.await??;
     applied(&pool, &store, &appended, Duration::from_secs(60)).await?;
     let recovery = restarted.elapsed();
-    // The dead consumers go once idle with nothing pending.
+    // The dead consumers go once idle with nothing pending. A live one with
+    // nothing to read may be swept too and comes back with its next read, so
+    // the count can pass through 1 (a CI run read it there): wait for 2.
     let deadline = Instant::now() + Duration::from_secs(20);
     let left = loop {
         let left = store.consumers(&key()?, "ledger").await?;
-        if left.len() <= 2 || Instant::now() > deadline {
+        if left.len() == 2 || Instant::now() > deadline {
             break left;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

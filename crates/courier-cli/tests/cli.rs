@@ -611,6 +611,26 @@ fn dlq_groups_prints_a_table_and_fingerprint_filters_are_checked() {
     ] {
         assert!(stdout(&groups).contains(column), "{}", stdout(&groups));
     }
+    // --limit means what the HTTP API's `limit` means, locally too: 1 to 500.
+    for verb in ["groups", "list"] {
+        for bad in ["0", "501", "many"] {
+            let refused = courier(
+                dir.path(),
+                &["dlq", verb, "--limit", bad, "--database-url", db],
+            );
+            assert!(!refused.status.success(), "{verb} took --limit {bad}");
+            assert!(
+                stderr(&refused).contains("--limit") && stderr(&refused).contains("1 to 500"),
+                "{}",
+                stderr(&refused)
+            );
+        }
+        let most = courier(
+            dir.path(),
+            &["dlq", verb, "--limit", "500", "--database-url", db],
+        );
+        assert!(most.status.success(), "{verb}: {}", stderr(&most));
+    }
     for verb in ["groups", "list", "retry", "discard"] {
         let refused = courier(
             dir.path(),

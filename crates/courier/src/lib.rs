@@ -244,6 +244,9 @@ impl Courier<courier_sqlite::SqliteStore> {
 }
 
 impl<S: OutboxStore + DeadLetterStore> Courier<S> {
+    // Only the backends' constructors call it: a build with neither
+    // `postgres` nor `sqlite` has no way to make a `Courier`.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     fn with_wake(store: S, starter: WakeStarter<S>, worker_defaults: (usize, usize)) -> Self {
         Self {
             store,

@@ -34,6 +34,20 @@ pub struct DlqFilterArgs {
     pub fingerprint: Option<String>,
 }
 
+/// The most rows one `--limit` may ask for: the HTTP API's page limit, so a
+/// command means the same against a database and through `--url`.
+const MAX_LIMIT: usize = 500;
+
+/// A `--limit` from 1 to [`MAX_LIMIT`], refused here with the rule.
+fn parse_limit(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(limit) if (1..=MAX_LIMIT).contains(&limit) => Ok(limit),
+        _ => Err(format!(
+            "must be a number from 1 to {MAX_LIMIT}, got {text:?}"
+        )),
+    }
+}
+
 /// A `--fingerprint` as `dlq groups` prints it, refused here with the rule.
 fn parse_fingerprint(text: &str) -> Result<String, String> {
     courier::validate_fingerprint("fingerprint", text)
@@ -136,8 +150,8 @@ pub enum DlqCommand {
         /// Which dead letters.
         #[command(flatten)]
         filter: DlqFilterArgs,
-        /// Page size.
-        #[arg(long, default_value_t = 50)]
+        /// Page size, 1 to 500 (as the HTTP API takes it).
+        #[arg(long, default_value_t = 50, value_parser = parse_limit)]
         limit: usize,
         /// Where the page starts: the cursor the previous page printed.
         #[arg(long)]
@@ -153,8 +167,8 @@ pub enum DlqCommand {
         /// Which dead letters.
         #[command(flatten)]
         filter: DlqFilterArgs,
-        /// The most groups to show.
-        #[arg(long, default_value_t = 50)]
+        /// The most groups to show, 1 to 500 (as the HTTP API takes it).
+        #[arg(long, default_value_t = 50, value_parser = parse_limit)]
         limit: usize,
     },
     /// Show one dead letter with its payload and error history.

@@ -34,16 +34,14 @@ pub struct DlqFilterArgs {
     pub fingerprint: Option<String>,
 }
 
-/// The most rows one `--limit` may ask for: the HTTP API's page limit, so a
-/// command means the same against a database and through `--url`.
-const MAX_LIMIT: usize = 500;
-
-/// A `--limit` from 1 to [`MAX_LIMIT`], refused here with the rule.
+/// A `--limit` from 1 to the HTTP API's page limit, so that a command means
+/// the same against a database and through `--url`; refused here with the rule.
 fn parse_limit(text: &str) -> Result<usize, String> {
+    use courier_server::api::MAX_PAGE;
     match text.parse::<usize>() {
-        Ok(limit) if (1..=MAX_LIMIT).contains(&limit) => Ok(limit),
+        Ok(limit) if (1..=MAX_PAGE).contains(&limit) => Ok(limit),
         _ => Err(format!(
-            "must be a number from 1 to {MAX_LIMIT}, got {text:?}"
+            "must be a number from 1 to {MAX_PAGE}, got {text:?}"
         )),
     }
 }

@@ -411,6 +411,7 @@ pub async fn run(command: StreamsCommand) -> anyhow::Result<()> {
                             key.clone(),
                             request,
                             courier::MAX_PAYLOAD_BYTES,
+                            None,
                         )
                         .await
                         .map_err(refused)?,

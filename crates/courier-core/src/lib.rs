@@ -57,6 +57,7 @@ pub use stream::{
     MAX_STREAM_BLOCK, MAX_STREAM_PAGE,
 };
 pub use trace_context::{
-    has_trace_context, insert_trace_context, traceparent_trace_id, valid_traceparent, TRACEPARENT,
+    current_trace_headers, entries_with_current_context, has_trace_context, insert_trace_context,
+    replace_trace_context, traceparent_trace_id, valid_traceparent, TraceHeaders, TRACEPARENT,
     TRACESTATE,
 };

@@ -11,12 +11,16 @@
 //! Tracing never makes a publish fail: a context that does not fit (the
 //! message already carries [`MAX_HEADERS`] headers, a `tracestate` longer
 //! than a header value may be) is left out, and one the caller set is never
-//! replaced. This module holds only the rules; reading the current span is
-//! the engine's (behind its `otel` feature).
+//! replaced. Reading the current span's context ([`current_trace_headers`])
+//! needs the `otel` feature and a `tracing-opentelemetry` layer in the
+//! application's subscriber; without either there is no context and nothing
+//! is added.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::message::MAX_HEADERS;
+use crate::stream::NewStreamEntry;
 
 /// The header key of the W3C `traceparent`: the producer's trace id and span.
 pub const TRACEPARENT: &str = "traceparent";
@@ -102,6 +106,88 @@ pub fn insert_trace_context(
     true
 }
 
+/// A W3C trace context as message headers would carry it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceHeaders {
+    /// The `traceparent` value (`00-{trace id}-{span id}-{flags}`).
+    pub traceparent: String,
+    /// The `tracestate` value, when the context has vendor data.
+    pub tracestate: Option<String>,
+}
+
+/// The current `tracing` span's OpenTelemetry context as W3C headers, when
+/// it has a valid one (the `otel` feature and a `tracing-opentelemetry`
+/// layer in the subscriber); `None` otherwise.
+pub fn current_trace_headers() -> Option<TraceHeaders> {
+    #[cfg(feature = "otel")]
+    {
+        otel::current()
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        None
+    }
+}
+
+/// `entries`, with the current span's trace context
+/// ([`current_trace_headers`]) added to each that carries none of its own
+/// (see [`insert_trace_context`]); borrowed unchanged when there is no
+/// context or nothing to add. Every backend's `append` applies it, so a
+/// stream subscription's handler span continues the appender's trace.
+pub fn entries_with_current_context(entries: &[NewStreamEntry]) -> Cow<'_, [NewStreamEntry]> {
+    if entries.iter().all(|e| has_trace_context(&e.headers)) {
+        return Cow::Borrowed(entries);
+    }
+    let Some(context) = current_trace_headers() else {
+        return Cow::Borrowed(entries);
+    };
+    let mut owned = entries.to_vec();
+    for entry in &mut owned {
+        insert_trace_context(
+            &mut entry.headers,
+            &context.traceparent,
+            context.tracestate.as_deref(),
+        );
+    }
+    Cow::Owned(owned)
+}
+
+/// Replaces the trace context in `headers` (a `traceparent` or `tracestate`
+/// under any capitalisation) with `context`, for a hop that continues the
+/// trace from a span of its own (a relay's delivery). The old context is
+/// dropped even when the new one does not fit ([`insert_trace_context`]).
+pub fn replace_trace_context(headers: &mut BTreeMap<String, String>, context: &TraceHeaders) {
+    headers.retain(|name, _| {
+        !(name.eq_ignore_ascii_case(TRACEPARENT) || name.eq_ignore_ascii_case(TRACESTATE))
+    });
+    insert_trace_context(headers, &context.traceparent, context.tracestate.as_deref());
+}
+
+#[cfg(feature = "otel")]
+mod otel {
+    use std::collections::HashMap;
+
+    use opentelemetry::propagation::TextMapPropagator;
+    use opentelemetry::trace::TraceContextExt;
+    use opentelemetry_sdk::propagation::TraceContextPropagator;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+    use super::{TraceHeaders, TRACEPARENT, TRACESTATE};
+
+    pub(super) fn current() -> Option<TraceHeaders> {
+        let context = tracing::Span::current().context();
+        if !context.span().span_context().is_valid() {
+            return None;
+        }
+        let mut carrier: HashMap<String, String> = HashMap::new();
+        TraceContextPropagator::new().inject_context(&context, &mut carrier);
+        Some(TraceHeaders {
+            traceparent: carrier.remove(TRACEPARENT)?,
+            tracestate: carrier.remove(TRACESTATE).filter(|state| !state.is_empty()),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +260,30 @@ mod tests {
             Some(&long_state)
         ));
         assert!(!headers.contains_key(TRACESTATE));
+    }
+
+    #[test]
+    fn a_relayed_context_replaces_the_old_one_under_any_capitalisation() {
+        let mut headers = BTreeMap::new();
+        headers.insert("Traceparent".to_owned(), "theirs".to_owned());
+        headers.insert("TRACESTATE".to_owned(), "a=1".to_owned());
+        headers.insert("other".to_owned(), "kept".to_owned());
+        let ours = TraceHeaders {
+            traceparent: PARENT.to_owned(),
+            tracestate: None,
+        };
+        replace_trace_context(&mut headers, &ours);
+        assert_eq!(headers.len(), 2, "{headers:?}");
+        assert_eq!(headers[TRACEPARENT], PARENT);
+        assert_eq!(headers["other"], "kept");
+    }
+
+    #[test]
+    fn without_a_current_context_entries_are_borrowed_unchanged() {
+        let entries = vec![NewStreamEntry::new(serde_json::json!({"n": 1}))];
+        assert!(matches!(
+            entries_with_current_context(&entries),
+            Cow::Borrowed(_)
+        ));
     }
 }

@@ -64,7 +64,9 @@ use futures_util::stream::{FuturesOrdered, FuturesUnordered};
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
+use crate::trace_context::stream_entry_span;
 use crate::EngineError;
 
 /// Entries read or claimed per call unless configured.
@@ -1253,7 +1255,10 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
     ) -> Result<Outcome, StoreError> {
         let c = &self.config;
         let started = std::time::Instant::now();
-        let prepared = match self.handler.prepare(c, entry, deliveries) {
+        // The handler runs in this span (continuing the appender's trace);
+        // a spawned task does not inherit it, so it is handed over.
+        let span = stream_entry_span(&c.name, &c.key, entry, deliveries);
+        let prepared = match span.in_scope(|| self.handler.prepare(c, entry, deliveries)) {
             Ok(prepared) => prepared,
             Err(error) => return Ok(self.classify(error, deliveries)),
         };
@@ -1261,7 +1266,9 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
             Prepared::Plain(future) => {
                 // Aborted if this run is dropped (shutdown past its deadline):
                 // no effect may happen after its entry was left pending.
-                let mut task = AbortOnDrop(tokio::spawn(with_timeout(future, c.handler_timeout)));
+                let mut task = AbortOnDrop(tokio::spawn(
+                    with_timeout(future, c.handler_timeout).instrument(span),
+                ));
                 match (&mut task.0).await {
                     Ok(result) => result,
                     Err(join) => Err(HandlerError::retry(panic_message(join))),
@@ -1274,6 +1281,7 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                 match self
                     .receipts
                     .run_with_stream_receipt(&c.name, correlation_id, work)
+                    .instrument(span)
                     .await?
                 {
                     ReceiptOutcome::Applied | ReceiptOutcome::AlreadyApplied => Ok(()),

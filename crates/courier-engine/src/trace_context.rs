@@ -18,30 +18,9 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use courier_core::{has_trace_context, ClaimedDelivery, NewMessage};
+use courier_core::{has_trace_context, ClaimedDelivery, DeliveredEntry, NewMessage, StreamKey};
 
-/// A W3C trace context as message headers would carry it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TraceHeaders {
-    /// The `traceparent` value (`00-{trace id}-{span id}-{flags}`).
-    pub traceparent: String,
-    /// The `tracestate` value, when the context has vendor data.
-    pub tracestate: Option<String>,
-}
-
-/// The current `tracing` span's OpenTelemetry context as W3C headers, when
-/// it has a valid one (the `otel` feature and a `tracing-opentelemetry`
-/// layer in the subscriber); `None` otherwise.
-pub fn current_trace_headers() -> Option<TraceHeaders> {
-    #[cfg(feature = "otel")]
-    {
-        otel::current()
-    }
-    #[cfg(not(feature = "otel"))]
-    {
-        None
-    }
-}
+pub use courier_core::{current_trace_headers, TraceHeaders};
 
 /// `messages`, with the current span's trace context
 /// ([`current_trace_headers`]) added to each that carries none of its own
@@ -156,6 +135,46 @@ impl<'a> DeliverySpan<'a> {
     }
 }
 
+/// Opens the span a stream subscription's handler runs in for one entry:
+/// `courier.stream_deliver`, with the subscription, tenant, stream, entry id
+/// and delivery (counted as the subscription counts it) as fields. With the
+/// `otel` feature it is a consumer span carrying OpenTelemetry's messaging
+/// attributes (`messaging.system = "courier"`, `messaging.operation =
+/// "process"`, `messaging.destination.name` = the stream,
+/// `messaging.consumer.group.name` = the subscription,
+/// `messaging.message.id` = the entry id), whose OpenTelemetry parent is the
+/// appender's context from the entry's headers when it has a valid one
+/// (else its `tracing` parent).
+pub(crate) fn stream_entry_span(
+    subscription: &str,
+    key: &StreamKey,
+    entry: &DeliveredEntry,
+    delivery: u64,
+) -> tracing::Span {
+    #[cfg(feature = "otel")]
+    let span = tracing::info_span!(
+        "courier.stream_deliver",
+        otel.kind = "consumer",
+        subscription = %subscription,
+        tenant = %key.tenant(),
+        stream = %key.stream(),
+        entry_id = %entry.entry.id,
+        delivery,
+    );
+    #[cfg(not(feature = "otel"))]
+    let span = tracing::info_span!(
+        "courier.stream_deliver",
+        subscription = %subscription,
+        tenant = %key.tenant(),
+        stream = %key.stream(),
+        entry_id = %entry.entry.id,
+        delivery,
+    );
+    #[cfg(feature = "otel")]
+    otel::continue_appender(&span, subscription, key, entry);
+    span
+}
+
 /// Links `span` (a transactional group's) to the producer context of each
 /// of `deliveries` that has one (with the `otel` feature; else nothing).
 pub(crate) fn link_producers(span: &tracing::Span, deliveries: &[ClaimedDelivery]) {
@@ -194,19 +213,6 @@ mod otel {
 
     use super::{DeliverySpan, TraceHeaders};
 
-    pub(super) fn current() -> Option<TraceHeaders> {
-        let context = tracing::Span::current().context();
-        if !context.span().span_context().is_valid() {
-            return None;
-        }
-        let mut carrier: HashMap<String, String> = HashMap::new();
-        TraceContextPropagator::new().inject_context(&context, &mut carrier);
-        Some(TraceHeaders {
-            traceparent: carrier.remove(TRACEPARENT)?,
-            tracestate: carrier.remove(TRACESTATE).filter(|state| !state.is_empty()),
-        })
-    }
-
     /// The span context of `producer`'s headers, if valid.
     fn producer_context(producer: &TraceHeaders) -> Option<opentelemetry::Context> {
         let mut carrier: HashMap<String, String> = HashMap::new();
@@ -235,6 +241,26 @@ mod otel {
         if let Some(parent) = producer.as_ref().and_then(producer_context) {
             // Fails only when no OpenTelemetry layer is installed (or the
             // span is disabled): then there is nothing to continue.
+            let _ = span.set_parent(parent);
+        }
+    }
+
+    pub(super) fn continue_appender(
+        span: &tracing::Span,
+        subscription: &str,
+        key: &courier_core::StreamKey,
+        entry: &courier_core::DeliveredEntry,
+    ) {
+        span.set_attribute("messaging.system", "courier");
+        span.set_attribute("messaging.operation", "process");
+        span.set_attribute("messaging.destination.name", key.stream().to_owned());
+        span.set_attribute("messaging.consumer.group.name", subscription.to_owned());
+        span.set_attribute("messaging.message.id", entry.entry.id.to_string());
+        if let Some(parent) = super::trace_headers_of(&entry.entry.headers)
+            .as_ref()
+            .and_then(producer_context)
+        {
+            // As in `continue_producer`: fails only without a layer.
             let _ = span.set_parent(parent);
         }
     }

@@ -344,6 +344,9 @@ impl PgStore {
         entries: &[NewStreamEntry],
     ) -> Result<Vec<StreamEntryId>, StoreError> {
         validate_count("entries", entries.len())?;
+        // The current span's trace context goes with entries that carry none.
+        let traced = courier_core::entries_with_current_context(entries);
+        let entries: &[NewStreamEntry] = &traced;
         let mut payloads = Vec::with_capacity(entries.len());
         let mut headers = Vec::with_capacity(entries.len());
         let mut message_ids = Vec::with_capacity(entries.len());

@@ -247,6 +247,9 @@ impl StreamStore for RedisStreamStore {
         entries: &[NewStreamEntry],
     ) -> Result<Vec<StreamEntryId>, StoreError> {
         validate_count("entries", entries.len())?;
+        // The current span's trace context goes with entries that carry none.
+        let traced = courier_core::entries_with_current_context(entries);
+        let entries: &[NewStreamEntry] = &traced;
         let mut invocation = self.shared.scripts.append.key(self.redis_key(key));
         for (index, entry) in entries.iter().enumerate() {
             let fields = encode(entry, entry.validate(index, MAX_PAYLOAD_BYTES)?);

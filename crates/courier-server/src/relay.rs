@@ -71,7 +71,7 @@ pub mod nats;
 pub mod redis;
 pub mod template;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -336,10 +336,24 @@ impl RelayCommon {
     }
 }
 
-/// The stream entry that relays `message`: its payload and headers, and its
-/// origin (id, tenant, topic, schema version). Stream entries hold JSON
-/// values, so the payload is decoded; a payload no JSON value can hold (one
-/// nested deeper than the decoder allows) is refused permanently.
+/// The headers a relay writes downstream for `message`: its own, with the
+/// trace context of the relay's delivery span (`courier.deliver`, the
+/// producer's child) in place of the producer's when the daemon traces, so
+/// that the stream's consumers continue the trace from the relay's hop.
+/// Without an OpenTelemetry context they are the message's own.
+pub fn relayed_headers(message: &Message<crate::RawPayload>) -> BTreeMap<String, String> {
+    let mut headers = message.headers.clone();
+    if let Some(context) = courier::trace_context::current_trace_headers() {
+        courier::replace_trace_context(&mut headers, &context);
+    }
+    headers
+}
+
+/// The stream entry that relays `message`: its payload and headers
+/// ([`relayed_headers`]), and its origin (id, tenant, topic, schema
+/// version). Stream entries hold JSON values, so the payload is decoded; a
+/// payload no JSON value can hold (one nested deeper than the decoder
+/// allows) is refused permanently.
 pub fn entry_for(message: &Message<crate::RawPayload>) -> Result<NewStreamEntry, HandlerError> {
     let payload = serde_json::from_str(message.payload.get()).map_err(|e| {
         HandlerError::permanent(format!(
@@ -348,7 +362,7 @@ pub fn entry_for(message: &Message<crate::RawPayload>) -> Result<NewStreamEntry,
     })?;
     Ok(NewStreamEntry {
         payload,
-        headers: message.headers.clone(),
+        headers: relayed_headers(message),
         origin: Some(EntryOrigin {
             message_id: message.id,
             tenant: message.tenant.clone(),

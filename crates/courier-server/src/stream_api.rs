@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use courier::{
@@ -59,7 +59,9 @@ pub use courier_api::{
     ReadRequest, TrimRequest,
 };
 
-use crate::api::{ApiJson, ApiQuery, ApiState, DEFAULT_PAGE, MAX_PAGE};
+use crate::api::{
+    request_trace_context, ApiJson, ApiQuery, ApiState, DEFAULT_PAGE, MAX_PAGE, TRACEPARENT_DOC,
+};
 use crate::auth::{Admin, Consumer, Principal, Publisher, Reader};
 use crate::cursor;
 use crate::error::{ApiError, ErrorBody};
@@ -497,14 +499,23 @@ pub fn validate_entries(
     Ok(entries)
 }
 
-/// Appends entries, all or nothing.
+/// Appends entries, all or nothing. `trace` (the request's W3C
+/// `traceparent` and `tracestate`) goes into each entry whose headers carry
+/// no trace context of their own, so the stream's subscriptions continue
+/// the caller's trace.
 pub async fn append(
     streams: &dyn ApiStreams,
     key: StreamKey,
     request: AppendRequest,
     max_payload_bytes: usize,
+    trace: Option<(&str, Option<&str>)>,
 ) -> Result<AppendResponse, ApiError> {
-    let entries = validate_entries(request, max_payload_bytes)?;
+    let mut entries = validate_entries(request, max_payload_bytes)?;
+    if let Some((parent, state)) = trace {
+        for entry in &mut entries {
+            courier::insert_trace_context(&mut entry.headers, parent, state);
+        }
+    }
     let count = entries.len() as u64;
     let ids = streams
         .append(key, entries)
@@ -912,6 +923,8 @@ async fn list_streams(
     params(
         ("tenant" = String, Path, description = "The stream's tenant"),
         ("stream" = String, Path, description = "The stream"),
+        ("traceparent" = Option<String>, Header, description = TRACEPARENT_DOC),
+        ("tracestate" = Option<String>, Header, description = "W3C `tracestate`, kept with `traceparent`"),
     ),
     request_body = AppendRequest,
     responses(
@@ -930,11 +943,19 @@ async fn append_entries(
     State(state): State<ApiState>,
     Publisher(principal): Publisher,
     path: StreamPath,
+    headers: HeaderMap,
     ApiJson(request): ApiJson<AppendRequest>,
 ) -> Result<(StatusCode, Json<AppendResponse>), ApiError> {
     let key = stream_key(path.param("tenant"), path.param("stream"))?;
     principal.require_tenant(key.tenant(), "tenant")?;
-    let response = append(state.streams()?, key, request, state.max_payload_bytes()).await?;
+    let response = append(
+        state.streams()?,
+        key,
+        request,
+        state.max_payload_bytes(),
+        request_trace_context(&headers),
+    )
+    .await?;
     Ok((StatusCode::CREATED, Json(response)))
 }
 

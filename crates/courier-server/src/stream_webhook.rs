@@ -6,7 +6,10 @@
 //! id}` — the same on every redelivery, so receivers deduplicate on it —
 //! beside `webhook-timestamp` and `webhook-signature`, and
 //! `courier-tenant`, `courier-stream`, `courier-entry-id` and
-//! `courier-delivery` (deliveries so far, this one included).
+//! `courier-delivery` (deliveries so far, this one included). `traceparent`
+//! (and `tracestate`) is the handler span's (`courier.stream_deliver`, the
+//! appender's child) when the daemon traces, else the entry's own, so the
+//! endpoint's span continues the appender's trace.
 //!
 //! Outcomes: 2xx succeeds (receipt, then ack). 429, and 503 with
 //! `Retry-After`, is the endpoint asking to wait: a deferral
@@ -101,6 +104,16 @@ impl StreamHandler for StreamWebhookHandler {
         headers.insert("courier-stream", header(message.key.stream())?);
         headers.insert("courier-entry-id", header(&message.id.to_string())?);
         headers.insert("courier-delivery", header(&message.deliveries.to_string())?);
+        let trace = courier::trace_context::current_trace_headers()
+            .or_else(|| courier::trace_context::trace_headers_of(&message.headers));
+        if let Some(trace) = trace {
+            headers.insert(courier::TRACEPARENT, header(&trace.traceparent)?);
+            // A tracestate no header can carry is left out, as for outbox
+            // webhooks: the traceparent alone continues the trace.
+            if let Some(state) = trace.tracestate.and_then(|s| header(&s).ok()) {
+                headers.insert(courier::TRACESTATE, state);
+            }
+        }
         match self
             .endpoint
             .post(&message.correlation_id, headers, body)

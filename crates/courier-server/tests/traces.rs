@@ -255,3 +255,203 @@ async fn postgres_the_webhook_endpoint_gets_the_delivery_span_s_traceparent() {
     )
     .await;
 }
+
+/// Entries of `stream` (tenant `acme`) read through the daemon at `address`.
+async fn stream_entries(address: SocketAddr, stream: &str) -> Vec<Value> {
+    let text = reqwest::Client::new()
+        .get(format!("http://{address}/v1/streams/acme/{stream}/entries"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let body: Value = serde_json::from_str(&text).unwrap();
+    body["entries"].as_array().cloned().unwrap_or_default()
+}
+
+/// Through a daemon on `database_url` (and `schema`): a message relayed to a
+/// native stream carries the relay delivery span's `traceparent` (in the
+/// publisher's trace); `POST …/entries` stores the request's `traceparent`
+/// in each entry without one of its own, ignoring a malformed one; and a
+/// stream subscription's webhook gets the `traceparent` of its
+/// `courier.stream_deliver` span, the appender's child.
+async fn streams_carry_trace_context_through_relays_appends_and_stream_webhooks(
+    database_url: String,
+    schema: String,
+) {
+    exporter();
+    let (receiver, receiver_address) = start_receiver().await;
+    let subscription = SubscriptionConfig::new(
+        "to-stream",
+        vec!["invoice.*".into()],
+        TargetConfig::Stream(courier_server::config::NativeStreamTargetConfig {
+            stream: "relayed".into(),
+        }),
+    );
+    let config = Config {
+        database_url,
+        schema,
+        listen: "127.0.0.1:0".parse().unwrap(),
+        subscriptions: vec![subscription],
+        stream_subscriptions: Config::from_toml_str(&format!(
+            r#"
+            [[stream_subscriptions]]
+            name = "hook"
+            tenant = "acme"
+            stream = "appended"
+            start = "beginning"
+            block_ms = 100
+            [stream_subscriptions.target]
+            type = "webhook"
+            url = "http://{receiver_address}/streams"
+            secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+            "#
+        ))
+        .unwrap()
+        .stream_subscriptions,
+        ..Config::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = courier_server::bind(config, async move {
+        let _ = stopped.await;
+    })
+    .await
+    .unwrap();
+    let address = running.local_addr();
+    let done = tokio::spawn(running.finished());
+    let client = reqwest::Client::new();
+
+    // A relayed message: the entry continues from the relay's delivery span.
+    let (traceparent, trace, producer_span) = fresh_traceparent();
+    let response = client
+        .post(format!("http://{address}/v1/messages"))
+        .header("content-type", "application/json")
+        .header("traceparent", &traceparent)
+        .body(json!({"tenant": "acme", "topic": "invoice.paid", "payload": {"n": 1}}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    let relayed = courier_testkit::eventually(Duration::from_secs(10), || async {
+        !stream_entries(address, "relayed").await.is_empty()
+    })
+    .await;
+    assert!(relayed, "the message was not relayed");
+    let entries = stream_entries(address, "relayed").await;
+    let sent = entries[0]["headers"]["traceparent"]
+        .as_str()
+        .expect("the relayed entry has a traceparent")
+        .to_owned();
+    let deliver = spans_of(TraceId::from_hex(&trace).unwrap())
+        .into_iter()
+        .find(|span| span.name == "courier.deliver")
+        .expect("the relay's courier.deliver span in the publisher's trace");
+    assert_eq!(deliver.parent_span_id.to_string(), producer_span);
+    assert_eq!(
+        sent,
+        format!("00-{trace}-{}-01", deliver.span_context.span_id()),
+        "the entry's parent is the relay's delivery span, not the publisher's"
+    );
+
+    // An append request: its context goes into entries without their own.
+    let (traceparent, trace, appender_span) = fresh_traceparent();
+    let (theirs, _, _) = fresh_traceparent();
+    let append = |traceparent: String, body: Value| {
+        let client = client.clone();
+        async move {
+            let response = client
+                .post(format!("http://{address}/v1/streams/acme/appended/entries"))
+                .header("content-type", "application/json")
+                .header("traceparent", traceparent)
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 201);
+        }
+    };
+    append(
+        traceparent.clone(),
+        json!({"entries": [
+            {"payload": {"n": 1}},
+            {"payload": {"n": 2}, "headers": {"traceparent": theirs}},
+        ]}),
+    )
+    .await;
+    append(
+        "00-not-a-traceparent".into(),
+        json!({"entries": [{"payload": {"n": 3}}]}),
+    )
+    .await;
+    let appended = stream_entries(address, "appended").await;
+    let headers: Vec<&Value> = appended.iter().map(|e| &e["headers"]).collect();
+    assert_eq!(
+        headers,
+        [
+            &json!({"traceparent": traceparent}),
+            &json!({"traceparent": theirs}),
+            &json!({}),
+        ]
+    );
+
+    // The stream subscription's webhook continues from its handler's span.
+    let delivered = courier_testkit::eventually(Duration::from_secs(10), || async {
+        receiver.0.lock().unwrap().len() >= 3
+    })
+    .await;
+    assert!(
+        delivered,
+        "the stream webhook did not get the three entries"
+    );
+    let _ = stop.send(());
+    done.await.unwrap().unwrap();
+    let first = appended[0]["id"].as_str().unwrap();
+    let sent = receiver
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|headers| {
+            headers
+                .get("courier-entry-id")
+                .and_then(|v| v.to_str().ok())
+                == Some(first)
+        })
+        .and_then(|headers| headers.get("traceparent"))
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .expect("the first entry's webhook request has a traceparent");
+    let deliver = spans_of(TraceId::from_hex(&trace).unwrap())
+        .into_iter()
+        .find(|span| span.name == "courier.stream_deliver")
+        .expect("a courier.stream_deliver span in the appender's trace");
+    assert_eq!(
+        deliver.parent_span_id.to_string(),
+        appender_span,
+        "the handler's span is the appender's child"
+    );
+    assert_eq!(
+        sent,
+        format!("00-{trace}-{}-01", deliver.span_context.span_id()),
+        "the endpoint's parent is the stream handler's span"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_streams_carry_trace_context_through_relays_appends_and_stream_webhooks() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = dir.path().join("courier.db").to_str().unwrap().to_owned();
+    streams_carry_trace_context_through_relays_appends_and_stream_webhooks(url, "courier".into())
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_streams_carry_trace_context_through_relays_appends_and_stream_webhooks() {
+    let fixture = courier_testkit::PgFixture::new().await.unwrap();
+    streams_carry_trace_context_through_relays_appends_and_stream_webhooks(
+        courier_testkit::database_url(),
+        fixture.schema.clone(),
+    )
+    .await;
+}

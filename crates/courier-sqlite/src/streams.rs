@@ -292,6 +292,9 @@ impl SqliteStore {
         key: &StreamKey,
         entries: &[NewStreamEntry],
     ) -> Result<Vec<StreamEntryId>, StoreError> {
+        // The current span's trace context goes with entries that carry none.
+        let traced = courier_core::entries_with_current_context(entries);
+        let entries: &[NewStreamEntry] = &traced;
         let encoded = entries_json(entries)?;
         if entries.is_empty() {
             return Ok(Vec::new());
@@ -404,6 +407,9 @@ impl StreamStore for SqliteStore {
     ) -> Result<Vec<StreamEntryId>, StoreError> {
         // One to MAX_STREAM_BATCH entries, as on every backend.
         validate_count("entries", entries.len())?;
+        // The current span's trace context goes with entries that carry none.
+        let traced = courier_core::entries_with_current_context(entries);
+        let entries: &[NewStreamEntry] = &traced;
         let encoded = entries_json(entries)?;
         let ids = {
             let _turn = self.write_turn().await?;

@@ -82,8 +82,8 @@ pub use courier_engine::DEFAULT_HANDLER_TIMEOUT;
 // Traces across the outbox: the header keys and their rules, and (with the
 // `otel` feature) the current span's context.
 pub use courier_core::{
-    has_trace_context, insert_trace_context, traceparent_trace_id, valid_traceparent, TRACEPARENT,
-    TRACESTATE,
+    entries_with_current_context, has_trace_context, insert_trace_context, replace_trace_context,
+    traceparent_trace_id, valid_traceparent, TRACEPARENT, TRACESTATE,
 };
 pub use courier_engine::trace_context;
 

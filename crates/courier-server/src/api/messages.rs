@@ -179,7 +179,7 @@ pub struct MessageQuery {
 }
 
 /// What the OpenAPI document says of the `traceparent` request header.
-const TRACEPARENT_DOC: &str = "W3C `traceparent` of the caller's span: stored as the \
+pub(crate) const TRACEPARENT_DOC: &str = "W3C `traceparent` of the caller's span: stored as the \
     message's `traceparent` header (with `tracestate`) unless the body's `headers` \
     carry one, so deliveries continue the caller's trace; a malformed value is ignored";
 
@@ -197,8 +197,8 @@ fn idempotency_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 /// `tracestate` headers), for the messages it publishes; `None` when it has
 /// no `traceparent`, several, or one that is not valid
 /// ([`courier::valid_traceparent`]): a malformed context is ignored, never
-/// a reason to refuse the publish.
-fn request_trace_context(headers: &HeaderMap) -> Option<(&str, Option<&str>)> {
+/// a reason to refuse the publish (or an append).
+pub(crate) fn request_trace_context(headers: &HeaderMap) -> Option<(&str, Option<&str>)> {
     let mut parents = headers.get_all(courier::TRACEPARENT).iter();
     let parent = parents.next()?.to_str().ok()?;
     if parents.next().is_some() || !courier::valid_traceparent(parent) {

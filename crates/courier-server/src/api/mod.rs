@@ -300,6 +300,7 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 }
 
 pub(crate) use courier_api::any_json_value;
+pub(crate) use messages::{request_trace_context, TRACEPARENT_DOC};
 
 /// The OpenAPI 3 document of the API (what `/v1/openapi.json` serves).
 pub fn openapi() -> utoipa::openapi::OpenApi {

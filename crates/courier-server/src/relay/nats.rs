@@ -3,7 +3,9 @@
 //!
 //! The NATS message's payload is the message's payload, the JSON text as it
 //! was published, byte for byte; its headers are the message's
-//! own headers plus `Courier-Message-Id`, `Courier-Tenant`, `Courier-Topic`
+//! own headers (with the relay delivery span's trace context in place of
+//! the producer's when the daemon traces: [`super::relayed_headers`]) plus
+//! `Courier-Message-Id`, `Courier-Tenant`, `Courier-Topic`
 //! and `Courier-Schema-Version`. Message headers named `Nats-…` (which steer
 //! JetStream: expected sequences, rollups, TTLs) or `Courier-…` (which would
 //! pass for the origin) are refused, permanently, rather than forwarded.
@@ -158,7 +160,7 @@ impl NatsRelay {
     /// The headers `message` is published with (see the module doc).
     pub fn headers(message: &Message<crate::RawPayload>) -> Result<HeaderMap, HandlerError> {
         let mut headers = HeaderMap::new();
-        for (name, value) in &message.headers {
+        for (name, value) in &super::relayed_headers(message) {
             let lower = name.to_ascii_lowercase();
             if lower.starts_with("nats-") || lower.starts_with("courier-") {
                 return Err(HandlerError::permanent(format!(

@@ -1,7 +1,8 @@
-//! Traces that cross the outbox: the producer's span context travels in the
-//! message's `traceparent` / `tracestate` headers
-//! ([`courier_core::TRACEPARENT`]), and each delivery's `courier.deliver`
-//! span continues it.
+//! Traces that cross the outbox and streams: the producer's span context
+//! travels in the message's (or stream entry's) `traceparent` /
+//! `tracestate` headers ([`courier_core::TRACEPARENT`]), and each
+//! delivery's `courier.deliver` span (each stream entry handler's
+//! `courier.stream_deliver`) continues it.
 //!
 //! With the `otel` feature, [`with_current_context`] adds the current
 //! `tracing` span's OpenTelemetry context to messages being enqueued, and

@@ -58,6 +58,6 @@ pub use stream::{
 };
 pub use trace_context::{
     current_trace_headers, entries_with_current_context, has_trace_context, insert_trace_context,
-    replace_trace_context, traceparent_trace_id, valid_traceparent, TraceHeaders, TRACEPARENT,
-    TRACESTATE,
+    messages_with_current_context, replace_trace_context, traceparent_trace_id, valid_traceparent,
+    TraceHeaders, TRACEPARENT, TRACESTATE,
 };

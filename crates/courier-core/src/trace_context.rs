@@ -19,7 +19,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use crate::message::MAX_HEADERS;
+use crate::message::{NewMessage, MAX_HEADERS};
 use crate::stream::NewStreamEntry;
 
 /// The header key of the W3C `traceparent`: the producer's trace id and span.
@@ -129,22 +129,56 @@ pub fn current_trace_headers() -> Option<TraceHeaders> {
     }
 }
 
-/// `entries`, with the current span's trace context
+/// `messages`, with the current span's trace context
 /// ([`current_trace_headers`]) added to each that carries none of its own
 /// (see [`insert_trace_context`]); borrowed unchanged when there is no
-/// context or nothing to add. Every backend's `append` applies it, so a
-/// stream subscription's handler span continues the appender's trace.
+/// context or nothing to add. The library's enqueue and publish apply it.
+pub fn messages_with_current_context(messages: &[NewMessage]) -> Cow<'_, [NewMessage]> {
+    with_current_context(messages)
+}
+
+/// `entries`, as [`messages_with_current_context`] does for messages. Every
+/// backend's `append` applies it, so a stream subscription's handler span
+/// continues the appender's trace.
 pub fn entries_with_current_context(entries: &[NewStreamEntry]) -> Cow<'_, [NewStreamEntry]> {
-    if entries.iter().all(|e| has_trace_context(&e.headers)) {
-        return Cow::Borrowed(entries);
+    with_current_context(entries)
+}
+
+/// What carries headers a trace context can go into.
+trait Headers: Clone {
+    fn headers(&self) -> &BTreeMap<String, String>;
+    fn headers_mut(&mut self) -> &mut BTreeMap<String, String>;
+}
+
+impl Headers for NewMessage {
+    fn headers(&self) -> &BTreeMap<String, String> {
+        &self.headers
+    }
+    fn headers_mut(&mut self) -> &mut BTreeMap<String, String> {
+        &mut self.headers
+    }
+}
+
+impl Headers for NewStreamEntry {
+    fn headers(&self) -> &BTreeMap<String, String> {
+        &self.headers
+    }
+    fn headers_mut(&mut self) -> &mut BTreeMap<String, String> {
+        &mut self.headers
+    }
+}
+
+fn with_current_context<T: Headers>(items: &[T]) -> Cow<'_, [T]> {
+    if items.iter().all(|item| has_trace_context(item.headers())) {
+        return Cow::Borrowed(items);
     }
     let Some(context) = current_trace_headers() else {
-        return Cow::Borrowed(entries);
+        return Cow::Borrowed(items);
     };
-    let mut owned = entries.to_vec();
-    for entry in &mut owned {
+    let mut owned = items.to_vec();
+    for item in &mut owned {
         insert_trace_context(
-            &mut entry.headers,
+            item.headers_mut(),
             &context.traceparent,
             context.tracestate.as_deref(),
         );

@@ -19,7 +19,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use courier_core::{has_trace_context, ClaimedDelivery, DeliveredEntry, NewMessage, StreamKey};
+use courier_core::{ClaimedDelivery, DeliveredEntry, NewMessage, StreamKey};
 
 pub use courier_core::{current_trace_headers, TraceHeaders};
 
@@ -28,21 +28,7 @@ pub use courier_core::{current_trace_headers, TraceHeaders};
 /// (see [`courier_core::insert_trace_context`]); borrowed unchanged when
 /// there is no context or nothing to add.
 pub fn with_current_context(messages: &[NewMessage]) -> Cow<'_, [NewMessage]> {
-    if messages.iter().all(|m| has_trace_context(&m.headers)) {
-        return Cow::Borrowed(messages);
-    }
-    let Some(context) = current_trace_headers() else {
-        return Cow::Borrowed(messages);
-    };
-    let mut owned = messages.to_vec();
-    for message in &mut owned {
-        courier_core::insert_trace_context(
-            &mut message.headers,
-            &context.traceparent,
-            context.tracestate.as_deref(),
-        );
-    }
-    Cow::Owned(owned)
+    courier_core::messages_with_current_context(messages)
 }
 
 /// What one delivery's `courier.deliver` span is made of: borrowed from its

@@ -161,6 +161,33 @@ async fn start_receiver() -> (Receiver, SocketAddr) {
     (receiver, address)
 }
 
+/// A daemon bound for a test, stopped by [`Running::stop`].
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    done: tokio::task::JoinHandle<Result<(), courier_server::ServeError>>,
+}
+
+impl Running {
+    /// Binds a daemon with `config`; returns its address.
+    async fn start(config: Config) -> (SocketAddr, Self) {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = courier_server::bind(config, async move {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+        let address = running.local_addr();
+        let done = tokio::spawn(running.finished());
+        (address, Self { stop, done })
+    }
+
+    /// Stops the daemon and waits until it has.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.done.await.unwrap().unwrap();
+    }
+}
+
 /// Publishes with `traceparent` through a daemon on `database_url` (and
 /// `schema`) whose webhook subscription posts to a receiver; checks the
 /// `traceparent` the receiver got.
@@ -185,14 +212,7 @@ async fn the_webhook_endpoint_gets_the_delivery_span_s_traceparent(
         subscriptions: vec![subscription],
         ..Config::default()
     };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = courier_server::bind(config, async move {
-        let _ = stopped.await;
-    })
-    .await
-    .unwrap();
-    let address = running.local_addr();
-    let done = tokio::spawn(running.finished());
+    let (address, daemon) = Running::start(config).await;
 
     let (traceparent, trace, producer_span) = fresh_traceparent();
     let response = reqwest::Client::new()
@@ -209,8 +229,7 @@ async fn the_webhook_endpoint_gets_the_delivery_span_s_traceparent(
     })
     .await;
     assert!(arrived, "the webhook was not called");
-    let _ = stop.send(());
-    done.await.unwrap().unwrap();
+    daemon.stop().await;
 
     let sent = receiver.0.lock().unwrap()[0]
         .get("traceparent")
@@ -312,14 +331,7 @@ async fn streams_carry_trace_context_through_relays_appends_and_stream_webhooks(
         .stream_subscriptions,
         ..Config::default()
     };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = courier_server::bind(config, async move {
-        let _ = stopped.await;
-    })
-    .await
-    .unwrap();
-    let address = running.local_addr();
-    let done = tokio::spawn(running.finished());
+    let (address, daemon) = Running::start(config).await;
     let client = reqwest::Client::new();
 
     // A relayed message: the entry continues from the relay's delivery span.
@@ -404,8 +416,7 @@ async fn streams_carry_trace_context_through_relays_appends_and_stream_webhooks(
         delivered,
         "the stream webhook did not get the three entries"
     );
-    let _ = stop.send(());
-    done.await.unwrap().unwrap();
+    daemon.stop().await;
     let first = appended[0]["id"].as_str().unwrap();
     let sent = receiver
         .0

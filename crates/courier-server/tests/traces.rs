@@ -396,6 +396,11 @@ async fn streams_carry_trace_context_through_relays_appends_and_stream_webhooks(
         json!({"entries": [{"payload": {"n": 3}}]}),
     )
     .await;
+    // On PostgreSQL entries are readable once no older transaction is open.
+    courier_testkit::eventually(Duration::from_secs(30), || async {
+        stream_entries(address, "appended").await.len() >= 3
+    })
+    .await;
     let appended = stream_entries(address, "appended").await;
     let headers: Vec<&Value> = appended.iter().map(|e| &e["headers"]).collect();
     assert_eq!(

@@ -105,6 +105,27 @@ async fn step_until_span<S: StreamStore, R: StreamReceipts>(
     }
 }
 
+/// The stream's first entry once it is readable: on PostgreSQL a reader
+/// sees only entries below its snapshot's xmin, so another test's open
+/// transaction on the shared server can delay it (see `tests/pg_streams.rs`).
+async fn first_entry<S: StreamStore>(
+    store: &S,
+    key: &StreamKey,
+) -> anyhow::Result<courier::StreamEntry> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let entries = store.range(key, courier::StreamEntryId::ZERO, 10).await?;
+        if let Some(entry) = entries.into_iter().next() {
+            return Ok(entry);
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the appended entry of {key} is not readable within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The handler's own span: what the handler's work records.
 fn handler_work() {
     let _work = tracing::info_span!("handler.work").entered();
@@ -174,12 +195,9 @@ where
     drop(appender);
     let trace = appender_context.trace_id();
 
-    let stored = setup
-        .streams
-        .range(&key, courier::StreamEntryId::ZERO, 10)
-        .await?;
+    let stored = first_entry(&setup.streams, &key).await?;
     assert_eq!(
-        stored[0].headers.get(TRACEPARENT).map(String::as_str),
+        stored.headers.get(TRACEPARENT).map(String::as_str),
         Some(format!("00-{trace}-{}-01", appender_context.span_id()).as_str()),
         "the entry carries the appender span's context"
     );
@@ -251,12 +269,9 @@ where
         .append(&key, &[entry])
         .instrument(tracing::info_span!("appender"))
         .await?;
-    let stored = setup
-        .streams
-        .range(&key, courier::StreamEntryId::ZERO, 10)
-        .await?;
+    let stored = first_entry(&setup.streams, &key).await?;
     assert_eq!(
-        stored[0].headers.get(TRACEPARENT),
+        stored.headers.get(TRACEPARENT),
         Some(&theirs),
         "the appender's own context is never replaced"
     );
@@ -291,11 +306,8 @@ where
         .streams
         .append(&key, &[NewStreamEntry::new(json!({ "n": 1 }))])
         .await?;
-    let stored = setup
-        .streams
-        .range(&key, courier::StreamEntryId::ZERO, 10)
-        .await?;
-    assert!(stored[0].headers.is_empty(), "{:?}", stored[0].headers);
+    let stored = first_entry(&setup.streams, &key).await?;
+    assert!(stored.headers.is_empty(), "{:?}", stored.headers);
     Ok(())
 }
 

@@ -203,10 +203,9 @@ where
     );
 
     let work = step_until_span(&subscription, trace, "handler.work").await?;
-    let deliver = spans_of(trace)
-        .into_iter()
-        .find(|span| span.name == "courier.stream_deliver")
-        .ok_or_else(|| anyhow::anyhow!("no courier.stream_deliver span in the trace"))?;
+    // The handler's span ends first; its parent may reach the exporter a
+    // moment later.
+    let deliver = step_until_span(&subscription, trace, "courier.stream_deliver").await?;
     assert_eq!(
         deliver.parent_span_id,
         appender_context.span_id(),
@@ -281,10 +280,12 @@ where
         "handler.work",
     )
     .await?;
-    let deliver = spans_of(TraceId::from_hex(&their_trace)?)
-        .into_iter()
-        .find(|span| span.name == "courier.stream_deliver")
-        .ok_or_else(|| anyhow::anyhow!("no courier.stream_deliver span in the caller's trace"))?;
+    let deliver = step_until_span(
+        &subscription,
+        TraceId::from_hex(&their_trace)?,
+        "courier.stream_deliver",
+    )
+    .await?;
     assert_eq!(
         deliver.parent_span_id,
         SpanId::from_hex("b7ad6b7169203331")?

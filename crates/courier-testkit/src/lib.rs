@@ -445,6 +445,30 @@ pub fn rescue_at_once() -> courier::MaintenanceConfig {
     }
 }
 
+/// The first entries of `key` (up to 100) once at least `at_least` are
+/// readable, or what there is after 30 s. On PostgreSQL a reader sees only
+/// entries of transactions below its snapshot's xmin, so another test's open
+/// transaction on the shared server can delay an entry just appended (see
+/// `tests/pg_streams.rs`).
+///
+/// # Errors
+///
+/// The store's error, if a read fails.
+pub async fn readable_entries<S: courier::StreamStore>(
+    store: &S,
+    key: &courier::StreamKey,
+    at_least: usize,
+) -> Result<Vec<courier::StreamEntry>, courier::StoreError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let entries = store.range(key, courier::StreamEntryId::ZERO, 100).await?;
+        if entries.len() >= at_least || tokio::time::Instant::now() >= deadline {
+            return Ok(entries);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits until `check` returns true, polling every 20 ms, for at most `limit`.
 pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
 where

@@ -175,24 +175,6 @@ async fn append_numbered<S: StreamStore>(
     Ok(store.append(key, &entries).await?)
 }
 
-/// The first entries of `key` once at least `at_least` are readable (on
-/// PostgreSQL other tests' open transactions may delay that; see
-/// `tests/pg_streams.rs`), or what there is after 30 s.
-async fn range_when<S: StreamStore>(
-    store: &S,
-    key: &StreamKey,
-    at_least: usize,
-) -> anyhow::Result<Vec<courier::StreamEntry>> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let entries = store.range(key, StreamEntryId::ZERO, 100).await?;
-        if entries.len() >= at_least || tokio::time::Instant::now() >= deadline {
-            return Ok(entries);
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn config(name: &str, key: &StreamKey) -> anyhow::Result<StreamSubscriptionConfig> {
     let mut config = StreamSubscriptionConfig::new(name, key.clone())?;
     config.consumer = format!("{name}-test");
@@ -417,7 +399,7 @@ async fn a_poison_entry_is_dead_lettered_after_exactly_max_deliveries<B: Harness
     assert_eq!(calls.of(0), 1);
     assert_eq!(calls.of(2), 1);
     assert_eq!(store.pending_summary(&key, "billing").await?.count, 0);
-    let letters = range_when(&store, &dead, 1).await?;
+    let letters = courier_testkit::readable_entries(&store, &dead, 1).await?;
     assert_eq!(letters.len(), 1, "one dead letter");
     assert_eq!(
         letters[0].headers.get("courier-original-id"),
@@ -463,7 +445,12 @@ async fn a_permanent_failure_is_dead_lettered_at_once<B: Harness>(
     step_until(&backend, &subscription, true, || calls.of(0) == 1).await?;
     subscription.step().await?;
     assert_eq!(calls.of(0), 1);
-    assert_eq!(range_when(&store, &key.dead_letters()?, 1).await?.len(), 1);
+    assert_eq!(
+        courier_testkit::readable_entries(&store, &key.dead_letters()?, 1)
+            .await?
+            .len(),
+        1
+    );
     assert_eq!(store.pending_summary(&key, "billing").await?.count, 0);
     Ok(())
 }

@@ -20,6 +20,7 @@ mod notifier;
 mod outbox;
 mod queries;
 mod rows;
+mod stream_receipts;
 mod streams;
 
 use std::collections::BTreeMap;

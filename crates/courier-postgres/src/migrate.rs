@@ -103,10 +103,15 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "priorities",
         sql: include_str!("../migrations/0016_priorities.sql"),
     },
+    Migration {
+        version: 17,
+        name: "stream_receipt_runs",
+        sql: include_str!("../migrations/0017_stream_receipt_runs.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 16;
+pub const SCHEMA_VERSION: i64 = 17;
 
 /// Applies every migration newer than the schema's, in one transaction under
 /// the migration lock, after checking the applied ones (see the module doc).

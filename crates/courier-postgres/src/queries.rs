@@ -35,6 +35,8 @@ queries!(
     stream_read_new,
     stream_read_pending,
     stream_receipt_insert,
+    stream_receipt_runs_find,
+    stream_receipt_runs_insert,
     stream_receipts_find,
     stream_receipts_insert_many,
     stream_relayed_entry,

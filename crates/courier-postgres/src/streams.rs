@@ -23,9 +23,8 @@ use courier_core::{
     dead_letter_entry, group_not_found, validate_count, validate_name, validate_tenants, ClaimIdle,
     ClaimedEntries, ConsumerInfo, ConsumerRemoval, DeliveredEntry, EntryOrigin, GroupStart,
     GroupSummary, NewStreamEntry, PendingDetail, PendingEntry, PendingQuery, PendingSummary,
-    ReadNew, ReceiptOutcome, StoreError, StreamEntry, StreamEntryId, StreamKey, StreamPage,
-    StreamReceipts, StreamStore, StreamSummary, TrimBound, TxWork, MAX_PAYLOAD_BYTES,
-    MAX_STREAM_PAGE,
+    ReadNew, StoreError, StreamEntry, StreamEntryId, StreamKey, StreamPage, StreamStore,
+    StreamSummary, TrimBound, MAX_PAYLOAD_BYTES, MAX_STREAM_PAGE,
 };
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::Row;
@@ -935,65 +934,5 @@ impl StreamStore for PgStore {
             .await
             .map_err(map)?;
         stream_page(&rows)
-    }
-}
-
-impl StreamReceipts for PgStore {
-    type Connection = sqlx::PgConnection;
-
-    async fn find_stream_receipts<'c>(
-        &'c self,
-        subscription: &'c str,
-        correlation_ids: &'c [String],
-    ) -> Result<Vec<String>, StoreError> {
-        sqlx::query_scalar(&self.q().stream_receipts_find)
-            .bind(subscription)
-            .bind(correlation_ids)
-            .fetch_all(self.pool())
-            .await
-            .map_err(map)
-    }
-
-    async fn record_stream_receipts<'c>(
-        &'c self,
-        subscription: &'c str,
-        correlation_ids: &'c [String],
-    ) -> Result<u64, StoreError> {
-        let added: i64 = sqlx::query_scalar(&self.q().stream_receipts_insert_many)
-            .bind(subscription)
-            .bind(correlation_ids)
-            .fetch_one(self.pool())
-            .await
-            .map_err(map)?;
-        Ok(u64::try_from(added).unwrap_or(0))
-    }
-
-    async fn run_with_stream_receipt<'c>(
-        &'c self,
-        subscription: &'c str,
-        correlation_id: &'c str,
-        work: TxWork<sqlx::PgConnection>,
-    ) -> Result<ReceiptOutcome, StoreError> {
-        let mut tx = self.begin_read_committed().await?;
-        let rows = sqlx::query(&self.q().stream_receipt_insert)
-            .bind(subscription)
-            .bind(correlation_id)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(map)?;
-        if rows.is_empty() {
-            tx.rollback().await.map_err(map)?;
-            return Ok(ReceiptOutcome::AlreadyApplied);
-        }
-        match work(&mut tx).await {
-            Ok(()) => {
-                tx.commit().await.map_err(map)?;
-                Ok(ReceiptOutcome::Applied)
-            }
-            Err(error) => {
-                tx.rollback().await.map_err(map)?;
-                Ok(ReceiptOutcome::Failed(error))
-            }
-        }
     }
 }

@@ -1,0 +1,329 @@
+//! [`StreamReceipts`] for PostgreSQL.
+//!
+//! A transactional handler's receipt is a row of `stream_receipts`, written
+//! in its effect's transaction. A plain handler's receipts are written after
+//! its batch's effects, and a batch of entries of one stream is stored as
+//! runs of `stream_receipt_runs` (migration 0017): one row per run instead of
+//! one per entry. Correlation ids not of the form
+//! `{subscription}:{stream}:{id}` (the engine writes none) are rows of
+//! `stream_receipts` too. A lookup consults both tables in one statement.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use courier_core::{ReceiptOutcome, StoreError, StreamEntryId, StreamReceipts, TxWork};
+use sqlx::PgConnection;
+
+use crate::error::map;
+use crate::PgStore;
+
+/// The most majors one run spans (`last_major - first_major`; migration
+/// 0017 relies on it to bound a lookup).
+const RUN_SPAN: u64 = 1000;
+
+/// The most entries one run holds.
+const RUN_LEN: usize = 1000;
+
+/// A major or minor as stored: the sign bit flipped, so that the order of
+/// the stored values is the order of the ids.
+fn stored(value: u64) -> i64 {
+    i64::from_be_bytes((value ^ (1 << 63)).to_be_bytes())
+}
+
+/// The ids of one stream among a call's correlation ids, each with its
+/// correlation id, and the correlation ids of no stream.
+#[derive(Default)]
+struct Grouped<'a> {
+    streams: BTreeMap<&'a str, Vec<(StreamEntryId, &'a str)>>,
+    others: Vec<&'a str>,
+}
+
+/// Sorts `correlation_ids` by stream; an id that is not exactly
+/// `{subscription}:{stream}:{entry id}` (the entry id as it prints) is one
+/// of the others.
+fn group<'a>(subscription: &str, correlation_ids: &'a [String]) -> Grouped<'a> {
+    let mut grouped = Grouped::default();
+    for correlation_id in correlation_ids {
+        match parse(subscription, correlation_id) {
+            Some((stream, id)) => grouped
+                .streams
+                .entry(stream)
+                .or_default()
+                .push((id, correlation_id.as_str())),
+            None => grouped.others.push(correlation_id),
+        }
+    }
+    grouped
+}
+
+fn parse<'a>(subscription: &str, correlation_id: &'a str) -> Option<(&'a str, StreamEntryId)> {
+    let rest = correlation_id
+        .strip_prefix(subscription)?
+        .strip_prefix(':')?;
+    let (stream, id_text) = rest.rsplit_once(':')?;
+    let id: StreamEntryId = id_text.parse().ok()?;
+    (!stream.is_empty() && id.to_string() == id_text).then_some((stream, id))
+}
+
+/// The bounds a lookup of `ids` (not empty) binds: the runs holding any of
+/// them have a last major between the lowest major and the highest plus
+/// [`RUN_SPAN`], and a first major at most the highest.
+fn bounds(ids: &[(StreamEntryId, &str)]) -> (i64, i64, i64) {
+    let lowest = ids.iter().map(|(id, _)| id.major).min().unwrap_or(0);
+    let highest = ids.iter().map(|(id, _)| id.major).max().unwrap_or(0);
+    (
+        stored(lowest),
+        stored(highest.saturating_add(RUN_SPAN)),
+        stored(highest),
+    )
+}
+
+impl PgStore {
+    /// Which of one stream's `ids` have a receipt of `subscription`.
+    async fn find_on_stream(
+        &self,
+        subscription: &str,
+        stream: &str,
+        ids: &[(StreamEntryId, &str)],
+        found: &mut HashSet<String>,
+    ) -> Result<(), StoreError> {
+        let by_id: HashMap<(i64, i64), &str> = ids
+            .iter()
+            .map(|(id, text)| ((stored(id.major), stored(id.minor)), *text))
+            .collect();
+        let majors: Vec<i64> = ids.iter().map(|(id, _)| stored(id.major)).collect();
+        let minors: Vec<i64> = ids.iter().map(|(id, _)| stored(id.minor)).collect();
+        let texts: Vec<&str> = ids.iter().map(|(_, text)| *text).collect();
+        let (lowest, last_bound, highest) = bounds(ids);
+        let rows: Vec<(Option<String>, Option<i64>, Option<i64>)> =
+            sqlx::query_as(&self.q().stream_receipt_runs_find)
+                .bind(subscription)
+                .bind(stream)
+                .bind(&majors)
+                .bind(&minors)
+                .bind(lowest)
+                .bind(last_bound)
+                .bind(highest)
+                .bind(&texts)
+                .fetch_all(self.pool())
+                .await
+                .map_err(map)?;
+        for row in rows {
+            match row {
+                (Some(correlation_id), _, _) => {
+                    found.insert(correlation_id);
+                }
+                (None, Some(major), Some(minor)) => {
+                    if let Some(text) = by_id.get(&(major, minor)) {
+                        found.insert((*text).to_owned());
+                    }
+                }
+                (None, _, _) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the receipts of one stream's `ids` (sorted, no duplicates) as
+    /// runs; returns how many were new.
+    async fn record_on_stream(
+        &self,
+        conn: &mut PgConnection,
+        subscription: &str,
+        stream: &str,
+        ids: &[(StreamEntryId, &str)],
+    ) -> Result<u64, StoreError> {
+        let mut runs = Vec::with_capacity(ids.len());
+        let mut run = 0_i32;
+        let mut first: Option<(u64, usize)> = None;
+        for (index, (id, _)) in ids.iter().enumerate() {
+            match first {
+                Some((major, start)) if id.major - major <= RUN_SPAN && index - start < RUN_LEN => {
+                }
+                Some(_) => {
+                    run += 1;
+                    first = Some((id.major, index));
+                }
+                None => first = Some((id.major, index)),
+            }
+            runs.push(run);
+        }
+        let majors: Vec<i64> = ids.iter().map(|(id, _)| stored(id.major)).collect();
+        let minors: Vec<i64> = ids.iter().map(|(id, _)| stored(id.minor)).collect();
+        let texts: Vec<&str> = ids.iter().map(|(_, text)| *text).collect();
+        let (lowest, last_bound, highest) = bounds(ids);
+        let added: i64 = sqlx::query_scalar(&self.q().stream_receipt_runs_insert)
+            .bind(subscription)
+            .bind(stream)
+            .bind(&runs)
+            .bind(&majors)
+            .bind(&minors)
+            .bind(lowest)
+            .bind(last_bound)
+            .bind(highest)
+            .bind(&texts)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(map)?;
+        Ok(u64::try_from(added).unwrap_or(0))
+    }
+
+    /// Writes receipts of correlation ids of no stream, one row each;
+    /// returns how many were new.
+    async fn record_others(
+        &self,
+        conn: &mut PgConnection,
+        subscription: &str,
+        others: &[&str],
+    ) -> Result<u64, StoreError> {
+        let added: i64 = sqlx::query_scalar(&self.q().stream_receipts_insert_many)
+            .bind(subscription)
+            .bind(others)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(map)?;
+        Ok(u64::try_from(added).unwrap_or(0))
+    }
+
+    /// Writes everything `grouped` holds through `conn`; returns how many
+    /// receipts were new.
+    async fn record_grouped(
+        &self,
+        conn: &mut PgConnection,
+        subscription: &str,
+        grouped: &Grouped<'_>,
+    ) -> Result<u64, StoreError> {
+        let mut added = 0;
+        for (stream, ids) in &grouped.streams {
+            added += self
+                .record_on_stream(conn, subscription, stream, ids)
+                .await?;
+        }
+        if !grouped.others.is_empty() {
+            added += self
+                .record_others(conn, subscription, &grouped.others)
+                .await?;
+        }
+        Ok(added)
+    }
+}
+
+impl StreamReceipts for PgStore {
+    type Connection = sqlx::PgConnection;
+
+    async fn find_stream_receipts<'c>(
+        &'c self,
+        subscription: &'c str,
+        correlation_ids: &'c [String],
+    ) -> Result<Vec<String>, StoreError> {
+        let grouped = group(subscription, correlation_ids);
+        let mut found = HashSet::new();
+        for (stream, ids) in &grouped.streams {
+            self.find_on_stream(subscription, stream, ids, &mut found)
+                .await?;
+        }
+        if !grouped.others.is_empty() {
+            let rows: Vec<String> = sqlx::query_scalar(&self.q().stream_receipts_find)
+                .bind(subscription)
+                .bind(&grouped.others)
+                .fetch_all(self.pool())
+                .await
+                .map_err(map)?;
+            found.extend(rows);
+        }
+        Ok(found.into_iter().collect())
+    }
+
+    async fn record_stream_receipts<'c>(
+        &'c self,
+        subscription: &'c str,
+        correlation_ids: &'c [String],
+    ) -> Result<u64, StoreError> {
+        let mut grouped = group(subscription, correlation_ids);
+        for ids in grouped.streams.values_mut() {
+            ids.sort_unstable();
+            ids.dedup();
+        }
+        grouped.others.sort_unstable();
+        grouped.others.dedup();
+        let statements = grouped.streams.len() + usize::from(!grouped.others.is_empty());
+        match statements {
+            0 => Ok(0),
+            1 => {
+                let mut conn = self.pool().acquire().await.map_err(map)?;
+                self.record_grouped(&mut conn, subscription, &grouped).await
+            }
+            _ => {
+                // All or nothing: one transaction.
+                let mut tx = self.begin_read_committed().await?;
+                let added = self.record_grouped(&mut tx, subscription, &grouped).await?;
+                tx.commit().await.map_err(map)?;
+                Ok(added)
+            }
+        }
+    }
+
+    async fn run_with_stream_receipt<'c>(
+        &'c self,
+        subscription: &'c str,
+        correlation_id: &'c str,
+        work: TxWork<sqlx::PgConnection>,
+    ) -> Result<ReceiptOutcome, StoreError> {
+        let entry = parse(subscription, correlation_id);
+        let (major, minor) = entry.map_or((0, 0), |(_, id)| (id.major, id.minor));
+        let mut tx = self.begin_read_committed().await?;
+        let rows = sqlx::query(&self.q().stream_receipt_insert)
+            .bind(subscription)
+            .bind(correlation_id)
+            .bind(entry.map(|(stream, _)| stream))
+            .bind(stored(major))
+            .bind(stored(minor))
+            .bind(stored(major.saturating_add(RUN_SPAN)))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map)?;
+        if rows.is_empty() {
+            tx.rollback().await.map_err(map)?;
+            return Ok(ReceiptOutcome::AlreadyApplied);
+        }
+        match work(&mut tx).await {
+            Ok(()) => {
+                tx.commit().await.map_err(map)?;
+                Ok(ReceiptOutcome::Applied)
+            }
+            Err(error) => {
+                tx.rollback().await.map_err(map)?;
+                Ok(ReceiptOutcome::Failed(error))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_ids_keep_their_order() {
+        let values = [0, 1, 1_700_000_000_000, i64::MAX as u64, 1 << 63, u64::MAX];
+        for pair in values.windows(2) {
+            assert!(stored(pair[0]) < stored(pair[1]), "{pair:?}");
+        }
+    }
+
+    #[test]
+    fn only_canonical_correlation_ids_of_the_subscription_have_a_stream() {
+        let id = StreamEntryId::new(5, 0);
+        assert_eq!(parse("sub", "sub:orders:5-0"), Some(("orders", id)));
+        // A raw Redis key may hold colons; the entry id never does.
+        assert_eq!(parse("sub", "sub:a:b:5-0"), Some(("a:b", id)));
+        for other in [
+            "sub:orders:05-0",
+            "sub:orders:5",
+            "subx:orders:5-0",
+            "sub::5-0",
+            "other",
+        ] {
+            assert_eq!(parse("sub", other), None, "{other}");
+        }
+    }
+}

@@ -3,9 +3,10 @@
 -- whose last major is between $5 and $6 and whose first is at most $7 (the
 -- ids' lowest major, their highest plus the run span, their highest); and
 -- among the correlation ids $8 in stream_receipts (probed only when one of
--- its receipts sorts between the lowest and highest of $8: transactional
--- subscriptions, receipts older than the runs). A found run id comes back
--- as (NULL, major, minor), a found correlation id as (it, NULL, NULL).
+-- its receipts sorts between $9 and $10, the lowest and highest of $8:
+-- transactional subscriptions, receipts older than the runs). A found run
+-- id comes back as (NULL, major, minor), a found correlation id as (it,
+-- NULL, NULL).
 WITH runs AS MATERIALIZED (
   SELECT t.major, t.minor
   FROM {schema}.stream_receipt_runs r
@@ -13,16 +14,14 @@ WITH runs AS MATERIALIZED (
   WHERE r.subscription = $1 AND r.stream = $2
     AND r.last_major BETWEEN $5 AND $6 AND r.first_major <= $7
 )
-SELECT DISTINCT NULL::text AS correlation_id, w.major, w.minor
+SELECT NULL::text AS correlation_id, w.major, w.minor
 FROM unnest($3::bigint[], $4::bigint[]) AS w(major, minor)
-JOIN runs ON runs.major = w.major AND runs.minor = w.minor
+WHERE EXISTS (SELECT 1 FROM runs WHERE runs.major = w.major AND runs.minor = w.minor)
 UNION ALL
 SELECT s.correlation_id, NULL::bigint, NULL::bigint
 FROM {schema}.stream_receipts s
 WHERE s.subscription = $1 AND s.correlation_id = ANY ($8::text[])
   AND EXISTS (
     SELECT 1 FROM {schema}.stream_receipts x
-    WHERE x.subscription = $1
-      AND x.correlation_id >= (SELECT min(c) FROM unnest($8::text[]) AS c)
-      AND x.correlation_id <= (SELECT max(c) FROM unnest($8::text[]) AS c)
+    WHERE x.subscription = $1 AND x.correlation_id BETWEEN $9 AND $10
   )

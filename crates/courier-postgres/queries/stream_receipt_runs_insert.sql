@@ -2,7 +2,8 @@
 -- majors $4, minors $5 (stored form, migration 0017), correlation ids $9,
 -- one row per run. Entries that already have a receipt (a run found as in
 -- stream_receipt_runs_find.sql with bounds $6, $7, $8, or a row of
--- stream_receipts) are left out; returns how many were new.
+-- stream_receipts, probed only when one sorts between $10 and $11, the
+-- lowest and highest of $9) are left out; returns how many were new.
 WITH had AS MATERIALIZED (
   SELECT t.major, t.minor
   FROM {schema}.stream_receipt_runs r
@@ -16,9 +17,7 @@ old AS MATERIALIZED (
   WHERE s.subscription = $1 AND s.correlation_id = ANY ($9::text[])
     AND EXISTS (
       SELECT 1 FROM {schema}.stream_receipts x
-      WHERE x.subscription = $1
-        AND x.correlation_id >= (SELECT min(c) FROM unnest($9::text[]) AS c)
-        AND x.correlation_id <= (SELECT max(c) FROM unnest($9::text[]) AS c)
+      WHERE x.subscription = $1 AND x.correlation_id BETWEEN $10 AND $11
     )
 ),
 fresh AS (

@@ -64,6 +64,14 @@ fn parse<'a>(subscription: &str, correlation_id: &'a str) -> Option<(&'a str, St
     (!stream.is_empty() && id.to_string() == id_text).then_some((stream, id))
 }
 
+/// The lowest and highest of `texts` (not empty), which bound the probe
+/// of `stream_receipts` a lookup makes.
+fn text_bounds<'a>(texts: &[&'a str]) -> (&'a str, &'a str) {
+    let lowest = texts.iter().min().copied().unwrap_or_default();
+    let highest = texts.iter().max().copied().unwrap_or_default();
+    (lowest, highest)
+}
+
 /// The bounds a lookup of `ids` (not empty) binds: the runs holding any of
 /// them have a last major between the lowest major and the highest plus
 /// [`RUN_SPAN`], and a first major at most the highest.
@@ -94,6 +102,7 @@ impl PgStore {
         let minors: Vec<i64> = ids.iter().map(|(id, _)| stored(id.minor)).collect();
         let texts: Vec<&str> = ids.iter().map(|(_, text)| *text).collect();
         let (lowest, last_bound, highest) = bounds(ids);
+        let (lowest_text, highest_text) = text_bounds(&texts);
         let rows: Vec<(Option<String>, Option<i64>, Option<i64>)> =
             sqlx::query_as(&self.q().stream_receipt_runs_find)
                 .bind(subscription)
@@ -104,6 +113,8 @@ impl PgStore {
                 .bind(last_bound)
                 .bind(highest)
                 .bind(&texts)
+                .bind(lowest_text)
+                .bind(highest_text)
                 .fetch_all(self.pool())
                 .await
                 .map_err(map)?;
@@ -151,6 +162,7 @@ impl PgStore {
         let minors: Vec<i64> = ids.iter().map(|(id, _)| stored(id.minor)).collect();
         let texts: Vec<&str> = ids.iter().map(|(_, text)| *text).collect();
         let (lowest, last_bound, highest) = bounds(ids);
+        let (lowest_text, highest_text) = text_bounds(&texts);
         let added: i64 = sqlx::query_scalar(&self.q().stream_receipt_runs_insert)
             .bind(subscription)
             .bind(stream)
@@ -161,6 +173,8 @@ impl PgStore {
             .bind(last_bound)
             .bind(highest)
             .bind(&texts)
+            .bind(lowest_text)
+            .bind(highest_text)
             .fetch_one(&mut *conn)
             .await
             .map_err(map)?;

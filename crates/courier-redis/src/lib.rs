@@ -53,13 +53,16 @@
 //! - `append`: all XADDs of a batch; one that fails mid-batch has the ones
 //!   before it deleted in the same script, so a batch is all or nothing
 //!   (only the stream's id counter stays advanced: ids are never reused).
-//! - `read_new` without waiting: XREADGROUP and XGROUP CREATECONSUMER, since
-//!   Redis 7.0 creates a consumer only when a read hands it something (a
-//!   blocking read runs this first and waits only when nothing was ready).
 //! - `read_pending` and `claim_idle`: the read or claim and the XPENDING that
 //!   reads the delivery counts it left, so the counts are the ones it made
-//!   (and, for a claim, CREATECONSUMER as for reads).
-//! - `ack`: XACK, and telling a missing group from nothing pending.
+//!   (and, for a claim, XGROUP CREATECONSUMER as for reads).
+//!
+//! The hot path has no script, because a script's reply costs Redis more
+//! than the command: `read_new` without waiting is XREADGROUP then XGROUP
+//! CREATECONSUMER in one pipeline (Redis 7.0 creates a consumer only when a
+//! read hands it something; a blocking read runs this first and waits only
+//! when nothing was ready); `ack` is XACK, followed by an XPENDING only when
+//! it acked nothing, to tell a missing stream or group from nothing pending.
 //! - `delete_consumer`: the check for pending entries and the DELCONSUMER
 //!   (which alone would drop them).
 //! - `dead_letter`: the pending check, the XADD to the dead-letter stream and
@@ -268,10 +271,8 @@ struct Shared {
 /// The Lua scripts, hashed once.
 struct Scripts {
     append: Script,
-    read_new: Script,
     read_pending: Script,
     claim_idle: Script,
-    ack: Script,
     delete_consumer: Script,
     dead_letter: Script,
     stream_summaries: Script,
@@ -281,10 +282,8 @@ impl Scripts {
     fn new() -> Self {
         Self {
             append: Script::new(include_str!("../scripts/append.lua")),
-            read_new: Script::new(include_str!("../scripts/read_new.lua")),
             read_pending: Script::new(include_str!("../scripts/read_pending.lua")),
             claim_idle: Script::new(include_str!("../scripts/claim_idle.lua")),
-            ack: Script::new(include_str!("../scripts/ack.lua")),
             delete_consumer: Script::new(include_str!("../scripts/delete_consumer.lua")),
             dead_letter: Script::new(include_str!("../scripts/dead_letter.lua")),
             stream_summaries: Script::new(include_str!("../scripts/stream_summaries.lua")),

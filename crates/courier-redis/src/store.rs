@@ -306,15 +306,45 @@ impl StreamStore for RedisStreamStore {
         read: &ReadNew,
     ) -> Result<Vec<DeliveredEntry>, StoreError> {
         read.validate()?;
-        let mut invocation = self.shared.scripts.read_new.key(self.redis_key(key));
-        invocation
+        // The read and then CREATECONSUMER, in one round trip: Redis 7.0
+        // creates a consumer only when a read hands it something, but a
+        // consumer exists from its first read on, whatever it got. Not a
+        // script: a script's reply of 100 entries costs Redis more than the
+        // read itself (313 µs against 118-146 µs per call, INFO
+        // commandstats).
+        let redis_key = self.redis_key(key);
+        let mut read_command = redis::cmd("XREADGROUP");
+        read_command
+            .arg("GROUP")
             .arg(&read.group)
             .arg(&read.consumer)
-            .arg(read.count);
-        let reply = self
-            .invoke(&invocation)
+            .arg("COUNT")
+            .arg(read.count)
+            .arg("STREAMS")
+            .arg(&redis_key)
+            .arg(">");
+        let mut create_command = redis::cmd("XGROUP");
+        create_command
+            .arg("CREATECONSUMER")
+            .arg(&redis_key)
+            .arg(&read.group)
+            .arg(&read.consumer);
+        let mut pipeline = redis::pipe();
+        pipeline
+            .ignore_errors()
+            .add_command(read_command)
+            .add_command(create_command);
+        let replies: Vec<redis::RedisResult<Value>> = pipeline
+            .query_async(&mut self.connection())
             .await
-            .map_err(|e| map_group(e, key, &read.group))?;
+            .map_err(map)?;
+        let mut replies = replies.into_iter();
+        let (Some(read_reply_value), Some(created)) = (replies.next(), replies.next()) else {
+            return Err(corrupt("a read's pipeline answered fewer than two replies"));
+        };
+        // The read's error first: a missing stream or group fails both.
+        let reply = read_reply_value.map_err(|e| map_group(e, key, &read.group))?;
+        created.map_err(|e| map_group(e, key, &read.group))?;
         let mut entries = read_reply(reply)?;
         if let Some(block) = read.block.filter(|block| !block.is_zero()) {
             if entries.is_empty() {
@@ -431,16 +461,27 @@ impl StreamStore for RedisStreamStore {
     ) -> Result<u64, StoreError> {
         validate_name("group", group)?;
         validate_count("ids", ids.len())?;
-        let mut invocation = self.shared.scripts.ack.key(self.redis_key(key));
-        invocation.arg(group);
+        let redis_key = self.redis_key(key);
+        let mut command = redis::cmd("XACK");
+        command.arg(&redis_key).arg(group);
         for entry_id in ids {
-            invocation.arg(entry_id.to_string());
+            command.arg(entry_id.to_string());
         }
         let reply = self
-            .invoke(&invocation)
+            .query(&command)
             .await
             .map_err(|e| map_group(e, key, group))?;
-        count(reply, "ack's count")
+        let acked = count(reply, "ack's count")?;
+        if acked == 0 {
+            // XACK answers 0 for a missing stream or group too; XPENDING
+            // (count 0 reads nothing) fails with NOGROUP for those.
+            let mut check = redis::cmd("XPENDING");
+            check.arg(&redis_key).arg(group).arg("-").arg("+").arg(0);
+            self.query(&check)
+                .await
+                .map_err(|e| map_group(e, key, group))?;
+        }
+        Ok(acked)
     }
 
     async fn visibility_wait(&self, _key: &StreamKey) -> Result<Option<Duration>, StoreError> {

@@ -85,6 +85,38 @@ fn bounds(ids: &[(StreamEntryId, &str)]) -> (i64, i64, i64) {
     )
 }
 
+/// One stream's ids as a lookup or insert binds them: majors, minors and
+/// correlation ids in parallel, the run bounds ([`bounds`]) and the lowest
+/// and highest correlation id ([`text_bounds`]).
+struct Columns<'a> {
+    majors: Vec<i64>,
+    minors: Vec<i64>,
+    texts: Vec<&'a str>,
+    lowest: i64,
+    last_bound: i64,
+    highest: i64,
+    lowest_text: &'a str,
+    highest_text: &'a str,
+}
+
+impl<'a> Columns<'a> {
+    fn new(ids: &[(StreamEntryId, &'a str)]) -> Self {
+        let texts: Vec<&'a str> = ids.iter().map(|(_, text)| *text).collect();
+        let (lowest, last_bound, highest) = bounds(ids);
+        let (lowest_text, highest_text) = text_bounds(&texts);
+        Self {
+            majors: ids.iter().map(|(id, _)| stored(id.major)).collect(),
+            minors: ids.iter().map(|(id, _)| stored(id.minor)).collect(),
+            texts,
+            lowest,
+            last_bound,
+            highest,
+            lowest_text,
+            highest_text,
+        }
+    }
+}
+
 impl PgStore {
     /// Which of one stream's `ids` have a receipt of `subscription`.
     async fn find_on_stream(
@@ -98,23 +130,19 @@ impl PgStore {
             .iter()
             .map(|(id, text)| ((stored(id.major), stored(id.minor)), *text))
             .collect();
-        let majors: Vec<i64> = ids.iter().map(|(id, _)| stored(id.major)).collect();
-        let minors: Vec<i64> = ids.iter().map(|(id, _)| stored(id.minor)).collect();
-        let texts: Vec<&str> = ids.iter().map(|(_, text)| *text).collect();
-        let (lowest, last_bound, highest) = bounds(ids);
-        let (lowest_text, highest_text) = text_bounds(&texts);
+        let c = Columns::new(ids);
         let rows: Vec<(Option<String>, Option<i64>, Option<i64>)> =
             sqlx::query_as(&self.q().stream_receipt_runs_find)
                 .bind(subscription)
                 .bind(stream)
-                .bind(&majors)
-                .bind(&minors)
-                .bind(lowest)
-                .bind(last_bound)
-                .bind(highest)
-                .bind(&texts)
-                .bind(lowest_text)
-                .bind(highest_text)
+                .bind(&c.majors)
+                .bind(&c.minors)
+                .bind(c.lowest)
+                .bind(c.last_bound)
+                .bind(c.highest)
+                .bind(&c.texts)
+                .bind(c.lowest_text)
+                .bind(c.highest_text)
                 .fetch_all(self.pool())
                 .await
                 .map_err(map)?;
@@ -158,23 +186,19 @@ impl PgStore {
             }
             runs.push(run);
         }
-        let majors: Vec<i64> = ids.iter().map(|(id, _)| stored(id.major)).collect();
-        let minors: Vec<i64> = ids.iter().map(|(id, _)| stored(id.minor)).collect();
-        let texts: Vec<&str> = ids.iter().map(|(_, text)| *text).collect();
-        let (lowest, last_bound, highest) = bounds(ids);
-        let (lowest_text, highest_text) = text_bounds(&texts);
+        let c = Columns::new(ids);
         let added: i64 = sqlx::query_scalar(&self.q().stream_receipt_runs_insert)
             .bind(subscription)
             .bind(stream)
             .bind(&runs)
-            .bind(&majors)
-            .bind(&minors)
-            .bind(lowest)
-            .bind(last_bound)
-            .bind(highest)
-            .bind(&texts)
-            .bind(lowest_text)
-            .bind(highest_text)
+            .bind(&c.majors)
+            .bind(&c.minors)
+            .bind(c.lowest)
+            .bind(c.last_bound)
+            .bind(c.highest)
+            .bind(&c.texts)
+            .bind(c.lowest_text)
+            .bind(c.highest_text)
             .fetch_one(&mut *conn)
             .await
             .map_err(map)?;

@@ -1,7 +1,9 @@
 //! Traces through the daemon, on PostgreSQL and SQLite: a publish request's
 //! `traceparent` (and `tracestate`) become the message's headers, a malformed
 //! one is ignored; a webhook endpoint receives a `traceparent` in the
-//! producer's trace whose parent is the delivery's `courier.deliver` span.
+//! producer's trace whose parent is the delivery's `courier.deliver` span,
+//! and so do the entries relays write to native and Redis streams and the
+//! messages they publish to JetStream.
 //!
 //! Spans go through `tracing-opentelemetry` to the OpenTelemetry SDK's
 //! in-memory exporter, behind this binary's global subscriber (the daemon's
@@ -12,6 +14,7 @@
 
 #[macro_use]
 mod common;
+mod relay_support;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -470,4 +473,100 @@ async fn postgres_streams_carry_trace_context_through_relays_appends_and_stream_
         fixture.schema.clone(),
     )
     .await;
+}
+
+/// The `courier.deliver` span of `subscription` in `trace`, once exported.
+async fn delivery_span_of(trace: &str, subscription: &str) -> opentelemetry_sdk::trace::SpanData {
+    let trace = TraceId::from_hex(trace).unwrap();
+    let find = || {
+        spans_of(trace).into_iter().find(|span| {
+            span.name == "courier.deliver"
+                && span.attributes.iter().any(|kv| {
+                    kv.key.as_str() == "subscription" && kv.value.as_str() == subscription
+                })
+        })
+    };
+    courier_testkit::eventually(Duration::from_secs(10), || async { find().is_some() }).await;
+    find().unwrap_or_else(|| panic!("no courier.deliver span of {subscription} was exported"))
+}
+
+/// A message relayed to a Redis stream and published to a JetStream carries
+/// in each the `traceparent` of that relay's own `courier.deliver` span (the
+/// publisher's child), not the publisher's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_to_redis_and_nats_send_their_delivery_span_s_traceparent() {
+    use relay_support::{
+        create_jetstream, delete_jetstream, delete_prefix, jetstream_messages, key, nats_client,
+        nats_section, nats_target, nats_url, read_all, redis_section, redis_store, redis_target,
+        redis_url, subscription, tag, Daemon, Db,
+    };
+    exporter();
+    let db = Db::sqlite().await;
+    let tag = tag();
+    let prefix = format!("t_{tag}:");
+    let jetstream = format!("T_{tag}");
+    let nats = nats_client(&nats_url()).await;
+    create_jetstream(
+        &nats,
+        &jetstream,
+        &format!("t_{tag}.>"),
+        Duration::from_secs(3600),
+    )
+    .await;
+    let mut config = db.config(vec![
+        subscription("to-redis", &["invoice.*"], redis_target("relayed")),
+        subscription(
+            "to-nats",
+            &["invoice.*"],
+            nats_target(&format!("t_{tag}.{{tenant}}.{{topic}}"), &jetstream),
+        ),
+    ]);
+    config.redis = redis_section(&redis_url(), &prefix);
+    config.nats = nats_section(&nats_url());
+    let daemon = Daemon::start(config).await.unwrap();
+
+    let (traceparent, trace, producer_span) = fresh_traceparent();
+    let response = reqwest::Client::new()
+        .post(format!("http://{}/v1/messages", daemon.address))
+        .header("content-type", "application/json")
+        .header("traceparent", &traceparent)
+        .body(json!({"tenant": "acme", "topic": "invoice.paid", "payload": {"n": 1}}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    db.wait_drained("to-redis", Duration::from_secs(30)).await;
+    db.wait_drained("to-nats", Duration::from_secs(30)).await;
+
+    let store = redis_store(&redis_url(), &prefix).await;
+    let entries = read_all(&store, &key("acme", "relayed")).await;
+    assert_eq!(entries.len(), 1);
+    let to_redis = delivery_span_of(&trace, "to-redis").await;
+    assert_eq!(to_redis.parent_span_id.to_string(), producer_span);
+    assert_eq!(
+        entries[0].headers.get("traceparent"),
+        Some(&format!(
+            "00-{trace}-{}-01",
+            to_redis.span_context.span_id()
+        )),
+        "the Redis entry's parent is the Redis relay's delivery span"
+    );
+
+    let published = jetstream_messages(&nats, &jetstream).await;
+    assert_eq!(published.len(), 1);
+    let to_nats = delivery_span_of(&trace, "to-nats").await;
+    assert_eq!(to_nats.parent_span_id.to_string(), producer_span);
+    assert_ne!(
+        to_nats.span_context.span_id(),
+        to_redis.span_context.span_id()
+    );
+    assert_eq!(
+        published[0].headers.get("traceparent"),
+        Some(&format!("00-{trace}-{}-01", to_nats.span_context.span_id())),
+        "the JetStream message's parent is the NATS relay's delivery span"
+    );
+
+    daemon.shutdown().await;
+    delete_jetstream(&nats, &jetstream).await;
+    delete_prefix(&redis_url(), &prefix).await;
 }

@@ -448,8 +448,10 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
         idle: bool,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'c;
 
-    /// Removes up to `batch` finished messages and up to `batch` receipts older
-    /// than `older_than`. Dead letters and their messages are kept.
+    /// Removes up to `batch` finished messages and up to `batch` receipt rows
+    /// older than `older_than` of each kind (on PostgreSQL a row of a plain
+    /// stream subscription's receipts holds a batch of up to 1,000; the
+    /// report counts receipts). Dead letters and their messages are kept.
     fn prune(
         &self,
         older_than: Duration,

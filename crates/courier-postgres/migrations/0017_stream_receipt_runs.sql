@@ -10,10 +10,11 @@
 -- parallel arrays, sorted), found through the run's highest major.
 --
 -- A run spans at most 1,000 majors (last_major - first_major <= 1000; the
--- writer splits a batch that spans more), so the runs holding any of a set
--- of ids are among those with last_major between the set's lowest major and
--- its highest plus 1,000: a lookup of new entries (above every run) reads
--- one index page and no run.
+-- writer splits a batch that spans more), so the runs holding major m are
+-- among those with last_major between m and m + 1,000, and first_major at
+-- most m: a lookup probes the index once per distinct major it asks about,
+-- and reads only the runs that hold one (a lookup of new entries, above
+-- every run, reads no run however far apart its entries are).
 --
 -- Majors and minors are u64; they are stored with the sign bit flipped
 -- (v XOR 2^63 as bigint), which keeps their order.
@@ -34,6 +35,6 @@ CREATE TABLE {schema}.stream_receipt_runs (
 );
 
 CREATE INDEX stream_receipt_runs_last
-  ON {schema}.stream_receipt_runs (subscription, stream, last_major);
+  ON {schema}.stream_receipt_runs (subscription, stream, last_major, first_major);
 CREATE INDEX stream_receipt_runs_created
   ON {schema}.stream_receipt_runs (created_at);

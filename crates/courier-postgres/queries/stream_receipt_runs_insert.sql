@@ -1,28 +1,36 @@
 -- Writes subscription $1's receipts of stream $2's entries: run numbers $3,
--- majors $4, minors $5 (stored form, migration 0017), correlation ids $9,
--- one row per run. Entries that already have a receipt (a run found as in
--- stream_receipt_runs_find.sql with bounds $6, $7, $8, or a row of
--- stream_receipts, probed only when one sorts between $10 and $11, the
--- lowest and highest of $9) are left out; returns how many were new.
+-- majors $4, minors $5 (stored form, migration 0017), correlation ids $8,
+-- one row per run. Entries that already have a receipt (in a run holding
+-- one of the distinct majors $6, probed as stream_receipt_runs_find.sql
+-- does with the upper bounds $7, or a row of stream_receipts, probed only
+-- when one sorts between the lowest and highest of $8) are left out;
+-- returns how many were new.
 WITH had AS MATERIALIZED (
   SELECT t.major, t.minor
-  FROM {schema}.stream_receipt_runs r
-  CROSS JOIN LATERAL unnest(r.majors, r.minors) AS t(major, minor)
-  WHERE r.subscription = $1 AND r.stream = $2
-    AND r.last_major BETWEEN $6 AND $7 AND r.first_major <= $8
+  FROM (
+    SELECT DISTINCT ON (r.ctid) r.majors, r.minors
+    FROM unnest($6::bigint[], $7::bigint[]) AS p(major, upper)
+    JOIN {schema}.stream_receipt_runs r
+      ON r.subscription = $1 AND r.stream = $2
+     AND r.last_major BETWEEN p.major AND p.upper AND r.first_major <= p.major
+    ORDER BY r.ctid
+  ) AS found
+  CROSS JOIN LATERAL unnest(found.majors, found.minors) AS t(major, minor)
 ),
 old AS MATERIALIZED (
   SELECT s.correlation_id
   FROM {schema}.stream_receipts s
-  WHERE s.subscription = $1 AND s.correlation_id = ANY ($9::text[])
+  WHERE s.subscription = $1 AND s.correlation_id = ANY ($8::text[])
     AND EXISTS (
       SELECT 1 FROM {schema}.stream_receipts x
-      WHERE x.subscription = $1 AND x.correlation_id BETWEEN $10 AND $11
+      WHERE x.subscription = $1
+        AND x.correlation_id >= (SELECT min(c) FROM unnest($8::text[]) AS c)
+        AND x.correlation_id <= (SELECT max(c) FROM unnest($8::text[]) AS c)
     )
 ),
 fresh AS (
   SELECT i.run, i.major, i.minor
-  FROM unnest($3::int[], $4::bigint[], $5::bigint[], $9::text[])
+  FROM unnest($3::int[], $4::bigint[], $5::bigint[], $8::text[])
     AS i(run, major, minor, correlation_id)
   WHERE NOT EXISTS (SELECT 1 FROM had h WHERE h.major = i.major AND h.minor = i.minor)
     AND NOT EXISTS (SELECT 1 FROM old o WHERE o.correlation_id = i.correlation_id)

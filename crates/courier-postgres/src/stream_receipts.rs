@@ -8,7 +8,7 @@
 //! `{subscription}:{stream}:{id}` (the engine writes none) are rows of
 //! `stream_receipts` too. A lookup consults both tables in one statement.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use courier_core::{ReceiptOutcome, StoreError, StreamEntryId, StreamReceipts, TxWork};
 use sqlx::PgConnection;
@@ -64,55 +64,30 @@ fn parse<'a>(subscription: &str, correlation_id: &'a str) -> Option<(&'a str, St
     (!stream.is_empty() && id.to_string() == id_text).then_some((stream, id))
 }
 
-/// The lowest and highest of `texts` (not empty), which bound the probe
-/// of `stream_receipts` a lookup makes.
-fn text_bounds<'a>(texts: &[&'a str]) -> (&'a str, &'a str) {
-    let lowest = texts.iter().min().copied().unwrap_or_default();
-    let highest = texts.iter().max().copied().unwrap_or_default();
-    (lowest, highest)
-}
-
-/// The bounds a lookup of `ids` (not empty) binds: the runs holding any of
-/// them have a last major between the lowest major and the highest plus
-/// [`RUN_SPAN`], and a first major at most the highest.
-fn bounds(ids: &[(StreamEntryId, &str)]) -> (i64, i64, i64) {
-    let lowest = ids.iter().map(|(id, _)| id.major).min().unwrap_or(0);
-    let highest = ids.iter().map(|(id, _)| id.major).max().unwrap_or(0);
-    (
-        stored(lowest),
-        stored(highest.saturating_add(RUN_SPAN)),
-        stored(highest),
-    )
-}
-
 /// One stream's ids as a lookup or insert binds them: majors, minors and
-/// correlation ids in parallel, the run bounds ([`bounds`]) and the lowest
-/// and highest correlation id ([`text_bounds`]).
+/// correlation ids in parallel, and the distinct majors to probe, each with
+/// its upper bound (the runs holding major m have a last major between m
+/// and m + [`RUN_SPAN`], and a first major at most m).
 struct Columns<'a> {
     majors: Vec<i64>,
     minors: Vec<i64>,
     texts: Vec<&'a str>,
-    lowest: i64,
-    last_bound: i64,
-    highest: i64,
-    lowest_text: &'a str,
-    highest_text: &'a str,
+    probes: Vec<i64>,
+    uppers: Vec<i64>,
 }
 
 impl<'a> Columns<'a> {
     fn new(ids: &[(StreamEntryId, &'a str)]) -> Self {
-        let texts: Vec<&'a str> = ids.iter().map(|(_, text)| *text).collect();
-        let (lowest, last_bound, highest) = bounds(ids);
-        let (lowest_text, highest_text) = text_bounds(&texts);
+        let distinct: BTreeSet<u64> = ids.iter().map(|(id, _)| id.major).collect();
         Self {
             majors: ids.iter().map(|(id, _)| stored(id.major)).collect(),
             minors: ids.iter().map(|(id, _)| stored(id.minor)).collect(),
-            texts,
-            lowest,
-            last_bound,
-            highest,
-            lowest_text,
-            highest_text,
+            texts: ids.iter().map(|(_, text)| *text).collect(),
+            probes: distinct.iter().map(|major| stored(*major)).collect(),
+            uppers: distinct
+                .iter()
+                .map(|major| stored(major.saturating_add(RUN_SPAN)))
+                .collect(),
         }
     }
 }
@@ -137,12 +112,9 @@ impl PgStore {
                 .bind(stream)
                 .bind(&c.majors)
                 .bind(&c.minors)
-                .bind(c.lowest)
-                .bind(c.last_bound)
-                .bind(c.highest)
+                .bind(&c.probes)
+                .bind(&c.uppers)
                 .bind(&c.texts)
-                .bind(c.lowest_text)
-                .bind(c.highest_text)
                 .fetch_all(self.pool())
                 .await
                 .map_err(map)?;
@@ -193,12 +165,9 @@ impl PgStore {
             .bind(&runs)
             .bind(&c.majors)
             .bind(&c.minors)
-            .bind(c.lowest)
-            .bind(c.last_bound)
-            .bind(c.highest)
+            .bind(&c.probes)
+            .bind(&c.uppers)
             .bind(&c.texts)
-            .bind(c.lowest_text)
-            .bind(c.highest_text)
             .fetch_one(&mut *conn)
             .await
             .map_err(map)?;

@@ -56,13 +56,6 @@
 //! - `read_pending` and `claim_idle`: the read or claim and the XPENDING that
 //!   reads the delivery counts it left, so the counts are the ones it made
 //!   (and, for a claim, XGROUP CREATECONSUMER as for reads).
-//!
-//! The hot path has no script, because a script's reply costs Redis more
-//! than the command: `read_new` without waiting is XREADGROUP then XGROUP
-//! CREATECONSUMER in one pipeline (Redis 7.0 creates a consumer only when a
-//! read hands it something; a blocking read runs this first and waits only
-//! when nothing was ready); `ack` is XACK, followed by an XPENDING only when
-//! it acked nothing, to tell a missing stream or group from nothing pending.
 //! - `delete_consumer`: the check for pending entries and the DELCONSUMER
 //!   (which alone would drop them).
 //! - `dead_letter`: the pending check, the XADD to the dead-letter stream and
@@ -71,6 +64,15 @@
 //!   groups), so they are of one moment and no entry's payload is sent.
 //!   The page's keys come from a `SCAN` of the prefix (`TYPE stream`),
 //!   sorted in memory: a listing walks every key of the prefix.
+//!
+//! The hot path has no script, because a script's reply costs Redis more
+//! than the commands, and needs none: `read_new` without waiting is
+//! XREADGROUP then XGROUP CREATECONSUMER, pipelined in one round trip but
+//! not atomic (Redis 7.0 creates a consumer only when a read hands it
+//! something; a blocking read runs this first and waits only when nothing
+//! was ready; a stream deleted between the two is `NotFound`, as a missing
+//! one is); `ack` is XACK, followed by an XPENDING only when it acked
+//! nothing, to tell a missing stream or group from nothing pending.
 //!
 //! Each script opens with what it touches and why it is shaped so
 //! (`scripts/*.lua`).

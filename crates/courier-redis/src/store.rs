@@ -296,8 +296,8 @@ impl StreamStore for RedisStreamStore {
         }
     }
 
-    /// First reads without blocking, on the shared connection (a script
-    /// that also creates the consumer); only when nothing is ready and
+    /// First reads without blocking, on the shared connection (pipelined
+    /// with the command that creates the consumer); only when nothing is ready and
     /// `block` is set does it wait, on a dedicated connection. A `block` of
     /// zero does not wait (Redis's `BLOCK 0` would wait forever).
     async fn read_new(

@@ -70,6 +70,12 @@ async fn a_lookup_finds_exactly_the_recorded_receipts<R: StreamReceipts>(
         find(&receipts, "billing", &recorded[2_499..]).await?,
         recorded[2_499..].iter().cloned().collect()
     );
+    // Two ids far apart (7,000 majors), as a claim's page may hold.
+    let apart = [recorded[0].clone(), recorded[2_499].clone()];
+    assert_eq!(
+        find(&receipts, "billing", &apart).await?,
+        apart.iter().cloned().collect()
+    );
 
     // Nothing else is: a neighbouring minor or major, the same ids on
     // another stream (whose name shares a prefix) or of another

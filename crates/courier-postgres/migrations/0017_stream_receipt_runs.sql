@@ -10,11 +10,13 @@
 -- parallel arrays, sorted), found through the run's highest major.
 --
 -- A run spans at most 1,000 majors (last_major - first_major <= 1000; the
--- writer splits a batch that spans more), so the runs holding major m are
--- among those with last_major between m and m + 1,000, and first_major at
--- most m: a lookup probes the index once per distinct major it asks about,
--- and reads only the runs that hold one (a lookup of new entries, above
--- every run, reads no run however far apart its entries are).
+-- writer splits a batch that spans more), so the runs holding any of a set
+-- of ids are among those with last_major between the set's lowest major and
+-- its highest plus 1,000 and first_major at most its highest. A lookup is
+-- split the way a batch is (each part spans at most 1,000 majors), so it
+-- reads only runs overlapping its parts: a lookup of new entries (above
+-- every run) reads one index page and no run, and two ids an hour apart are
+-- two probes, not a scan of the hour.
 --
 -- Majors and minors are u64; they are stored with the sign bit flipped
 -- (v XOR 2^63 as bigint), which keeps their order.

@@ -1,21 +1,16 @@
--- Writes subscription $1's receipts of stream $2's entries: run numbers $3,
--- majors $4, minors $5 (stored form, migration 0017), correlation ids $8,
--- one row per run. Entries that already have a receipt (in a run holding
--- one of the distinct majors $6, probed as stream_receipt_runs_find.sql
--- does with the upper bounds $7, or a row of stream_receipts, probed only
--- when one sorts between the lowest and highest of $8) are left out;
--- returns how many were new.
+-- Writes subscription $1's receipts of one run of stream $2's entries:
+-- majors $3, minors $4 (stored form, migration 0017), correlation ids $8,
+-- spanning at most the run span, as one row. Entries that already have a
+-- receipt (in a run found as stream_receipt_runs_find.sql finds them, with
+-- the bounds $5, $6, $7, or a row of stream_receipts, probed only when one
+-- sorts between the lowest and highest of $8) are left out; returns how
+-- many were new.
 WITH had AS MATERIALIZED (
   SELECT t.major, t.minor
-  FROM (
-    SELECT DISTINCT ON (r.ctid) r.majors, r.minors
-    FROM unnest($6::bigint[], $7::bigint[]) AS p(major, upper)
-    JOIN {schema}.stream_receipt_runs r
-      ON r.subscription = $1 AND r.stream = $2
-     AND r.last_major BETWEEN p.major AND p.upper AND r.first_major <= p.major
-    ORDER BY r.ctid
-  ) AS found
-  CROSS JOIN LATERAL unnest(found.majors, found.minors) AS t(major, minor)
+  FROM {schema}.stream_receipt_runs r
+  CROSS JOIN LATERAL unnest(r.majors, r.minors) AS t(major, minor)
+  WHERE r.subscription = $1 AND r.stream = $2
+    AND r.last_major BETWEEN $5 AND $6 AND r.first_major <= $7
 ),
 old AS MATERIALIZED (
   SELECT s.correlation_id
@@ -29,9 +24,8 @@ old AS MATERIALIZED (
     )
 ),
 fresh AS (
-  SELECT i.run, i.major, i.minor
-  FROM unnest($3::int[], $4::bigint[], $5::bigint[], $8::text[])
-    AS i(run, major, minor, correlation_id)
+  SELECT i.major, i.minor
+  FROM unnest($3::bigint[], $4::bigint[], $8::text[]) AS i(major, minor, correlation_id)
   WHERE NOT EXISTS (SELECT 1 FROM had h WHERE h.major = i.major AND h.minor = i.minor)
     AND NOT EXISTS (SELECT 1 FROM old o WHERE o.correlation_id = i.correlation_id)
 ),
@@ -41,7 +35,7 @@ added AS (
   SELECT $1, $2, min(f.major), max(f.major),
     array_agg(f.major ORDER BY f.major, f.minor), array_agg(f.minor ORDER BY f.major, f.minor)
   FROM fresh f
-  GROUP BY f.run
+  HAVING count(*) > 0
   RETURNING cardinality(majors) AS n
 )
 SELECT coalesce(sum(n), 0)::bigint FROM added

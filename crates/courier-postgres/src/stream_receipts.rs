@@ -8,7 +8,7 @@
 //! `{subscription}:{stream}:{id}` (the engine writes none) are rows of
 //! `stream_receipts` too. A lookup consults both tables in one statement.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use courier_core::{ReceiptOutcome, StoreError, StreamEntryId, StreamReceipts, TxWork};
 use sqlx::PgConnection;
@@ -64,36 +64,57 @@ fn parse<'a>(subscription: &str, correlation_id: &'a str) -> Option<(&'a str, St
     (!stream.is_empty() && id.to_string() == id_text).then_some((stream, id))
 }
 
-/// One stream's ids as a lookup or insert binds them: majors, minors and
-/// correlation ids in parallel, and the distinct majors to probe, each with
-/// its upper bound (the runs holding major m have a last major between m
-/// and m + [`RUN_SPAN`], and a first major at most m).
+/// `ids` (sorted by id) cut into parts that each span at most [`RUN_SPAN`]
+/// majors and hold at most [`RUN_LEN`] ids: the runs a batch is written as,
+/// and the parts a lookup probes one at a time (so ids far apart never make
+/// a lookup read the runs between them).
+fn parts<'i, 'a>(ids: &'i [(StreamEntryId, &'a str)]) -> Vec<&'i [(StreamEntryId, &'a str)]> {
+    let mut parts = Vec::new();
+    let mut start = 0;
+    for (index, (id, _)) in ids.iter().enumerate() {
+        let first = ids[start].0.major;
+        if index > start && (id.major - first > RUN_SPAN || index - start >= RUN_LEN) {
+            parts.push(&ids[start..index]);
+            start = index;
+        }
+    }
+    if start < ids.len() {
+        parts.push(&ids[start..]);
+    }
+    parts
+}
+
+/// One part's ids as a lookup or insert binds them: majors, minors and
+/// correlation ids in parallel, and the bounds of the runs that may hold
+/// them (a last major between the lowest major and the highest plus
+/// [`RUN_SPAN`], a first major at most the highest).
 struct Columns<'a> {
     majors: Vec<i64>,
     minors: Vec<i64>,
     texts: Vec<&'a str>,
-    probes: Vec<i64>,
-    uppers: Vec<i64>,
+    lowest: i64,
+    last_bound: i64,
+    highest: i64,
 }
 
 impl<'a> Columns<'a> {
     fn new(ids: &[(StreamEntryId, &'a str)]) -> Self {
-        let distinct: BTreeSet<u64> = ids.iter().map(|(id, _)| id.major).collect();
+        let lowest = ids.iter().map(|(id, _)| id.major).min().unwrap_or(0);
+        let highest = ids.iter().map(|(id, _)| id.major).max().unwrap_or(0);
         Self {
             majors: ids.iter().map(|(id, _)| stored(id.major)).collect(),
             minors: ids.iter().map(|(id, _)| stored(id.minor)).collect(),
             texts: ids.iter().map(|(_, text)| *text).collect(),
-            probes: distinct.iter().map(|major| stored(*major)).collect(),
-            uppers: distinct
-                .iter()
-                .map(|major| stored(major.saturating_add(RUN_SPAN)))
-                .collect(),
+            lowest: stored(lowest),
+            last_bound: stored(highest.saturating_add(RUN_SPAN)),
+            highest: stored(highest),
         }
     }
 }
 
 impl PgStore {
-    /// Which of one stream's `ids` have a receipt of `subscription`.
+    /// Which of one part of a stream's ids (see [`parts`]) have a receipt of
+    /// `subscription`.
     async fn find_on_stream(
         &self,
         subscription: &str,
@@ -112,8 +133,9 @@ impl PgStore {
                 .bind(stream)
                 .bind(&c.majors)
                 .bind(&c.minors)
-                .bind(&c.probes)
-                .bind(&c.uppers)
+                .bind(c.lowest)
+                .bind(c.last_bound)
+                .bind(c.highest)
                 .bind(&c.texts)
                 .fetch_all(self.pool())
                 .await
@@ -134,39 +156,24 @@ impl PgStore {
         Ok(())
     }
 
-    /// Writes the receipts of one stream's `ids` (sorted, no duplicates) as
-    /// runs; returns how many were new.
-    async fn record_on_stream(
+    /// Writes the receipts of one run of a stream's ids (a part, see
+    /// [`parts`]) as one row; returns how many were new.
+    async fn record_run(
         &self,
         conn: &mut PgConnection,
         subscription: &str,
         stream: &str,
         ids: &[(StreamEntryId, &str)],
     ) -> Result<u64, StoreError> {
-        let mut runs = Vec::with_capacity(ids.len());
-        let mut run = 0_i32;
-        let mut first: Option<(u64, usize)> = None;
-        for (index, (id, _)) in ids.iter().enumerate() {
-            match first {
-                Some((major, start)) if id.major - major <= RUN_SPAN && index - start < RUN_LEN => {
-                }
-                Some(_) => {
-                    run += 1;
-                    first = Some((id.major, index));
-                }
-                None => first = Some((id.major, index)),
-            }
-            runs.push(run);
-        }
         let c = Columns::new(ids);
         let added: i64 = sqlx::query_scalar(&self.q().stream_receipt_runs_insert)
             .bind(subscription)
             .bind(stream)
-            .bind(&runs)
             .bind(&c.majors)
             .bind(&c.minors)
-            .bind(&c.probes)
-            .bind(&c.uppers)
+            .bind(c.lowest)
+            .bind(c.last_bound)
+            .bind(c.highest)
             .bind(&c.texts)
             .fetch_one(&mut *conn)
             .await
@@ -201,9 +208,9 @@ impl PgStore {
     ) -> Result<u64, StoreError> {
         let mut added = 0;
         for (stream, ids) in &grouped.streams {
-            added += self
-                .record_on_stream(conn, subscription, stream, ids)
-                .await?;
+            for run in parts(ids) {
+                added += self.record_run(conn, subscription, stream, run).await?;
+            }
         }
         if !grouped.others.is_empty() {
             added += self
@@ -222,11 +229,14 @@ impl StreamReceipts for PgStore {
         subscription: &'c str,
         correlation_ids: &'c [String],
     ) -> Result<Vec<String>, StoreError> {
-        let grouped = group(subscription, correlation_ids);
+        let mut grouped = group(subscription, correlation_ids);
         let mut found = HashSet::new();
-        for (stream, ids) in &grouped.streams {
-            self.find_on_stream(subscription, stream, ids, &mut found)
-                .await?;
+        for (stream, ids) in &mut grouped.streams {
+            ids.sort_unstable();
+            for part in parts(ids) {
+                self.find_on_stream(subscription, stream, part, &mut found)
+                    .await?;
+            }
         }
         if !grouped.others.is_empty() {
             let rows: Vec<String> = sqlx::query_scalar(&self.q().stream_receipts_find)
@@ -252,7 +262,12 @@ impl StreamReceipts for PgStore {
         }
         grouped.others.sort_unstable();
         grouped.others.dedup();
-        let statements = grouped.streams.len() + usize::from(!grouped.others.is_empty());
+        let statements = grouped
+            .streams
+            .values()
+            .map(|ids| parts(ids).len())
+            .sum::<usize>()
+            + usize::from(!grouped.others.is_empty());
         match statements {
             0 => Ok(0),
             1 => {
@@ -315,6 +330,20 @@ mod tests {
         for pair in values.windows(2) {
             assert!(stored(pair[0]) < stored(pair[1]), "{pair:?}");
         }
+    }
+
+    #[test]
+    fn parts_span_at_most_the_run_span_and_hold_at_most_the_run_length() {
+        let mut ids: Vec<(StreamEntryId, &str)> = Vec::new();
+        // 1,500 ids on one major, then majors 5,000 and 5,000 + RUN_SPAN
+        // (one part), then one past the span, then one an hour away.
+        ids.extend((0..1_500).map(|minor| (StreamEntryId::new(7, minor), "")));
+        for major in [5_000, 5_000 + RUN_SPAN, 5_001 + RUN_SPAN, 3_600_000] {
+            ids.push((StreamEntryId::new(major, 0), ""));
+        }
+        let sizes: Vec<usize> = parts(&ids).iter().map(|part| part.len()).collect();
+        assert_eq!(sizes, [1_000, 500, 2, 1, 1]);
+        assert!(parts(&[]).is_empty());
     }
 
     #[test]

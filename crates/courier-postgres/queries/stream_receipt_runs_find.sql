@@ -6,8 +6,8 @@
 -- highest plus the run span); and among the correlation ids $8 in
 -- stream_receipts (probed only when one of its receipts sorts between the
 -- lowest and highest of $8: transactional subscriptions, receipts older
--- than the runs). A found run id comes back as (NULL, major, minor), a
--- found correlation id as (it, NULL, NULL).
+-- than the runs). An id found in a run comes back as (NULL, its 1-based
+-- position in $3), a found correlation id as (it, NULL).
 WITH runs AS MATERIALIZED (
   SELECT t.major, t.minor
   FROM {schema}.stream_receipt_runs r
@@ -15,11 +15,11 @@ WITH runs AS MATERIALIZED (
   WHERE r.subscription = $1 AND r.stream = $2
     AND r.last_major BETWEEN $5 AND $6 AND r.first_major <= $7
 )
-SELECT NULL::text AS correlation_id, w.major, w.minor
-FROM unnest($3::bigint[], $4::bigint[]) AS w(major, minor)
+SELECT NULL::text AS correlation_id, w.n
+FROM unnest($3::bigint[], $4::bigint[]) WITH ORDINALITY AS w(major, minor, n)
 WHERE EXISTS (SELECT 1 FROM runs WHERE runs.major = w.major AND runs.minor = w.minor)
 UNION ALL
-SELECT s.correlation_id, NULL::bigint, NULL::bigint
+SELECT s.correlation_id, NULL::bigint
 FROM {schema}.stream_receipts s
 WHERE s.subscription = $1 AND s.correlation_id = ANY ($8::text[])
   AND EXISTS (

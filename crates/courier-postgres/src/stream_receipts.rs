@@ -6,9 +6,11 @@
 //! runs of `stream_receipt_runs` (migration 0017): one row per run instead of
 //! one per entry. Correlation ids not of the form
 //! `{subscription}:{stream}:{id}` (the engine writes none) are rows of
-//! `stream_receipts` too. A lookup consults both tables in one statement.
+//! `stream_receipts` too. A lookup or a write is cut into parts as a batch
+//! is cut into runs ([`parts`]); each part's statement consults both
+//! tables.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use courier_core::{ReceiptOutcome, StoreError, StreamEntryId, StreamReceipts, TxWork};
 use sqlx::PgConnection;
@@ -122,12 +124,8 @@ impl PgStore {
         ids: &[(StreamEntryId, &str)],
         found: &mut HashSet<String>,
     ) -> Result<(), StoreError> {
-        let by_id: HashMap<(i64, i64), &str> = ids
-            .iter()
-            .map(|(id, text)| ((stored(id.major), stored(id.minor)), *text))
-            .collect();
         let c = Columns::new(ids);
-        let rows: Vec<(Option<String>, Option<i64>, Option<i64>)> =
+        let rows: Vec<(Option<String>, Option<i64>)> =
             sqlx::query_as(&self.q().stream_receipt_runs_find)
                 .bind(subscription)
                 .bind(stream)
@@ -142,15 +140,17 @@ impl PgStore {
                 .map_err(map)?;
         for row in rows {
             match row {
-                (Some(correlation_id), _, _) => {
+                (Some(correlation_id), _) => {
                     found.insert(correlation_id);
                 }
-                (None, Some(major), Some(minor)) => {
-                    if let Some(text) = by_id.get(&(major, minor)) {
+                (None, Some(position)) => {
+                    // 1-based, as WITH ORDINALITY counts.
+                    let index = usize::try_from(position - 1).unwrap_or(usize::MAX);
+                    if let Some((_, text)) = ids.get(index) {
                         found.insert((*text).to_owned());
                     }
                 }
-                (None, _, _) => {}
+                (None, None) => {}
             }
         }
         Ok(())

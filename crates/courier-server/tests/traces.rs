@@ -38,6 +38,23 @@ fn fresh_traceparent() -> (String, String, String) {
     (format!("00-{trace}-{parent}-01"), trace, parent)
 }
 
+/// Publishes an `invoice.paid` message of tenant `acme` through the daemon
+/// at `address` with a fresh `traceparent`; returns its (trace id, parent
+/// span id).
+async fn publish_traced(address: SocketAddr) -> (String, String) {
+    let (traceparent, trace, producer_span) = fresh_traceparent();
+    let response = reqwest::Client::new()
+        .post(format!("http://{address}/v1/messages"))
+        .header("content-type", "application/json")
+        .header("traceparent", &traceparent)
+        .body(json!({"tenant": "acme", "topic": "invoice.paid", "payload": {"n": 1}}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    (trace, producer_span)
+}
+
 async fn stored_headers(app: &axum::Router, id: &str) -> Value {
     let read = get(app, &format!("/v1/messages/{id}"), Some("all")).await;
     assert_eq!(read.status, StatusCode::OK, "{}", read.text);
@@ -217,16 +234,7 @@ async fn the_webhook_endpoint_gets_the_delivery_span_s_traceparent(
     };
     let (address, daemon) = Running::start(config).await;
 
-    let (traceparent, trace, producer_span) = fresh_traceparent();
-    let response = reqwest::Client::new()
-        .post(format!("http://{address}/v1/messages"))
-        .header("content-type", "application/json")
-        .header("traceparent", &traceparent)
-        .body(json!({"tenant": "acme", "topic": "invoice.paid", "payload": {"n": 1}}).to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 201);
+    let (trace, producer_span) = publish_traced(address).await;
     let arrived = courier_testkit::eventually(Duration::from_secs(10), || async {
         !receiver.0.lock().unwrap().is_empty()
     })
@@ -338,16 +346,7 @@ async fn streams_carry_trace_context_through_relays_appends_and_stream_webhooks(
     let client = reqwest::Client::new();
 
     // A relayed message: the entry continues from the relay's delivery span.
-    let (traceparent, trace, producer_span) = fresh_traceparent();
-    let response = client
-        .post(format!("http://{address}/v1/messages"))
-        .header("content-type", "application/json")
-        .header("traceparent", &traceparent)
-        .body(json!({"tenant": "acme", "topic": "invoice.paid", "payload": {"n": 1}}).to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 201);
+    let (trace, producer_span) = publish_traced(address).await;
     let relayed = courier_testkit::eventually(Duration::from_secs(10), || async {
         !stream_entries(address, "relayed").await.is_empty()
     })
@@ -525,16 +524,7 @@ async fn relays_to_redis_and_nats_send_their_delivery_span_s_traceparent() {
     config.nats = nats_section(&nats_url());
     let daemon = Daemon::start(config).await.unwrap();
 
-    let (traceparent, trace, producer_span) = fresh_traceparent();
-    let response = reqwest::Client::new()
-        .post(format!("http://{}/v1/messages", daemon.address))
-        .header("content-type", "application/json")
-        .header("traceparent", &traceparent)
-        .body(json!({"tenant": "acme", "topic": "invoice.paid", "payload": {"n": 1}}).to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 201);
+    let (trace, producer_span) = publish_traced(daemon.address).await;
     db.wait_drained("to-redis", Duration::from_secs(30)).await;
     db.wait_drained("to-nats", Duration::from_secs(30)).await;
 

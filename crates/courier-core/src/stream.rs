@@ -554,6 +554,15 @@ pub trait StreamStore: Clone + Send + Sync + 'static {
     /// The backend's name in logs and metrics (`redis`, `postgres`, `sqlite`).
     fn backend(&self) -> &'static str;
 
+    /// How many batches a stream subscription reads ahead, while it handles
+    /// one, when it works through a backlog. Where reads compete with the
+    /// subscription's receipts for the same database (native streams) a
+    /// deeper pipeline is slower; a stream server in front of the database
+    /// gains from a deeper one (BENCHMARKS.md, session 25).
+    fn reads_ahead(&self) -> usize {
+        2
+    }
+
     /// Appends `entries` in order, all or nothing; returns their ids, strictly
     /// increasing, and above the ids of every append that committed before
     /// this one began. (On PostgreSQL an append that began earlier can
@@ -756,6 +765,25 @@ pub trait StreamReceipts: Clone + Send + Sync + 'static {
         subscription: &'c str,
         correlation_ids: &'c [String],
     ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
+
+    /// Writes receipts of `subscription` for `correlation_ids`, which the
+    /// caller looked up (with [`find_stream_receipts`](Self::find_stream_receipts))
+    /// and found none of, in one transaction. Unlike
+    /// [`record_stream_receipts`](Self::record_stream_receipts) it may skip
+    /// looking for receipts already stored: an id recorded meanwhile (by
+    /// another consumer that claimed its entry) may be stored twice, and
+    /// every lookup still finds it exactly once.
+    fn record_new_stream_receipts<'c>(
+        &'c self,
+        subscription: &'c str,
+        correlation_ids: &'c [String],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'c {
+        async move {
+            self.record_stream_receipts(subscription, correlation_ids)
+                .await
+                .map(|_| ())
+        }
+    }
 
     /// Runs `work` in one transaction with the receipt: both commit or
     /// neither does; when the receipt already exists the work is skipped.

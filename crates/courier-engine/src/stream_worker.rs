@@ -29,9 +29,10 @@
 //! are deleted.
 //!
 //! Through a backlog it works as a pipeline: while one batch's handlers run,
-//! the next two batches are read and their receipts looked up, and up to four
-//! earlier batches' receipts and acks are written. A batch is settled before
-//! its own-pending re-read or claim could see it again, and a batch read
+//! the next batches (two, four on Redis) are read and their receipts looked
+//! up, and up to four earlier batches' receipts and acks are written, each
+//! read and each write on a task of its own. A batch is settled before its
+//! own-pending re-read or claim could see it again, and a batch read
 //! ahead but never handled (a deferral, a stop) stays pending to this
 //! consumer without its delivery counting.
 //!
@@ -334,6 +335,7 @@ trait ErasedStreamHandler<C>: Send + Sync {
         &self,
         config: &StreamSubscriptionConfig,
         entry: &DeliveredEntry,
+        correlation_id: &str,
         deliveries: u64,
     ) -> Result<Prepared<C>, HandlerError>;
 }
@@ -341,9 +343,10 @@ trait ErasedStreamHandler<C>: Send + Sync {
 fn decode<T: DeserializeOwned>(
     config: &StreamSubscriptionConfig,
     entry: &DeliveredEntry,
+    correlation_id: &str,
     deliveries: u64,
 ) -> Result<StreamMessage<T>, HandlerError> {
-    let payload = serde_json::from_value(entry.entry.payload.clone()).map_err(|error| {
+    let payload = T::deserialize(&entry.entry.payload).map_err(|error| {
         HandlerError::permanent(format!(
             "payload of entry {} does not decode into {}: {error}",
             entry.entry.id,
@@ -354,7 +357,7 @@ fn decode<T: DeserializeOwned>(
         subscription: config.name.clone(),
         key: config.key.clone(),
         id: entry.entry.id,
-        correlation_id: config.correlation_id(entry.entry.id),
+        correlation_id: correlation_id.to_owned(),
         payload,
         headers: entry.entry.headers.clone(),
         origin: entry.entry.origin.clone(),
@@ -369,9 +372,10 @@ impl<C, H: StreamHandler> ErasedStreamHandler<C> for Plain<H> {
         &self,
         config: &StreamSubscriptionConfig,
         entry: &DeliveredEntry,
+        correlation_id: &str,
         deliveries: u64,
     ) -> Result<Prepared<C>, HandlerError> {
-        let message = decode::<H::Payload>(config, entry, deliveries)?;
+        let message = decode::<H::Payload>(config, entry, correlation_id, deliveries)?;
         let handler = Arc::clone(&self.0);
         Ok(Prepared::Plain(Box::pin(async move {
             handler.handle(message).await
@@ -388,9 +392,10 @@ impl<C: Send + 'static, H: TransactionalStreamHandler<C>> ErasedStreamHandler<C>
         &self,
         config: &StreamSubscriptionConfig,
         entry: &DeliveredEntry,
+        correlation_id: &str,
         deliveries: u64,
     ) -> Result<Prepared<C>, HandlerError> {
-        let message = decode::<H::Payload>(config, entry, deliveries)?;
+        let message = decode::<H::Payload>(config, entry, correlation_id, deliveries)?;
         let handler = Arc::clone(&self.0);
         Ok(Prepared::Transactional(Box::new(
             move |conn: &mut C| -> BoxFuture<'_, Result<(), HandlerError>> {
@@ -422,8 +427,9 @@ const SETTLES_IN_FLIGHT: usize = 4;
 /// What a handled batch leaves to write.
 #[derive(Default)]
 struct Settle {
-    /// Entries whose plain handler succeeded: receipt, then ack.
-    plain_done: Vec<StreamEntryId>,
+    /// Entries whose plain handler succeeded, with their correlation ids:
+    /// receipt, then ack.
+    plain_done: Vec<(StreamEntryId, String)>,
     /// Entries to ack (a receipt was found or committed with the effect).
     acks: Vec<StreamEntryId>,
     /// The store error a transactional run met, reported after the acks.
@@ -455,36 +461,55 @@ impl Settled {
     }
 }
 
-type Reading<'a> = Pin<Box<dyn Future<Output = Result<Looked, StoreError>> + Send + 'a>>;
-
-/// Batches a pipelined read reads ahead (without blocking) while one batch
-/// is handled.
-const READS_AHEAD: usize = 2;
-
 /// What a pipelined read has in flight besides the batch being handled:
-/// the next batches' reads, in order, and earlier batches' settles.
-struct Pipeline<'a, F> {
-    reading: FuturesOrdered<Reading<'a>>,
+/// the next batches' reads, in order, and earlier batches' settles, each on
+/// a task of its own so that it progresses while handlers run.
+#[derive(Default)]
+struct Pipeline {
+    reading: FuturesOrdered<Spawned<Looked>>,
     ready: VecDeque<Result<Looked, StoreError>>,
-    settling: FuturesUnordered<F>,
+    settling: FuturesUnordered<Spawned<usize>>,
     settled: Settled,
 }
 
-impl<F> Default for Pipeline<'_, F> {
-    fn default() -> Self {
-        Self {
-            reading: FuturesOrdered::new(),
-            ready: VecDeque::new(),
-            settling: FuturesUnordered::new(),
-            settled: Settled::default(),
-        }
+/// Work of a subscription on a task of its own: aborted when dropped, and a
+/// panic in it resumes in whoever awaits it.
+struct Spawned<T>(tokio::task::JoinHandle<Result<T, StoreError>>);
+
+impl<T: Send + 'static> Spawned<T> {
+    fn new(work: impl Future<Output = Result<T, StoreError>> + Send + 'static) -> Self {
+        Self(tokio::spawn(work))
     }
 }
 
-impl<'a, F> Pipeline<'a, F>
-where
-    F: Future<Output = Result<usize, StoreError>>,
-{
+impl<T> Future for Spawned<T> {
+    type Output = Result<T, StoreError>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx).map(|joined| match joined {
+            Ok(result) => result,
+            Err(join) => match join.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                // Only a runtime shutting down cancels it.
+                Err(cancelled) => Err(StoreError::Database {
+                    source: Box::new(cancelled),
+                    transient: true,
+                }),
+            },
+        })
+    }
+}
+
+impl<T> Drop for Spawned<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Pipeline {
     /// Whether no batch read ahead is waiting or under way.
     fn reads_done(&self) -> bool {
         self.reading.is_empty() && self.ready.is_empty()
@@ -954,20 +979,22 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
 
     /// Reads new entries until nothing new arrives within the block, a claim
     /// is due, a deferral pauses the subscription or it is stopped, as a
-    /// pipeline: while one batch's handlers run, the next [`READS_AHEAD`]
-    /// batches are read and their receipts looked up (when the batch was
-    /// full: a backlog), and the receipts and acks of up to
-    /// [`SETTLES_IN_FLIGHT`] earlier batches are written. Everything handled is settled before this returns, so
+    /// pipeline: while one batch's handlers run, the next batches (as many
+    /// as the store's [`StreamStore::reads_ahead`]) are read and their
+    /// receipts looked up (when the batch was full: a backlog), and the
+    /// receipts and acks of up to [`SETTLES_IN_FLIGHT`] earlier batches are
+    /// written. Everything handled is settled before this returns, so
     /// own-pending reads and claims never see an entry still being settled;
     /// a batch read ahead but not handled (a deferral, a stop) stays pending
     /// to this consumer, and its delivery is not counted.
     async fn read_new_pipelined(
-        &self,
+        self: &Arc<Self>,
         stop: &CancellationToken,
         next_claim: tokio::time::Instant,
         step: &mut StreamStep,
     ) -> Result<(), StoreError> {
         let c = &self.config;
+        let reads_ahead = self.streams.reads_ahead().max(1);
         let mut pipe = Pipeline::default();
         let result: Result<(), StoreError> = async {
             loop {
@@ -1003,13 +1030,17 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                     && !stop.is_cancelled()
                     && tokio::time::Instant::now() < next_claim
                 {
-                    while pipe.reading.len() + pipe.ready.len() < READS_AHEAD {
-                        pipe.reading
-                            .push_back(Box::pin(self.read_and_look_up(None)));
+                    while pipe.reading.len() + pipe.ready.len() < reads_ahead {
+                        let this = Arc::clone(self);
+                        pipe.reading.push_back(Spawned::new(async move {
+                            this.read_and_look_up(None).await
+                        }));
                     }
                 }
                 let settle = pipe.drive(self.run_looked(looked, step)).await?;
-                pipe.settling.push(self.settle(settle));
+                let this = Arc::clone(self);
+                pipe.settling
+                    .push(Spawned::new(async move { this.settle(settle).await }));
                 pipe.settle_below(SETTLES_IN_FLIGHT).await;
                 if let Some(error) = pipe.settled.error.take() {
                     return Err(error);
@@ -1136,23 +1167,23 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
             to_run.push((entry, correlation_id, deliveries));
         }
 
-        let outcomes: Vec<(DeliveredEntry, Result<Outcome, StoreError>)> =
+        let outcomes: Vec<(DeliveredEntry, String, Result<Outcome, StoreError>)> =
             futures_util::stream::iter(to_run)
                 .map(|(entry, correlation_id, deliveries)| async move {
                     let outcome = self.run_one(&entry, &correlation_id, deliveries).await;
-                    (entry, outcome)
+                    (entry, correlation_id, outcome)
                 })
                 .buffer_unordered(c.concurrency)
                 .collect()
                 .await;
 
-        for (entry, outcome) in outcomes {
+        for (entry, correlation_id, outcome) in outcomes {
             match outcome {
                 Ok(Outcome::Done) => {
                     if self.transactional {
                         settle.acks.push(entry.entry.id);
                     } else {
-                        settle.plain_done.push(entry.entry.id);
+                        settle.plain_done.push((entry.entry.id, correlation_id));
                     }
                 }
                 Ok(Outcome::Failed(error)) => {
@@ -1190,9 +1221,13 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
             error,
         } = settle;
         if !plain_done.is_empty() {
-            let ids: Vec<String> = plain_done.iter().map(|id| c.correlation_id(*id)).collect();
-            self.receipts.record_stream_receipts(&c.name, &ids).await?;
-            acks.extend(plain_done);
+            let (ids, correlation): (Vec<StreamEntryId>, Vec<String>) =
+                plain_done.into_iter().unzip();
+            // Looked up before their handlers ran and none found.
+            self.receipts
+                .record_new_stream_receipts(&c.name, &correlation)
+                .await?;
+            acks.extend(ids);
         }
         if !acks.is_empty() {
             let acked = self.streams.ack(&c.key, &c.name, &acks).await?;
@@ -1258,10 +1293,11 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
         // The handler runs in this span (continuing the appender's trace);
         // a spawned task does not inherit it, so it is handed over.
         let span = stream_entry_span(&c.name, &c.key, entry, deliveries);
-        let prepared = match span.in_scope(|| self.handler.prepare(c, entry, deliveries)) {
-            Ok(prepared) => prepared,
-            Err(error) => return Ok(self.classify(error, deliveries)),
-        };
+        let prepared =
+            match span.in_scope(|| self.handler.prepare(c, entry, correlation_id, deliveries)) {
+                Ok(prepared) => prepared,
+                Err(error) => return Ok(self.classify(error, deliveries)),
+            };
         let result = match prepared {
             Prepared::Plain(future) => {
                 // Aborted if this run is dropped (shutdown past its deadline):

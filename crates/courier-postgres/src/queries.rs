@@ -35,6 +35,7 @@ queries!(
     stream_read_new,
     stream_read_pending,
     stream_receipt_insert,
+    stream_receipt_runs_append,
     stream_receipt_runs_find,
     stream_receipt_runs_insert,
     stream_receipts_find,

@@ -63,7 +63,10 @@ fn parse<'a>(subscription: &str, correlation_id: &'a str) -> Option<(&'a str, St
         .strip_prefix(':')?;
     let (stream, id_text) = rest.rsplit_once(':')?;
     let id: StreamEntryId = id_text.parse().ok()?;
-    (!stream.is_empty() && id.to_string() == id_text).then_some((stream, id))
+    // As the id prints: parsed, it is digits only; no leading zeros.
+    let (major, minor) = id_text.split_once('-')?;
+    let canonical = |part: &str| part == "0" || !part.starts_with('0');
+    (!stream.is_empty() && canonical(major) && canonical(minor)).then_some((stream, id))
 }
 
 /// `ids` (sorted by id) cut into parts that each span at most [`RUN_SPAN`]
@@ -84,6 +87,17 @@ fn parts<'i, 'a>(ids: &'i [(StreamEntryId, &'a str)]) -> Vec<&'i [(StreamEntryId
         parts.push(&ids[start..]);
     }
     parts
+}
+
+/// Whether a write leaves out the receipts already stored.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Check {
+    /// Looks for them first: nothing is stored twice, and the count is of
+    /// new receipts.
+    Checked,
+    /// Writes them all (the caller found none): cheaper, and a receipt
+    /// recorded meanwhile may be stored twice.
+    Unchecked,
 }
 
 /// One part's ids as a lookup or insert binds them: majors, minors and
@@ -157,15 +171,28 @@ impl PgStore {
     }
 
     /// Writes the receipts of one run of a stream's ids (a part, see
-    /// [`parts`]) as one row; returns how many were new.
+    /// [`parts`]) as one row; returns how many were new (with
+    /// [`Check::Unchecked`], how many were written).
     async fn record_run(
         &self,
         conn: &mut PgConnection,
         subscription: &str,
         stream: &str,
         ids: &[(StreamEntryId, &str)],
+        check: Check,
     ) -> Result<u64, StoreError> {
         let c = Columns::new(ids);
+        if check == Check::Unchecked {
+            sqlx::query(&self.q().stream_receipt_runs_append)
+                .bind(subscription)
+                .bind(stream)
+                .bind(&c.majors)
+                .bind(&c.minors)
+                .execute(&mut *conn)
+                .await
+                .map_err(map)?;
+            return Ok(ids.len() as u64);
+        }
         let added: i64 = sqlx::query_scalar(&self.q().stream_receipt_runs_insert)
             .bind(subscription)
             .bind(stream)
@@ -198,6 +225,47 @@ impl PgStore {
         Ok(u64::try_from(added).unwrap_or(0))
     }
 
+    /// Writes receipts of `subscription` for `correlation_ids` in one
+    /// transaction; returns how many were new (with [`Check::Unchecked`],
+    /// how many were written).
+    async fn record(
+        &self,
+        subscription: &str,
+        correlation_ids: &[String],
+        check: Check,
+    ) -> Result<u64, StoreError> {
+        let mut grouped = group(subscription, correlation_ids);
+        for ids in grouped.streams.values_mut() {
+            ids.sort_unstable();
+            ids.dedup();
+        }
+        grouped.others.sort_unstable();
+        grouped.others.dedup();
+        let statements = grouped
+            .streams
+            .values()
+            .map(|ids| parts(ids).len())
+            .sum::<usize>()
+            + usize::from(!grouped.others.is_empty());
+        match statements {
+            0 => Ok(0),
+            1 => {
+                let mut conn = self.pool().acquire().await.map_err(map)?;
+                self.record_grouped(&mut conn, subscription, &grouped, check)
+                    .await
+            }
+            _ => {
+                // All or nothing: one transaction.
+                let mut tx = self.begin_read_committed().await?;
+                let added = self
+                    .record_grouped(&mut tx, subscription, &grouped, check)
+                    .await?;
+                tx.commit().await.map_err(map)?;
+                Ok(added)
+            }
+        }
+    }
+
     /// Writes everything `grouped` holds through `conn`; returns how many
     /// receipts were new.
     async fn record_grouped(
@@ -205,11 +273,14 @@ impl PgStore {
         conn: &mut PgConnection,
         subscription: &str,
         grouped: &Grouped<'_>,
+        check: Check,
     ) -> Result<u64, StoreError> {
         let mut added = 0;
         for (stream, ids) in &grouped.streams {
             for run in parts(ids) {
-                added += self.record_run(conn, subscription, stream, run).await?;
+                added += self
+                    .record_run(conn, subscription, stream, run, check)
+                    .await?;
             }
         }
         if !grouped.others.is_empty() {
@@ -255,33 +326,18 @@ impl StreamReceipts for PgStore {
         subscription: &'c str,
         correlation_ids: &'c [String],
     ) -> Result<u64, StoreError> {
-        let mut grouped = group(subscription, correlation_ids);
-        for ids in grouped.streams.values_mut() {
-            ids.sort_unstable();
-            ids.dedup();
-        }
-        grouped.others.sort_unstable();
-        grouped.others.dedup();
-        let statements = grouped
-            .streams
-            .values()
-            .map(|ids| parts(ids).len())
-            .sum::<usize>()
-            + usize::from(!grouped.others.is_empty());
-        match statements {
-            0 => Ok(0),
-            1 => {
-                let mut conn = self.pool().acquire().await.map_err(map)?;
-                self.record_grouped(&mut conn, subscription, &grouped).await
-            }
-            _ => {
-                // All or nothing: one transaction.
-                let mut tx = self.begin_read_committed().await?;
-                let added = self.record_grouped(&mut tx, subscription, &grouped).await?;
-                tx.commit().await.map_err(map)?;
-                Ok(added)
-            }
-        }
+        self.record(subscription, correlation_ids, Check::Checked)
+            .await
+    }
+
+    async fn record_new_stream_receipts<'c>(
+        &'c self,
+        subscription: &'c str,
+        correlation_ids: &'c [String],
+    ) -> Result<(), StoreError> {
+        self.record(subscription, correlation_ids, Check::Unchecked)
+            .await
+            .map(|_| ())
     }
 
     async fn run_with_stream_receipt<'c>(
@@ -354,6 +410,8 @@ mod tests {
         assert_eq!(parse("sub", "sub:a:b:5-0"), Some(("a:b", id)));
         for other in [
             "sub:orders:05-0",
+            "sub:orders:5-00",
+            "sub:orders:+5-0",
             "sub:orders:5",
             "subx:orders:5-0",
             "sub::5-0",

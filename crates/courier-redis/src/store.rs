@@ -240,6 +240,13 @@ impl StreamStore for RedisStreamStore {
         "redis"
     }
 
+    /// Four: with receipts in PostgreSQL, four reads ahead ran the bench's
+    /// subscription at 0.49–0.63 of a raw `XREADGROUP` + `XACK` loop, two
+    /// at 0.38–0.49 (BENCHMARKS.md, session 25).
+    fn reads_ahead(&self) -> usize {
+        4
+    }
+
     /// Refuses an empty batch (field `entries`), like an oversized one.
     async fn append(
         &self,

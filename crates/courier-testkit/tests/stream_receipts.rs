@@ -1,7 +1,9 @@
 //! Stream subscriptions' receipts (`courier::StreamReceipts`) on PostgreSQL
 //! and SQLite: a lookup finds exactly the receipts recorded (plain handlers'
 //! batches, transactional handlers' single receipts, correlation ids of no
-//! entry), recording counts only new receipts, the two kinds see each other,
+//! entry), recording counts only new receipts, receipts recorded without
+//! that check are found once however often stored, the two kinds see each
+//! other,
 //! and retention removes them. PostgreSQL stores a plain batch as runs of
 //! entry ids (migration 0017); these cases cross its run boundaries (span
 //! and length), ids at the ends of the u64 range and streams whose names
@@ -187,6 +189,59 @@ async fn recording_counts_only_new_receipts<R: StreamReceipts>(receipts: R) -> a
     Ok(())
 }
 
+async fn receipts_recorded_as_new_are_found_exactly_once<R: StreamReceipts>(
+    receipts: R,
+) -> anyhow::Result<()> {
+    // What a subscription records after its handlers ran: ids it looked up
+    // and found no receipt of, across run bounds, at the ends of the u64
+    // range, and correlation ids of no entry.
+    let mut all: Vec<String> = spread(90_000)
+        .into_iter()
+        .map(|id| correlation("billing", "a:b", id))
+        .collect();
+    all.push(correlation("billing", "a:b", StreamEntryId::new(0, 0)));
+    all.push(correlation(
+        "billing",
+        "a:b",
+        StreamEntryId::new(u64::MAX, u64::MAX),
+    ));
+    all.push("an order's own key".to_owned());
+    receipts
+        .record_new_stream_receipts("billing", &all[..1_200])
+        .await?;
+    receipts
+        .record_new_stream_receipts("billing", &all[1_200..])
+        .await?;
+    let expected: BTreeSet<String> = all.iter().cloned().collect();
+    assert_eq!(find(&receipts, "billing", &all).await?, expected);
+    assert_eq!(
+        find(
+            &receipts,
+            "billing",
+            &[correlation(
+                "billing",
+                "a:b",
+                StreamEntryId::new(90_000, 10)
+            )]
+        )
+        .await?,
+        BTreeSet::new(),
+        "a neighbour of a recorded id"
+    );
+
+    // Another consumer recorded some of them meanwhile (a claim race): they
+    // may be stored twice, and a lookup still returns each once.
+    receipts
+        .record_new_stream_receipts("billing", &all[1_100..1_300])
+        .await?;
+    let found = receipts.find_stream_receipts("billing", &all).await?;
+    assert_eq!(found.len(), all.len(), "each found once");
+    assert_eq!(found.into_iter().collect::<BTreeSet<_>>(), expected);
+    // They are receipts like any other: recording them again adds none.
+    assert_eq!(receipts.record_stream_receipts("billing", &all).await?, 0);
+    Ok(())
+}
+
 async fn transactional_and_plain_receipts_see_each_other<R>(receipts: R) -> anyhow::Result<()>
 where
     R: StreamReceipts<Connection: Send + 'static>,
@@ -286,6 +341,7 @@ macro_rules! stream_receipt_tests {
 stream_receipt_tests!(
     a_lookup_finds_exactly_the_recorded_receipts,
     recording_counts_only_new_receipts,
+    receipts_recorded_as_new_are_found_exactly_once,
     transactional_and_plain_receipts_see_each_other,
     retention_removes_every_kind_of_receipt,
 );

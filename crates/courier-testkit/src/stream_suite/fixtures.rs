@@ -101,6 +101,10 @@ impl StreamStore for ReadablePgStore {
         self.0.backend()
     }
 
+    fn reads_ahead(&self) -> usize {
+        self.0.reads_ahead()
+    }
+
     async fn append<'c>(
         &'c self,
         key: &'c StreamKey,

@@ -7,8 +7,10 @@
 //! one per entry. Correlation ids not of the form
 //! `{subscription}:{stream}:{id}` (the engine writes none) are rows of
 //! `stream_receipts` too. A lookup or a write is cut into parts as a batch
-//! is cut into runs ([`parts`]); each part's statement consults both
-//! tables.
+//! is cut into runs ([`parts`]); each part's lookup, and each part's write
+//! by `record_stream_receipts`, consults both tables in one statement;
+//! `record_new_stream_receipts` (ids the caller looked up and found no
+//! receipt of) writes each run as one plain insert.
 
 use std::collections::{BTreeMap, HashSet};
 

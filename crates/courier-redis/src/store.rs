@@ -240,9 +240,9 @@ impl StreamStore for RedisStreamStore {
         "redis"
     }
 
-    /// Four: with receipts in PostgreSQL, four reads ahead ran the bench's
-    /// subscription at 0.49–0.63 of a raw `XREADGROUP` + `XACK` loop, two
-    /// at 0.38–0.49 (BENCHMARKS.md, session 25).
+    /// Four: with receipts in PostgreSQL, the bench's subscription ran at
+    /// 0.57–0.63 of a raw `XREADGROUP` + `XACK` loop with four reads ahead
+    /// and 0.48–0.50 with two, all else equal (BENCHMARKS.md, session 25).
     fn reads_ahead(&self) -> usize {
         4
     }

@@ -80,7 +80,7 @@ pub async fn migrate(database: &Database, schema: &str) -> anyhow::Result<String
                 .with_context(|| format!("opening SQLite file {path}"))?;
             courier.migrate().await.context("migrating")?;
             let version = courier.store().schema_version().await?;
-            courier.store().close().await;
+            courier.store().pool().close().await;
             Ok(format!(
                 "SQLite file {path} is at Courier schema version {version}"
             ))

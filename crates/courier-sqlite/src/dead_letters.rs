@@ -234,7 +234,7 @@ impl SqliteStore {
         filter: &DeadLetterFilter,
         tenants: Option<&[String]>,
     ) -> Result<u64, StoreError> {
-        let mut turn = self.write_turn().await?;
+        let _turn = self.write_turn().await?;
         let ids = ids.map(|ids| Value::from(ids.to_vec()).to_string());
         let tenants = tenants.map(|tenants| Value::from(tenants.to_vec()).to_string());
         let result = sqlx::query(sql)
@@ -247,7 +247,7 @@ impl SqliteStore {
             .bind(filter.dead_after.map(millis_ceil))
             .bind(filter.dead_before.map(millis_ceil))
             .bind(&filter.fingerprint)
-            .execute(turn.conn().await?)
+            .execute(&self.inner.pool)
             .await
             .map_err(map)?;
         Ok(result.rows_affected())

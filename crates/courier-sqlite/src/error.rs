@@ -1,7 +1,5 @@
 //! One place where SQLite errors become [`StoreError`]s.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use courier_core::StoreError;
 
 /// `SQLITE_BUSY`: another connection holds the lock and the busy timeout ran out.
@@ -18,21 +16,8 @@ fn is_transient_code(code: i32) -> bool {
     matches!(code & 0xff, SQLITE_BUSY | SQLITE_LOCKED | SQLITE_PROTOCOL)
 }
 
-/// How many times a SQLite connection thread of this process was found
-/// crashed: a store's write connection opened before the latest crash is
-/// replaced (a pooled one is dropped by the pool's checks).
-static WORKER_CRASHES: AtomicU64 = AtomicU64::new(0);
-
-/// See [`WORKER_CRASHES`].
-pub(crate) fn worker_crashes() -> u64 {
-    WORKER_CRASHES.load(Ordering::Relaxed)
-}
-
 /// Translates a driver error, classifying it as transient or not.
 pub(crate) fn map(error: sqlx::Error) -> StoreError {
-    if matches!(error, sqlx::Error::WorkerCrashed) {
-        WORKER_CRASHES.fetch_add(1, Ordering::Relaxed);
-    }
     let transient = match &error {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => db

@@ -49,7 +49,7 @@ use std::time::Duration;
 
 use courier_core::{EnqueueOutcome, NewMessage, OutboxStore, StoreError};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{ConnectOptions, Connection, Sqlite, SqliteConnection, SqlitePool, Transaction};
+use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tokio::sync::watch;
 
 pub use admin::MAX_MESSAGE_PAGE;
@@ -84,54 +84,7 @@ struct Inner {
     /// SQLite's busy handler (which sleeps and polls), a claim loop that keeps
     /// re-taking the lock starves settles and heartbeats until their leases
     /// expire. Other processes still meet at SQLite's lock (busy timeout).
-    ///
-    /// The turn holds the store's own write connection (opened at the first
-    /// write, with the pool's options), so a write goes straight to SQLite's
-    /// thread instead of through the pool's acquire and release, each a
-    /// round trip to that thread.
-    writer: tokio::sync::Mutex<Option<Writer>>,
-}
-
-/// The store's write connection and the crash count it was opened under.
-struct Writer {
-    conn: SqliteConnection,
-    crashes: u64,
-}
-
-/// This process's turn to write to the store's database (see
-/// [`SqliteStore::write_turn`]), with the store's write connection.
-pub(crate) struct WriteTurn<'a> {
-    writer: tokio::sync::MutexGuard<'a, Option<Writer>>,
-    pool: &'a SqlitePool,
-}
-
-impl WriteTurn<'_> {
-    /// The store's write connection, opened (again) when there is none yet or
-    /// a SQLite connection thread of this process crashed since it was opened.
-    pub(crate) async fn conn(&mut self) -> Result<&mut SqliteConnection, StoreError> {
-        let crashes = error::worker_crashes();
-        if self.writer.as_ref().is_some_and(|w| w.crashes != crashes) {
-            *self.writer = None;
-        }
-        let writer = match self.writer.take() {
-            Some(writer) => writer,
-            None if self.pool.is_closed() => return Err(map(sqlx::Error::PoolClosed)),
-            None => Writer {
-                conn: self.pool.connect_options().connect().await.map_err(map)?,
-                crashes,
-            },
-        };
-        Ok(&mut self.writer.insert(writer).conn)
-    }
-
-    /// A `BEGIN IMMEDIATE` transaction on the write connection.
-    pub(crate) async fn begin(&mut self) -> Result<Transaction<'_, Sqlite>, StoreError> {
-        self.conn()
-            .await?
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(map)
-    }
+    writes: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -146,9 +99,8 @@ impl std::fmt::Debug for SqliteStore {
 /// crashes; a power loss may drop the last commits, never corrupt the file),
 /// foreign keys on, and a [`BUSY_TIMEOUT`] wait for the write lock.
 ///
-/// An in-memory database (`sqlite::memory:`) is private to each connection,
-/// and a [`SqliteStore`] writes on a connection of its own besides the pool's:
-/// use a file (Courier's tests use temporary files).
+/// An in-memory database (`sqlite::memory:`) is private to each connection, so
+/// use it only with `max_connections = 1`; Courier's tests use temporary files.
 pub async fn connect(path_or_url: &str, max_connections: u32) -> Result<SqlitePool, StoreError> {
     let options = if path_or_url.starts_with("sqlite:") {
         SqliteConnectOptions::from_str(path_or_url).map_err(map)?
@@ -164,9 +116,6 @@ pub async fn connect(path_or_url: &str, max_connections: u32) -> Result<SqlitePo
     SqlitePoolOptions::new()
         .max_connections(max_connections.max(1))
         .acquire_timeout(ACQUIRE_TIMEOUT)
-        // Courier's own writes use the store's write connection; a pooled
-        // connection is still checked when it is returned to the pool.
-        .test_before_acquire(false)
         .connect_with(options)
         .await
         .map_err(map)
@@ -174,9 +123,6 @@ pub async fn connect(path_or_url: &str, max_connections: u32) -> Result<SqlitePo
 
 impl SqliteStore {
     /// A store over `pool` (see [`connect`] for the options it should have).
-    /// Its own writes go through one more connection, opened with the pool's
-    /// options at the first write and kept until [`SqliteStore::close`] or
-    /// the last clone is dropped.
     pub fn new(pool: SqlitePool) -> Self {
         let (wake, _) = watch::channel(0);
         let (stream_wake, _) = watch::channel(0);
@@ -185,38 +131,22 @@ impl SqliteStore {
                 pool,
                 wake,
                 stream_wake,
-                writer: tokio::sync::Mutex::new(None),
+                writes: tokio::sync::Mutex::new(()),
             }),
         }
     }
 
-    /// Waits for this process's turn to write (see `Inner::writer`), at most
+    /// Waits for this process's turn to write (see `Inner::writes`), at most
     /// [`BUSY_TIMEOUT`]: a write attempted from inside another write of this
     /// store (say, a transactional handler publishing through the pool instead
     /// of its own connection) fails as busy instead of waiting forever.
-    pub(crate) async fn write_turn(&self) -> Result<WriteTurn<'_>, StoreError> {
-        let writer = tokio::time::timeout(BUSY_TIMEOUT, self.inner.writer.lock())
+    pub(crate) async fn write_turn(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, StoreError> {
+        tokio::time::timeout(BUSY_TIMEOUT, self.inner.writes.lock())
             .await
             .map_err(|_| StoreError::Database {
                 source: "timed out waiting for this process's turn to write to SQLite".into(),
                 transient: true,
-            })?;
-        Ok(WriteTurn {
-            writer,
-            pool: &self.inner.pool,
-        })
-    }
-
-    /// Closes the store's write connection and its pool, waiting until every
-    /// connection is closed (the last one checkpoints the WAL into the file).
-    /// Operations started afterwards fail; clones share the closed store.
-    pub async fn close(&self) {
-        let writer = self.inner.writer.lock().await.take();
-        if let Some(writer) = writer {
-            // Closed or not, the connection is gone once this returns.
-            let _ = writer.conn.close().await;
-        }
-        self.inner.pool.close().await;
+            })
     }
 
     /// The pool the store runs its own work on.

@@ -206,8 +206,8 @@ impl OutboxStore for SqliteStore {
         &'c self,
         messages: &'c [NewMessage],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        let mut turn = self.write_turn().await?;
-        let mut tx = turn.begin().await?;
+        let _turn = self.write_turn().await?;
+        let mut tx = self.begin().await?;
         let outcomes = self.enqueue_batch(&mut tx, messages).await?;
         tx.commit().await.map_err(map)?;
         // Again after the commit: the bump inside enqueue_batch may have woken
@@ -220,14 +220,14 @@ impl OutboxStore for SqliteStore {
         &'c self,
         spec: &'c SubscriptionSpec,
     ) -> Result<Registration, StoreError> {
-        let mut turn = self.write_turn().await?;
+        let _turn = self.write_turn().await?;
         validate_name("subscription", &spec.name)?;
         let mut topics = Vec::with_capacity(spec.topics.len());
         for pattern in &spec.topics {
             topics.push(json!([pattern, pattern_prefix(pattern)?]));
         }
         // One writer at a time: producers commit wholly before or after this.
-        let mut tx = turn.begin().await?;
+        let mut tx = self.begin().await?;
         // Messages enqueued before this took the write lock have an earlier
         // millisecond than `since`; those after its commit (which waits for
         // `since`, below) one at least as late: the admin views read which
@@ -306,7 +306,7 @@ impl OutboxStore for SqliteStore {
     }
 
     async fn claim<'c>(&'c self, params: &'c ClaimParams) -> Result<ClaimBatch, StoreError> {
-        let mut turn = self.write_turn().await?;
+        let _turn = self.write_turn().await?;
         if params.limit == 0 || params.routes.is_empty() {
             return Ok(ClaimBatch {
                 deliveries: Vec::new(),
@@ -323,7 +323,7 @@ impl OutboxStore for SqliteStore {
         )
         .to_string();
 
-        let mut tx = turn.begin().await?;
+        let mut tx = self.begin().await?;
         let tenant_rows = sqlx::query(queries::CLAIM_TENANTS)
             .bind(&params.subscription)
             .bind(&params.tenant_cursor)
@@ -424,13 +424,13 @@ impl OutboxStore for SqliteStore {
         &'c self,
         completions: &'c [Completion],
     ) -> Result<Vec<i64>, StoreError> {
-        let mut turn = self.write_turn().await?;
+        let _turn = self.write_turn().await?;
         if completions.is_empty() {
             return Ok(Vec::new());
         }
         let rows = sqlx::query(queries::COMPLETE)
             .bind(lease_refs_json(completions.iter()))
-            .fetch_all(turn.conn().await?)
+            .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
         let mut applied = HashSet::with_capacity(rows.len());
@@ -447,7 +447,7 @@ impl OutboxStore for SqliteStore {
         &'c self,
         failures: &'c [Failure],
     ) -> Result<Vec<FailureApplied>, StoreError> {
-        let mut turn = self.write_turn().await?;
+        let _turn = self.write_turn().await?;
         if failures.is_empty() {
             return Ok(Vec::new());
         }
@@ -469,7 +469,7 @@ impl OutboxStore for SqliteStore {
         .to_string();
         let rows = sqlx::query(queries::FAIL)
             .bind(items)
-            .fetch_all(turn.conn().await?)
+            .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
         failures_applied(failures.iter().map(|f| f.lease.delivery_id), &rows)
@@ -479,7 +479,7 @@ impl OutboxStore for SqliteStore {
         &'c self,
         snoozes: &'c [Snooze],
     ) -> Result<Vec<FailureApplied>, StoreError> {
-        let mut turn = self.write_turn().await?;
+        let _turn = self.write_turn().await?;
         if snoozes.is_empty() {
             return Ok(Vec::new());
         }
@@ -502,7 +502,7 @@ impl OutboxStore for SqliteStore {
         let rows = sqlx::query(queries::SNOOZE)
             .bind(items)
             .bind(MAX_SNOOZES)
-            .fetch_all(turn.conn().await?)
+            .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
         failures_applied(snoozes.iter().map(|z| z.lease.delivery_id), &rows)
@@ -513,14 +513,14 @@ impl OutboxStore for SqliteStore {
         leases: &'c [LeaseRef],
         lease: Duration,
     ) -> Result<Extended, StoreError> {
-        let mut turn = self.write_turn().await?;
+        let _turn = self.write_turn().await?;
         if leases.is_empty() {
             return Ok(Extended::default());
         }
         let ids: Vec<i64> = sqlx::query_scalar(queries::EXTEND)
             .bind(lease_refs_json(leases.iter()))
             .bind(millis(lease))
-            .fetch_all(turn.conn().await?)
+            .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
         let applied: std::collections::HashSet<i64> = ids.into_iter().collect();
@@ -541,7 +541,7 @@ impl OutboxStore for SqliteStore {
         let present: std::collections::HashSet<i64> =
             sqlx::query_scalar(queries::DELIVERIES_PRESENT)
                 .bind(serde_json::Value::from(missed.clone()).to_string())
-                .fetch_all(turn.conn().await?)
+                .fetch_all(&self.inner.pool)
                 .await
                 .map_err(map)?
                 .into_iter()
@@ -556,13 +556,13 @@ impl OutboxStore for SqliteStore {
     }
 
     async fn release_many<'c>(&'c self, leases: &'c [LeaseRef]) -> Result<Vec<i64>, StoreError> {
-        let mut turn = self.write_turn().await?;
+        let _turn = self.write_turn().await?;
         if leases.is_empty() {
             return Ok(Vec::new());
         }
         let ids: Vec<i64> = sqlx::query_scalar(queries::RELEASE)
             .bind(lease_refs_json(leases.iter()))
-            .fetch_all(turn.conn().await?)
+            .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
         let applied = ids.into_iter().collect();
@@ -573,13 +573,13 @@ impl OutboxStore for SqliteStore {
     }
 
     async fn rescue_expired<'c>(&'c self, params: &'c RescueParams) -> Result<u64, StoreError> {
-        let mut turn = self.write_turn().await?;
+        let _turn = self.write_turn().await?;
         let result = sqlx::query(queries::RESCUE)
             .bind(i64::try_from(params.limit).unwrap_or(i64::MAX))
             .bind(millis(params.backoff_base))
             .bind(millis(params.backoff_cap))
             .bind(lease_expired_fingerprint())
-            .execute(turn.conn().await?)
+            .execute(&self.inner.pool)
             .await
             .map_err(map)?;
         Ok(result.rows_affected())
@@ -601,11 +601,6 @@ impl OutboxStore for SqliteStore {
         batch: Vec<(&'c ClaimedDelivery, TxWork<SqliteConnection>)>,
         isolate_failures: bool,
     ) -> Result<TransactionalBatchOutcome, StoreError> {
-        // The turn, but a pooled connection rather than the turn's own: the
-        // bench's exactly-once drain ran at 8.3-9.8k/s with these groups on
-        // the write connection against 11.2-14.2k/s on pooled ones (the
-        // cause not yet found; a 16 MB page cache on the write connection
-        // did not change it; BENCHMARKS.md session 26).
         let _turn = self.write_turn().await?;
         let mut tx = self.begin().await?;
         // Each statement is a hand-off to sqlx's SQLite thread, made while
@@ -729,31 +724,31 @@ impl OutboxStore for SqliteStore {
     }
 
     async fn prune(&self, older_than: Duration, batch: usize) -> Result<PruneReport, StoreError> {
-        let mut turn = self.write_turn().await?;
+        let _turn = self.write_turn().await?;
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
         let receipts = sqlx::query(queries::PRUNE_RECEIPTS)
             .bind(millis(older_than))
             .bind(batch)
-            .execute(turn.conn().await?)
+            .execute(&self.inner.pool)
             .await
             .map_err(map)?
             .rows_affected()
             + sqlx::query(queries::PRUNE_STREAM_RECEIPTS)
                 .bind(millis(older_than))
                 .bind(batch)
-                .execute(turn.conn().await?)
+                .execute(&self.inner.pool)
                 .await
                 .map_err(map)?
                 .rows_affected();
         let messages = sqlx::query(queries::PRUNE_MESSAGES)
             .bind(millis(older_than))
             .bind(batch)
-            .execute(turn.conn().await?)
+            .execute(&self.inner.pool)
             .await
             .map_err(map)?
             .rows_affected();
         sqlx::query(queries::PRUNE_REMOVED_TOPICS)
-            .execute(turn.conn().await?)
+            .execute(&self.inner.pool)
             .await
             .map_err(map)?;
         Ok(PruneReport { messages, receipts })
@@ -764,21 +759,21 @@ impl OutboxStore for SqliteStore {
         holder: &'c str,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        let mut turn = self.write_turn().await?;
+        let _turn = self.write_turn().await?;
         let rows = sqlx::query(queries::LEADER_ELECT)
             .bind(holder)
             .bind(millis(lease))
-            .fetch_all(turn.conn().await?)
+            .fetch_all(&self.inner.pool)
             .await
             .map_err(map)?;
         Ok(!rows.is_empty())
     }
 
     async fn resign_maintenance<'c>(&'c self, holder: &'c str) -> Result<(), StoreError> {
-        let mut turn = self.write_turn().await?;
+        let _turn = self.write_turn().await?;
         sqlx::query(queries::LEADER_RESIGN)
             .bind(holder)
-            .execute(turn.conn().await?)
+            .execute(&self.inner.pool)
             .await
             .map_err(map)?;
         Ok(())

@@ -39,11 +39,11 @@ impl StreamReceipts for SqliteStore {
         if correlation_ids.is_empty() {
             return Ok(0);
         }
-        let mut turn = self.write_turn().await?;
+        let _turn = self.write_turn().await?;
         Ok(sqlx::query(queries::STREAM_RECEIPTS_INSERT)
             .bind(subscription)
             .bind(json_array(correlation_ids)?)
-            .execute(turn.conn().await?)
+            .execute(self.pool())
             .await
             .map_err(map)?
             .rows_affected())
@@ -55,8 +55,8 @@ impl StreamReceipts for SqliteStore {
         correlation_id: &'c str,
         work: TxWork<SqliteConnection>,
     ) -> Result<ReceiptOutcome, StoreError> {
-        let mut turn = self.write_turn().await?;
-        let mut tx = turn.begin().await?;
+        let _turn = self.write_turn().await?;
+        let mut tx = self.begin().await?;
         let fresh = sqlx::query(queries::STREAM_RECEIPTS_INSERT)
             .bind(subscription)
             .bind(json_array(&[correlation_id.to_owned()])?)

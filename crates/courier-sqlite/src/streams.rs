@@ -336,8 +336,8 @@ impl SqliteStore {
         key: &StreamKey,
         read: &ReadNew,
     ) -> Result<Vec<DeliveredEntry>, StoreError> {
-        let mut turn = self.write_turn().await?;
-        let mut tx = turn.begin().await?;
+        let _turn = self.write_turn().await?;
+        let mut tx = self.begin().await?;
         let cursor = group_cursor(&mut *tx, key, &read.group).await?;
         let fetched = sqlx::query(queries::STREAM_ENTRIES_AFTER)
             .bind(key.tenant())
@@ -412,8 +412,8 @@ impl StreamStore for SqliteStore {
         let entries: &[NewStreamEntry] = &traced;
         let encoded = entries_json(entries)?;
         let ids = {
-            let mut turn = self.write_turn().await?;
-            let mut tx = turn.begin().await?;
+            let _turn = self.write_turn().await?;
+            let mut tx = self.begin().await?;
             let ids = insert_entries(&mut tx, key, encoded, entries.len()).await?;
             tx.commit().await.map_err(map)?;
             ids
@@ -435,13 +435,13 @@ impl StreamStore for SqliteStore {
             GroupStart::End => None,
             GroupStart::After(id) => Some(rowid_above(id)),
         };
-        let mut turn = self.write_turn().await?;
+        let _turn = self.write_turn().await?;
         let created = sqlx::query(queries::STREAM_GROUP_CREATE)
             .bind(key.tenant())
             .bind(key.stream())
             .bind(group)
             .bind(cursor)
-            .fetch_optional(turn.conn().await?)
+            .fetch_optional(&self.inner.pool)
             .await
             .map_err(map)?;
         Ok(created.is_some())
@@ -494,8 +494,8 @@ impl StreamStore for SqliteStore {
         validate_name("group", group)?;
         validate_name("consumer", consumer)?;
         validate_count("count", count)?;
-        let mut turn = self.write_turn().await?;
-        let mut tx = turn.begin().await?;
+        let _turn = self.write_turn().await?;
+        let mut tx = self.begin().await?;
         group_cursor(&mut *tx, key, group).await?;
         let reread = sqlx::query(queries::STREAM_PENDING_REREAD)
             .bind(key.tenant())
@@ -529,8 +529,8 @@ impl StreamStore for SqliteStore {
         claim: &'c ClaimIdle,
     ) -> Result<ClaimedEntries, StoreError> {
         claim.validate()?;
-        let mut turn = self.write_turn().await?;
-        let mut tx = turn.begin().await?;
+        let _turn = self.write_turn().await?;
+        let mut tx = self.begin().await?;
         group_cursor(&mut *tx, key, &claim.group).await?;
         let picked = sqlx::query(queries::STREAM_CLAIM_PICK)
             .bind(key.tenant())
@@ -624,13 +624,13 @@ impl StreamStore for SqliteStore {
         let acked = if rowids.is_empty() {
             0
         } else {
-            let mut turn = self.write_turn().await?;
+            let _turn = self.write_turn().await?;
             sqlx::query(queries::STREAM_PENDING_REMOVE)
                 .bind(key.tenant())
                 .bind(key.stream())
                 .bind(group)
                 .bind(rowids_json(rowids))
-                .execute(turn.conn().await?)
+                .execute(&self.inner.pool)
                 .await
                 .map_err(map)?
                 .rows_affected()
@@ -780,10 +780,10 @@ impl StreamStore for SqliteStore {
     ) -> Result<ConsumerRemoval, StoreError> {
         validate_name("group", group)?;
         validate_name("consumer", consumer)?;
-        let mut turn = self.write_turn().await?;
+        let _turn = self.write_turn().await?;
         // One write transaction: no read can make an entry pending for the
         // consumer between the count and the delete.
-        let mut tx = turn.begin().await?;
+        let mut tx = self.begin().await?;
         group_cursor(&mut *tx, key, group).await?;
         let pending: i64 = sqlx::query_scalar(queries::STREAM_CONSUMER_PENDING)
             .bind(key.tenant())
@@ -841,12 +841,12 @@ impl StreamStore for SqliteStore {
             ),
             TrimBound::MinId(id) => (queries::STREAM_TRIM_MIN_ID, rowid_from(id)),
         };
-        let mut turn = self.write_turn().await?;
+        let _turn = self.write_turn().await?;
         let removed = sqlx::query(sql)
             .bind(key.tenant())
             .bind(key.stream())
             .bind(bound)
-            .execute(turn.conn().await?)
+            .execute(&self.inner.pool)
             .await
             .map_err(map)?
             .rows_affected();
@@ -864,8 +864,8 @@ impl StreamStore for SqliteStore {
         let dead_letters = key.dead_letters()?;
         let encoded = entries_json(std::slice::from_ref(&dead_letter_entry(key, entry, errors)))?;
         {
-            let mut turn = self.write_turn().await?;
-            let mut tx = turn.begin().await?;
+            let _turn = self.write_turn().await?;
+            let mut tx = self.begin().await?;
             group_cursor(&mut *tx, key, group).await?;
             let removed = match rowid(entry.entry.id) {
                 None => 0,

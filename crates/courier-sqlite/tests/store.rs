@@ -1,7 +1,7 @@
 //! What only the SQLite store does: its file (WAL mode, the fan-out
 //! trigger, a fresh file's schema version), its column encodings under a
 //! plain SQL insert, the in-process wake-up counter, its cap on tenants per
-//! turn, its busy errors and closing it. Every promise of the store traits is in the
+//! turn and its busy errors. Every promise of the store traits is in the
 //! store conformance suite (courier-testkit's `store_suite`, run by its
 //! `tests/store.rs` against SQLite and PostgreSQL). Each test opens its own
 //! fresh file in a temporary directory, so the tests run in parallel.
@@ -248,40 +248,5 @@ async fn a_busy_database_is_a_transient_error() -> TestResult {
             replay: None,
         })
         .await?;
-    Ok(())
-}
-
-#[tokio::test]
-async fn closing_the_store_closes_its_write_connection_too() -> TestResult {
-    let db = fresh().await?;
-    db.subscribe("s", &["t"]).await?;
-    db.store.publish_batch(&[message("acme", "t")?]).await?;
-    let wal = db.dir.path().join("courier.db-wal");
-    assert!(wal.exists(), "a written WAL-mode file has its -wal file");
-    db.store.close().await;
-    // The last connection to close checkpoints and removes the -wal file: the
-    // store's write connection is closed with the pool's.
-    assert!(!wal.exists(), "a connection of the store is still open");
-    let error = db
-        .store
-        .publish_batch(&[message("acme", "t")?])
-        .await
-        .err()
-        .ok_or("a closed store should refuse writes")?;
-    assert!(error.to_string().contains("closed"), "{error}");
-    // The file holds what was written before the close.
-    let pool = connect(
-        db.dir
-            .path()
-            .join("courier.db")
-            .to_str()
-            .ok_or("temporary path is not UTF-8")?,
-        1,
-    )
-    .await?;
-    let messages: i64 = sqlx::query_scalar("SELECT count(*) FROM messages")
-        .fetch_one(&pool)
-        .await?;
-    assert_eq!(messages, 1);
     Ok(())
 }

@@ -340,7 +340,7 @@ impl SqliteBench {
     /// Closes the current pool, waiting for every connection to close.
     async fn close(&mut self) {
         if let Some(courier) = self.courier.take() {
-            courier.store().close().await;
+            courier.store().pool().close().await;
         }
     }
 

@@ -218,6 +218,10 @@ struct BenchArgs {
     /// Seconds held-xmin holds its REPEATABLE READ snapshot open [default: 180, or 5 with --quick].
     #[arg(long)]
     hold_seconds: Option<u64>,
+    /// Run the enqueue and drain scenarios this many times in turn (1-20) and
+    /// report each case's median, with every round's figure beside it.
+    #[arg(long, default_value_t = 1)]
+    rounds: u32,
     /// The Redis server the streams scenario also measures (beside raw
     /// XADD and XREADGROUP + XACK loops); without it, native streams only.
     #[arg(long, env = "REDIS_URL")]
@@ -400,6 +404,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 concurrency: args.concurrency,
                 batch_size: args.batch_size,
                 hold_seconds: args.hold_seconds,
+                rounds: args.rounds,
                 redis_url: args.redis_url.clone(),
                 nats_url: args.nats_url.clone(),
                 // This binary has the `bench-worker` subcommand the worker

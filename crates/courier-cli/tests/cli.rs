@@ -101,6 +101,72 @@ fn quick_bench_on_sqlite_prints_the_table_and_removes_its_file() {
     assert!(left.is_empty(), "files left behind: {left:?}");
 }
 
+#[test]
+fn bench_rounds_report_each_cases_median_with_every_round() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let output = courier(
+        dir.path(),
+        &[
+            "bench",
+            "--quick",
+            "--scenario",
+            "drain",
+            "--baseline",
+            "--rounds",
+            "3",
+            "--json",
+            "--no-progress",
+        ],
+    );
+    let report = json_report(&output);
+    assert_eq!(report["settings"]["rounds"], 3);
+    for id in [
+        "drain.noop",
+        "drain.exactly_once",
+        "drain.two_subscriptions",
+        "drain.tenants",
+    ] {
+        let case = measurement(&report, id);
+        let rounds: Vec<f64> = case["rounds"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{id}: no rounds in {case:#}"))
+            .iter()
+            .map(|rate| rate.as_f64().expect("a rate"))
+            .collect();
+        assert_eq!(rounds.len(), 3, "{id}: {case:#}");
+        let mut sorted = rounds.clone();
+        sorted.sort_by(f64::total_cmp);
+        assert_eq!(case["per_second"].as_f64(), Some(sorted[1]), "{id}");
+        assert!(case["ratio"].as_f64().is_some(), "{id}: {case:#}");
+    }
+    // SQLite runs no worker processes: skipped once, not three times.
+    let skipped = report["measurements"]
+        .as_array()
+        .expect("measurements")
+        .iter()
+        .filter(|m| m["id"] == "drain.processes_1")
+        .count();
+    assert_eq!(skipped, 1);
+
+    let output = courier(
+        dir.path(),
+        &[
+            "bench",
+            "--quick",
+            "--scenario",
+            "enqueue",
+            "--rounds",
+            "2",
+            "--no-progress",
+        ],
+    );
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let table = stdout(&output);
+    assert!(table.contains("median of 2 rounds"), "{table}");
+    assert!(table.contains("rounds "), "{table}");
+    assert!(table.contains("% of the median"), "{table}");
+}
+
 /// The JSON report of a successful `courier bench --json` run.
 fn json_report(output: &Output) -> serde_json::Value {
     assert!(output.status.success(), "stderr: {}", stderr(output));
@@ -358,6 +424,8 @@ fn bench_refuses_worker_settings_out_of_range_naming_the_option() {
         ("--concurrency", "0"),
         ("--batch-size", "10001"),
         ("--hold-seconds", "0"),
+        ("--rounds", "0"),
+        ("--rounds", "21"),
     ] {
         let output = courier(dir.path(), &["bench", "--quick", option, value]);
         assert_eq!(output.status.code(), Some(1), "{option} {value}");

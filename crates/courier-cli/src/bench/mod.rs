@@ -21,6 +21,12 @@
 //! - **explain** (PostgreSQL, not in `all`): `EXPLAIN (ANALYZE, BUFFERS)` of
 //!   the store's hot queries, exactly as it renders them, on a large table.
 //!
+//! With `rounds` above 1 the enqueue and drain scenarios run that many times
+//! in turn (every case once per round, so a drifting machine touches every
+//! case alike); each case is reported as the median of its rounds, its ratio
+//! as the median of the rounds' ratios to their own baselines, and every
+//! round's rate is listed beside it. The other scenarios run once.
+//!
 //! Drain, fairness and held-xmin workers take `concurrency` and `batch_size`
 //! if given, else the backend's defaults (what `Courier::worker` applies).
 //!
@@ -85,6 +91,8 @@ pub const QUICK_HOLD_SECONDS: u64 = 5;
 pub const MAX_WORKER_SETTING: usize = 10_000;
 /// Messages per second the latency scenario trickles in, by default.
 pub const DEFAULT_RATE: u32 = 200;
+/// The most rounds `--rounds` accepts.
+pub const MAX_ROUNDS: u32 = 20;
 /// The prefix of the PostgreSQL schema a bench creates (and drops) unless told otherwise.
 pub const SCHEMA_PREFIX: &str = "courier_bench_";
 
@@ -156,6 +164,11 @@ pub struct BenchOptions {
     /// Seconds the held-xmin scenario holds its snapshot open;
     /// [`DEFAULT_HOLD_SECONDS`] (or [`QUICK_HOLD_SECONDS`] when quick) if `None`.
     pub hold_seconds: Option<u64>,
+    /// How many times the enqueue and drain scenarios run (1 to
+    /// [`MAX_ROUNDS`]): every case once per round, round after round, and
+    /// each case reported as the median of its rounds with every round's
+    /// figure beside it.
+    pub rounds: u32,
     /// The Redis server the streams and relays scenarios also measure, if any.
     pub redis_url: Option<String>,
     /// The NATS server (with JetStream) the relays scenario also measures, if any.
@@ -183,6 +196,7 @@ impl BenchOptions {
             concurrency: None,
             batch_size: None,
             hold_seconds: None,
+            rounds: 1,
             redis_url: None,
             nats_url: None,
             worker_program: None,
@@ -212,6 +226,8 @@ pub(crate) struct Plan {
     pub(crate) hold: Duration,
     /// Held-xmin's measuring window, before and at the end of the hold.
     pub(crate) xmin_window: Duration,
+    /// Rounds of the enqueue and drain scenarios.
+    pub(crate) rounds: u32,
 }
 
 impl Plan {
@@ -234,6 +250,12 @@ impl Plan {
                     );
                 }
             }
+        }
+        if options.rounds == 0 || options.rounds > MAX_ROUNDS {
+            anyhow::bail!(
+                "invalid --rounds: must be between 1 and {MAX_ROUNDS}, got {}",
+                options.rounds
+            );
         }
         let hold_seconds = options.hold_seconds.unwrap_or(if quick {
             QUICK_HOLD_SECONDS
@@ -279,6 +301,7 @@ impl Plan {
             explain_messages: pick(EXPLAIN_MESSAGES, QUICK_EXPLAIN_MESSAGES),
             hold,
             xmin_window: window.min(hold),
+            rounds: options.rounds,
         })
     }
 
@@ -405,10 +428,22 @@ where
     let mut measurements = Vec::new();
     let mut explained = None;
     if scenario.includes(Scenario::Enqueue) {
-        enqueue::run(fixture, &plan, &mut measurements).await?;
+        let mut rounds = Vec::new();
+        for _ in 0..plan.rounds {
+            let mut round = Vec::new();
+            enqueue::run(fixture, &plan, &mut round).await?;
+            rounds.push(round);
+        }
+        measurements.extend(report::merge_rounds(rounds));
     }
     if scenario.includes(Scenario::Drain) {
-        drain::run(fixture, &plan, worker_program, &mut measurements).await?;
+        let mut rounds = Vec::new();
+        for _ in 0..plan.rounds {
+            let mut round = Vec::new();
+            drain::run(fixture, &plan, worker_program, &mut round).await?;
+            rounds.push(round);
+        }
+        measurements.extend(report::merge_rounds(rounds));
     }
     if scenario.includes(Scenario::Latency) {
         latency::run(fixture, &plan, &mut measurements).await?;

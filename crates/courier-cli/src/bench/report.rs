@@ -68,6 +68,8 @@ pub struct Settings {
     pub hold_seconds: u64,
     /// Seconds of each held-xmin measuring window (before and at the end of the hold).
     pub xmin_window_seconds: f64,
+    /// How many times the enqueue and drain scenarios ran.
+    pub rounds: u32,
 }
 
 /// One hot query's plan, as `EXPLAIN (ANALYZE, BUFFERS)` printed it.
@@ -146,6 +148,10 @@ pub struct Measurement {
     pub skipped: bool,
     /// Further figures of this case (dead tuples, probe round trips, ...).
     pub details: BTreeMap<String, f64>,
+    /// Each round's throughput, in the order run, when the case ran in more
+    /// than one round (`--rounds`); `per_second` is then their median.
+    /// Empty after a single round.
+    pub rounds: Vec<f64>,
 }
 
 impl Measurement {
@@ -172,6 +178,7 @@ impl Measurement {
             note: None,
             skipped: false,
             details: BTreeMap::new(),
+            rounds: Vec::new(),
         }
     }
 
@@ -196,6 +203,7 @@ impl Measurement {
             note: None,
             skipped: false,
             details: BTreeMap::new(),
+            rounds: Vec::new(),
         }
     }
 
@@ -214,6 +222,7 @@ impl Measurement {
             note: Some(why.to_owned()),
             skipped: true,
             details: BTreeMap::new(),
+            rounds: Vec::new(),
         }
     }
 }
@@ -262,6 +271,7 @@ impl Report {
                 batch_size_is_default: plan.batch_size.is_none(),
                 hold_seconds: plan.hold.as_secs(),
                 xmin_window_seconds: plan.xmin_window.as_secs_f64(),
+                rounds: plan.rounds,
             },
             measurements,
             peak_rss_kib,
@@ -397,7 +407,7 @@ impl Report {
         let source = |is_default: bool| if is_default { " (backend default)" } else { "" };
         let _ = writeln!(
             out,
-            "workers: concurrency {}{}, batch size {}{}; fairness backlog {}; held-xmin hold {} s, windows {:.0} s{}",
+            "workers: concurrency {}{}, batch size {}{}; fairness backlog {}; held-xmin hold {} s, windows {:.0} s{}{}",
             settings.concurrency,
             source(settings.concurrency_is_default),
             settings.batch_size,
@@ -406,6 +416,14 @@ impl Report {
             settings.hold_seconds,
             settings.xmin_window_seconds,
             if settings.quick { "; quick" } else { "" },
+            if settings.rounds > 1 {
+                format!(
+                    "; enqueue and drain: median of {} rounds",
+                    settings.rounds
+                )
+            } else {
+                String::new()
+            },
         );
         let _ = writeln!(out);
         let _ = writeln!(
@@ -438,6 +456,9 @@ impl Report {
                     "{:<23} {:<44} p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms, n = {}",
                     "", "", l.p99_ms, l.p999_ms, l.max_ms, m.count
                 );
+            }
+            if let Some(spread) = spread(&m.rounds) {
+                let _ = writeln!(out, "{:<23} {spread}", "");
             }
             if !m.details.is_empty() {
                 let details: Vec<String> = m
@@ -491,6 +512,113 @@ impl Report {
     }
 }
 
+/// `rounds 21,086 / 24,273 / 28,190 msg/s (range 29 % of the median)` for
+/// a case measured in more than one round.
+fn spread(rounds: &[f64]) -> Option<String> {
+    if rounds.len() < 2 {
+        return None;
+    }
+    let figures: Vec<String> = rounds.iter().map(|rate| thousands(*rate)).collect();
+    let median = median(rounds)?;
+    let low = rounds.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = rounds.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let range = if median > 0.0 {
+        format!(
+            " (range {:.0} % of the median)",
+            (high - low) / median * 100.0
+        )
+    } else {
+        String::new()
+    };
+    Some(format!("rounds {} msg/s{range}", figures.join(" / ")))
+}
+
+/// The median of `values` (the mean of the middle two for an even count);
+/// `None` when empty.
+fn median(values: &[f64]) -> Option<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let middle = sorted.len() / 2;
+    match sorted.len() {
+        0 => None,
+        n if n % 2 == 1 => sorted.get(middle).copied(),
+        _ => Some((sorted.get(middle - 1)? + sorted.get(middle)?) / 2.0),
+    }
+}
+
+/// One measurement per case from several rounds of the same scenario, in
+/// the first round's order: throughput, baseline and seconds are the
+/// medians of the rounds, the ratio the median of each round's ratio to its
+/// own baseline, details the median of each figure, peak RSS the highest,
+/// and `rounds` lists every round's throughput. A single round comes back
+/// as it was; a case skipped in the first round stays as that round has it.
+pub(crate) fn merge_rounds(rounds: Vec<Vec<Measurement>>) -> Vec<Measurement> {
+    if rounds.len() < 2 {
+        return rounds.into_iter().flatten().collect();
+    }
+    let mut rounds = rounds.into_iter();
+    let Some(first) = rounds.next() else {
+        return Vec::new();
+    };
+    let rest: Vec<Vec<Measurement>> = rounds.collect();
+    first
+        .into_iter()
+        .map(|measurement| {
+            if measurement.skipped {
+                return measurement;
+            }
+            let mut all = vec![&measurement];
+            all.extend(
+                rest.iter()
+                    .filter_map(|round| round.iter().find(|m| m.id == measurement.id)),
+            );
+            merge(measurement.clone(), &all)
+        })
+        .collect()
+}
+
+/// `first` with its figures replaced by those of `all` (`first` among them).
+fn merge(first: Measurement, all: &[&Measurement]) -> Measurement {
+    let of = |pick: fn(&Measurement) -> Option<f64>| -> Option<f64> {
+        let values: Vec<f64> = all.iter().filter_map(|m| pick(m)).collect();
+        median(&values)
+    };
+    let mut merged = first;
+    merged.per_second = of(|m| m.per_second);
+    merged.baseline_per_second = of(|m| m.baseline_per_second);
+    merged.ratio = of(|m| m.ratio);
+    merged.seconds = of(|m| Some(m.seconds)).unwrap_or(merged.seconds);
+    merged.peak_rss_kib = all.iter().filter_map(|m| m.peak_rss_kib).max();
+    merged.rounds = all.iter().filter_map(|m| m.per_second).collect();
+    for (key, value) in merged.details.iter_mut() {
+        let values: Vec<f64> = all
+            .iter()
+            .filter_map(|m| m.details.get(key).copied())
+            .collect();
+        if let Some(middle) = median(&values) {
+            *value = middle;
+        }
+    }
+    merged.note = merged_note(all);
+    merged
+}
+
+/// The rounds' notes: one note when every round had the same one, else
+/// each round's own, numbered (`round 2: …; round 5: …`).
+fn merged_note(all: &[&Measurement]) -> Option<String> {
+    let notes: Vec<Option<&str>> = all.iter().map(|m| m.note.as_deref()).collect();
+    let first = notes.first().copied().flatten();
+    if notes.iter().all(|note| *note == first) {
+        return first.map(str::to_owned);
+    }
+    let numbered: Vec<String> = notes
+        .iter()
+        .enumerate()
+        .filter_map(|(index, note)| note.map(|note| format!("round {}: {note}", index + 1)))
+        .collect();
+    Some(numbered.join("; "))
+}
+
 /// A detail figure: whole numbers with separators, others with 2 decimals.
 fn number(value: f64) -> String {
     if value.fract() == 0.0 && value.abs() < 1e15 {
@@ -520,6 +648,88 @@ pub(crate) fn thousands(value: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rate(id: &str, per_second: f64, baseline: f64) -> Measurement {
+        Measurement::throughput(
+            id,
+            "case",
+            Throughput::new((per_second * 2.0) as u64, std::time::Duration::from_secs(2)),
+            Some(Throughput::new(
+                (baseline * 2.0) as u64,
+                std::time::Duration::from_secs(2),
+            )),
+        )
+    }
+
+    #[test]
+    fn rounds_merge_into_medians_with_every_round_listed() {
+        let rounds = vec![
+            vec![
+                rate("drain.noop", 100.0, 400.0),
+                Measurement::skipped("drain.processes_1", "case", "PostgreSQL only"),
+            ],
+            vec![rate("drain.noop", 300.0, 600.0)],
+            vec![rate("drain.noop", 200.0, 1000.0)],
+        ];
+        let merged = merge_rounds(rounds);
+        assert_eq!(merged.len(), 2);
+        let noop = &merged[0];
+        assert_eq!(noop.rounds, vec![100.0, 300.0, 200.0]);
+        assert_eq!(noop.per_second, Some(200.0));
+        assert_eq!(noop.baseline_per_second, Some(600.0));
+        // The median of 0.25, 0.5 and 0.2, not 200 / 600.
+        assert_eq!(noop.ratio, Some(0.25));
+        assert!(merged[1].skipped);
+        assert!(merged[1].rounds.is_empty());
+    }
+
+    #[test]
+    fn notes_of_rounds_are_kept_once_or_numbered() {
+        let noted = |note: Option<&str>| {
+            let mut measurement = rate("drain.noop", 100.0, 400.0);
+            measurement.note = note.map(str::to_owned);
+            measurement
+        };
+        let same = merge_rounds(vec![
+            vec![noted(Some("peak RSS covers the whole process lifetime"))],
+            vec![noted(Some("peak RSS covers the whole process lifetime"))],
+        ]);
+        assert_eq!(
+            same[0].note.as_deref(),
+            Some("peak RSS covers the whole process lifetime")
+        );
+        let differing = merge_rounds(vec![
+            vec![noted(None)],
+            vec![noted(Some("12 redelivered"))],
+            vec![noted(Some("3 redelivered"))],
+        ]);
+        assert_eq!(
+            differing[0].note.as_deref(),
+            Some("round 2: 12 redelivered; round 3: 3 redelivered")
+        );
+    }
+
+    #[test]
+    fn an_even_number_of_rounds_takes_the_middle_two() {
+        let rounds = vec![
+            vec![rate("enqueue.batch_1000", 10.0, 20.0)],
+            vec![rate("enqueue.batch_1000", 40.0, 20.0)],
+        ];
+        let merged = merge_rounds(rounds);
+        assert_eq!(merged[0].per_second, Some(25.0));
+        assert_eq!(
+            spread(&merged[0].rounds).as_deref(),
+            Some("rounds 10 / 40 msg/s (range 120 % of the median)")
+        );
+    }
+
+    #[test]
+    fn one_round_is_reported_as_it_was() {
+        let merged = merge_rounds(vec![vec![rate("drain.noop", 100.0, 400.0)]]);
+        assert_eq!(merged[0].per_second, Some(100.0));
+        assert!(merged[0].rounds.is_empty());
+        assert_eq!(spread(&merged[0].rounds), None);
+    }
 
     #[test]
     fn thousands_are_separated() {

@@ -22,8 +22,8 @@
 //!   the store's hot queries, exactly as it renders them, on a large table.
 //!
 //! With `rounds` above 1 the enqueue and drain scenarios run that many times
-//! in turn (every case once per round, so a drifting machine touches every
-//! case alike); each case is reported as the median of its rounds, its ratio
+//! in turn (every case of both once per round, so a drifting machine touches
+//! every case alike); each case is reported as the median of its rounds, its ratio
 //! as the median of the rounds' ratios to their own baselines, and every
 //! round's rate is listed beside it. The other scenarios run once.
 //!
@@ -427,24 +427,18 @@ where
     let workers = fixture.worker_defaults();
     let mut measurements = Vec::new();
     let mut explained = None;
-    if scenario.includes(Scenario::Enqueue) {
-        let mut rounds = Vec::new();
-        for _ in 0..plan.rounds {
-            let mut round = Vec::new();
+    let mut rounds = Vec::new();
+    for _ in 0..plan.rounds {
+        let mut round = Vec::new();
+        if scenario.includes(Scenario::Enqueue) {
             enqueue::run(fixture, &plan, &mut round).await?;
-            rounds.push(round);
         }
-        measurements.extend(report::merge_rounds(rounds));
-    }
-    if scenario.includes(Scenario::Drain) {
-        let mut rounds = Vec::new();
-        for _ in 0..plan.rounds {
-            let mut round = Vec::new();
+        if scenario.includes(Scenario::Drain) {
             drain::run(fixture, &plan, worker_program, &mut round).await?;
-            rounds.push(round);
         }
-        measurements.extend(report::merge_rounds(rounds));
+        rounds.push(round);
     }
+    measurements.extend(report::merge_rounds(rounds));
     if scenario.includes(Scenario::Latency) {
         latency::run(fixture, &plan, &mut measurements).await?;
     }

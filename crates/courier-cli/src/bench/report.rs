@@ -557,9 +557,7 @@ pub(crate) fn merge_rounds(rounds: Vec<Vec<Measurement>>) -> Vec<Measurement> {
         return rounds.into_iter().flatten().collect();
     }
     let mut rounds = rounds.into_iter();
-    let Some(first) = rounds.next() else {
-        return Vec::new();
-    };
+    let first = rounds.next().unwrap_or_default();
     let rest: Vec<Vec<Measurement>> = rounds.collect();
     first
         .into_iter()

@@ -384,3 +384,57 @@ async fn serve_takes_the_database_and_the_listen_address_as_flags() -> anyhow::R
     assert!(stderr.contains("database_url"), "{stderr}");
     Ok(())
 }
+
+/// The environment the process `pid` started with (`/proc/{pid}/environ`).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn environ(pid: u32) -> anyhow::Result<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ"))?;
+    Ok(raw
+        .split(|byte| *byte == 0)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| String::from_utf8_lossy(entry).into_owned())
+        .collect())
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_caps_malloc_arenas_in_its_own_process_unless_the_environment_chose(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("courier.toml"), config(free_port()?))?;
+    for (chosen, expected) in [
+        (None, "MALLOC_ARENA_MAX=2"),
+        (Some("4"), "MALLOC_ARENA_MAX=4"),
+    ] {
+        let port = free_port()?;
+        let mut command = tokio::process::Command::new(BINARY);
+        command
+            .arg("serve")
+            .arg("--config")
+            .arg(dir.path().join("courier.toml"))
+            .env("COURIER_LISTEN", format!("127.0.0.1:{port}"))
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        match chosen {
+            Some(value) => command.env("MALLOC_ARENA_MAX", value),
+            None => command.env_remove("MALLOC_ARENA_MAX"),
+        };
+        let mut daemon = command.spawn()?;
+        let pid = daemon.id().ok_or_else(|| anyhow::anyhow!("no pid"))?;
+        assert!(ready(port).await, "the daemon never became ready");
+        // The process we started serves (it restarted itself in place, not as
+        // a child), and its environment is the one glibc read at start.
+        let environment = environ(pid)?;
+        let arenas: Vec<&String> = environment
+            .iter()
+            .filter(|entry| entry.starts_with("MALLOC_ARENA_MAX="))
+            .collect();
+        assert_eq!(arenas, vec![expected], "chosen: {chosen:?}");
+        terminate(&daemon)?;
+        let status = tokio::time::timeout(Duration::from_secs(30), daemon.wait()).await??;
+        assert!(status.success(), "the daemon ended with {status}");
+    }
+    Ok(())
+}

@@ -103,6 +103,9 @@ pub struct Machine {
     pub cpus: usize,
     /// Total memory, in KiB (`None` without `/proc/meminfo`).
     pub memory_kib: Option<u64>,
+    /// `MALLOC_ARENA_MAX` as this process saw it (the `courier` binary sets
+    /// 2 unless the environment chose; it moves the peak RSS figures).
+    pub malloc_arena_max: Option<String>,
 }
 
 impl Machine {
@@ -117,6 +120,7 @@ impl Machine {
         Self {
             cpus: std::thread::available_parallelism().map_or(1, usize::from),
             memory_kib,
+            malloc_arena_max: std::env::var("MALLOC_ARENA_MAX").ok(),
         }
     }
 }
@@ -397,11 +401,17 @@ impl Report {
             .map_or(String::new(), |v| format!(" {v}"));
         let _ = writeln!(
             out,
-            "courier bench on {}{version}: {} messages per drain, {} msg/s trickle, {} CPUs",
+            "courier bench on {}{version}: {} messages per drain, {} msg/s trickle, {} CPUs{}",
             self.backend,
             thousands(self.messages as f64),
             self.rate,
-            self.machine.cpus
+            self.machine.cpus,
+            self.machine
+                .malloc_arena_max
+                .as_ref()
+                .map_or(String::new(), |arenas| format!(
+                    ", MALLOC_ARENA_MAX={arenas}"
+                ))
         );
         let settings = &self.settings;
         let source = |is_default: bool| if is_default { " (backend default)" } else { "" };

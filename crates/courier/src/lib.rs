@@ -129,16 +129,21 @@ pub const POSTGRES_CONNECTIONS: u32 = 16;
 pub const SQLITE_CONNECTIONS: u32 = 8;
 /// Handlers running at once per worker by default on SQLite: twice the batch
 /// size, so a second full claim can be on its way while the first one's
-/// handlers run. Against the engine's 64 / 100 (one claim in flight, of 64)
-/// the no-op drain on the bench machine went 16,743 -> 22,423 msg/s (medians
-/// of 3 full runs). Larger defaults drained no-op messages faster still
-/// (512 / 256: 31,300 msg/s in a single run) but transactional handlers hold
-/// SQLite's single write lock while they run: every transactional group in
-/// flight queues for it, and claims, outcomes and heartbeats wait behind the
-/// queue, so it is kept short.
-pub const SQLITE_CONCURRENCY: usize = 128;
+/// handlers run. Each claim and each settle takes SQLite's single write lock
+/// in turn, so larger claims mean fewer turns per message: on the 2-core bench
+/// machine (`courier bench --scenario drain --baseline --rounds 3`, BENCHMARKS.md
+/// session 28) 256 / 128 drained no-op messages at 18,366-19,147 msg/s
+/// (medians of rounds; 0.12 of the hand-written drain) against 14,924-15,006
+/// (0.09-0.10) at 128 / 64, exactly-once alike. The bench process's peak RSS
+/// stayed under 50 MB because the `courier` binary caps glibc's malloc arenas
+/// (`MALLOC_ARENA_MAX=2`); without the cap 256 / 128 peaked at 49-54 MB. A
+/// service embedding Courier on glibc can set that variable the same way.
+/// Transactional handlers hold the write lock while they run, and claims,
+/// outcomes and heartbeats wait behind them, so it is kept from growing
+/// further (512 / 256 was no faster and more erratic).
+pub const SQLITE_CONCURRENCY: usize = 256;
 /// Deliveries claimed per round trip by default on SQLite.
-pub const SQLITE_BATCH_SIZE: usize = 64;
+pub const SQLITE_BATCH_SIZE: usize = 128;
 
 /// Starts the wake-up source of a store (a LISTEN connection, or an
 /// in-process signal) and returns a receiver workers wait on.

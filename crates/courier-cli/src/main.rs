@@ -301,36 +301,59 @@ fn main() -> ExitCode {
 /// per core). glibc gives a thread that finds the arenas busy an arena of its
 /// own and keeps much of what each arena freed, so a process with many
 /// threads that allocate (the runtime's, and one per SQLite connection)
-/// grows resident memory it no longer uses: on the 2-core bench machine two
-/// arenas took the SQLite drains' peak RSS from 41-52 MB to 37-45 MB at
-/// twice the claim size, with no loss of throughput (BENCHMARKS.md, session 28).
+/// holds resident memory it no longer uses: on the 2-core bench machine two
+/// arenas took the SQLite drains' peak RSS from 49-54 MB to 41 MB at 256 in
+/// flight and claims of 128 (BENCHMARKS.md, session 28).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const MALLOC_ARENAS: &str = "2";
 
+/// Set in the environment of the restarted process, so it never restarts
+/// again: glibc drops `MALLOC_*` variables from the environment of setuid
+/// programs and of programs with file capabilities (say, one given
+/// `cap_net_bind_service` to listen on port 443), where checking
+/// `MALLOC_ARENA_MAX` alone would restart forever. Not `COURIER_…`: the
+/// daemon reads every such variable as configuration and refuses unknown ones.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const RESTARTED: &str = "ARENAS_CAPPED_BY_COURIER";
+
 /// Starts this binary again with `MALLOC_ARENA_MAX` set to [`MALLOC_ARENAS`]
-/// unless the environment already sets it (a value an operator chose is kept,
-/// and the restarted process does not restart again). glibc reads the
-/// variable only as the process starts, and setting it from inside would take
-/// `unsafe` (`mallopt`), which this workspace forbids; `exec` keeps the
-/// process id, arguments, open files and the rest of the environment. If the
-/// restart fails the process runs on with glibc's defaults.
+/// (and [`RESTARTED`] set), unless the environment already sets
+/// `MALLOC_ARENA_MAX` (a value an operator chose is kept) or this process is
+/// the restarted one. glibc reads the variable only as the process starts,
+/// and setting it from inside would take `unsafe` (`mallopt`), which this
+/// workspace forbids. `exec` keeps the process id, arguments, open files and
+/// the rest of the environment; the binary is run by its own path, so the
+/// process keeps its name (`courier` in `ps`, `pgrep`, `top`). If the restart
+/// fails (no `/proc`, a seccomp filter) the process runs on with glibc's
+/// defaults.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn cap_malloc_arenas() {
     use std::os::unix::process::CommandExt;
 
-    if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
+    if std::env::var_os("MALLOC_ARENA_MAX").is_some() || std::env::var_os(RESTARTED).is_some() {
         return;
     }
-    let mut args = std::env::args_os();
-    let Some(program) = args.next() else {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let Some((program, rest)) = args.split_first() else {
         return;
     };
-    // Returns only if the restart failed.
-    let _failed = std::process::Command::new("/proc/self/exe")
-        .arg0(program)
-        .args(args)
-        .env("MALLOC_ARENA_MAX", MALLOC_ARENAS)
-        .exec();
+    let restart = |path: &std::path::Path| {
+        // Returns only if the restart failed.
+        std::process::Command::new(path)
+            .arg0(program)
+            .args(rest)
+            .env("MALLOC_ARENA_MAX", MALLOC_ARENAS)
+            .env(RESTARTED, "1")
+            .exec()
+    };
+    // Our own path first (a binary replaced on disk since it started has none
+    // left: then the kernel's link to it, though the process is named `exe`).
+    if let Ok(path) = std::env::current_exe() {
+        if path.is_file() {
+            let _failed = restart(&path);
+        }
+    }
+    let _failed = restart(std::path::Path::new("/proc/self/exe"));
 }
 
 /// Elsewhere the allocator is not glibc's: nothing to cap.

@@ -402,10 +402,18 @@ async fn the_binary_caps_malloc_arenas_in_its_own_process_unless_the_environment
 ) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     std::fs::write(dir.path().join("courier.toml"), config(free_port()?))?;
-    for (chosen, expected) in [
-        (None, "MALLOC_ARENA_MAX=2"),
-        (Some("4"), "MALLOC_ARENA_MAX=4"),
-    ] {
+    // The environment a daemon starts with, and the cap it should run with.
+    type Case<'a> = (&'a [(&'a str, &'a str)], Option<&'a str>);
+    let cases: [Case; 3] = [
+        // Nothing chosen: the binary restarts itself with the cap.
+        (&[], Some("MALLOC_ARENA_MAX=2")),
+        // An operator's value is kept.
+        (&[("MALLOC_ARENA_MAX", "4")], Some("MALLOC_ARENA_MAX=4")),
+        // Already restarted, and glibc dropped the variable (as it does for
+        // programs with file capabilities): no second restart.
+        (&[("ARENAS_CAPPED_BY_COURIER", "1")], None),
+    ];
+    for (env, expected) in cases {
         let port = free_port()?;
         let mut command = tokio::process::Command::new(BINARY);
         command
@@ -413,28 +421,31 @@ async fn the_binary_caps_malloc_arenas_in_its_own_process_unless_the_environment
             .arg("--config")
             .arg(dir.path().join("courier.toml"))
             .env("COURIER_LISTEN", format!("127.0.0.1:{port}"))
+            .env_remove("MALLOC_ARENA_MAX")
+            .env_remove("ARENAS_CAPPED_BY_COURIER")
+            .envs(env.iter().copied())
             .current_dir(dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true);
-        match chosen {
-            Some(value) => command.env("MALLOC_ARENA_MAX", value),
-            None => command.env_remove("MALLOC_ARENA_MAX"),
-        };
         let mut daemon = command.spawn()?;
         let pid = daemon.id().ok_or_else(|| anyhow::anyhow!("no pid"))?;
-        assert!(ready(port).await, "the daemon never became ready");
+        assert!(ready(port).await, "the daemon never became ready ({env:?})");
         // The process we started serves (it restarted itself in place, not as
-        // a child), and its environment is the one glibc read at start.
+        // a child), its environment is the one glibc read at start, and it
+        // keeps its name for ps, pgrep and top.
         let environment = environ(pid)?;
-        let arenas: Vec<&String> = environment
+        let arenas: Vec<&str> = environment
             .iter()
             .filter(|entry| entry.starts_with("MALLOC_ARENA_MAX="))
+            .map(String::as_str)
             .collect();
-        assert_eq!(arenas, vec![expected], "chosen: {chosen:?}");
+        assert_eq!(arenas, expected.into_iter().collect::<Vec<_>>(), "{env:?}");
+        let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))?;
+        assert_eq!(name.trim_end(), "courier", "{env:?}");
         terminate(&daemon)?;
         let status = tokio::time::timeout(Duration::from_secs(30), daemon.wait()).await??;
-        assert!(status.success(), "the daemon ended with {status}");
+        assert!(status.success(), "the daemon ended with {status} ({env:?})");
     }
     Ok(())
 }

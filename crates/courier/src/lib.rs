@@ -132,15 +132,18 @@ pub const SQLITE_CONNECTIONS: u32 = 8;
 /// handlers run. Each claim and each settle takes SQLite's single write lock
 /// in turn, so larger claims mean fewer turns per message: on the 2-core bench
 /// machine (`courier bench --scenario drain --baseline --rounds 3`, BENCHMARKS.md
-/// session 28) 256 / 128 drained no-op messages at 18,366-19,147 msg/s
-/// (medians of rounds; 0.12 of the hand-written drain) against 14,924-15,006
-/// (0.09-0.10) at 128 / 64, exactly-once alike. The bench process's peak RSS
-/// stayed under 50 MB because the `courier` binary caps glibc's malloc arenas
-/// (`MALLOC_ARENA_MAX=2`); without the cap 256 / 128 peaked at 49-54 MB. A
-/// service embedding Courier on glibc can set that variable the same way.
-/// Transactional handlers hold the write lock while they run, and claims,
-/// outcomes and heartbeats wait behind them, so it is kept from growing
-/// further (512 / 256 was no faster and more erratic).
+/// session 28) the `courier` binary at 256 / 128 drained no-op messages at
+/// 17,008-18,867 msg/s (medians of rounds; 0.10-0.11 of the hand-written
+/// drain) against 14,924-16,341 (0.09-0.10) at 128 / 64, 50 tenants at
+/// 8,100-9,240 against 5,866-6,847, the other cases within the runs' spread.
+/// Those drains peaked at 35-40 MB RSS, because the binary caps glibc's malloc
+/// arenas (`MALLOC_ARENA_MAX=2`); without the cap 256 / 128 peaked at 49-54 MB
+/// (a service embedding Courier on glibc can set that variable the same way).
+/// Full `--scenario all` runs, whose enqueue cases come first in the same
+/// process, were not measured with the cap. Transactional handlers hold the
+/// write lock while they run, and claims, outcomes and heartbeats wait behind
+/// them, so it is kept from growing further (512 / 256 was more erratic in
+/// session 16: no-op 24,182-30,614 msg/s).
 pub const SQLITE_CONCURRENCY: usize = 256;
 /// Deliveries claimed per round trip by default on SQLite.
 pub const SQLITE_BATCH_SIZE: usize = 128;

@@ -206,7 +206,7 @@ pub(crate) async fn load_noop<S: OutboxStore + DeadLetterStore>(
 }
 
 /// The note of a drain whose handlers ran `handled` times for `deliveries`
-/// deliveries, if those differ. Both causes are by design, and neither
+/// deliveries, if those differ. Either cause is by design, and neither
 /// applies an effect twice: a transactional group that a failing handler
 /// rolled back runs its other handlers again (the failing case does this
 /// on purpose), and a delivery whose outcome could not be written is handled
@@ -214,7 +214,7 @@ pub(crate) async fn load_noop<S: OutboxStore + DeadLetterStore>(
 pub(crate) fn redelivered_note(handled: u64, deliveries: u64) -> Option<String> {
     (handled != deliveries).then(|| {
         format!(
-            "{handled} handler calls for {deliveries} deliveries: a transactional group rolled back by a failing handler runs its others again, and an outcome not written is handled again after its lease"
+            "{handled} handler calls for {deliveries} deliveries: either a transactional group rolled back by a failing handler ran its others again, or an outcome not written was handled again after its lease"
         )
     })
 }

@@ -104,7 +104,8 @@ pub struct Machine {
     /// Total memory, in KiB (`None` without `/proc/meminfo`).
     pub memory_kib: Option<u64>,
     /// `MALLOC_ARENA_MAX` as this process saw it (the `courier` binary sets
-    /// 2 unless the environment chose; it moves the peak RSS figures).
+    /// 2 unless the environment chose; it moves the peak RSS figures); `None`
+    /// when unset (glibc's default, up to 8 arenas per core) or not UTF-8.
     pub malloc_arena_max: Option<String>,
 }
 

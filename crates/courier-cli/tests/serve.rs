@@ -73,7 +73,9 @@ secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     )
 }
 
-fn serve(dir: &std::path::Path, env: &[(&str, String)]) -> anyhow::Result<tokio::process::Child> {
+/// `courier serve` with `dir/courier.toml`, in `dir`, its output discarded,
+/// killed if dropped; `env` added to the test's environment.
+fn serve_command(dir: &std::path::Path, env: &[(&str, String)]) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(BINARY);
     command
         .arg("serve")
@@ -86,7 +88,11 @@ fn serve(dir: &std::path::Path, env: &[(&str, String)]) -> anyhow::Result<tokio:
     for (key, value) in env {
         command.env(key, value);
     }
-    Ok(command.spawn()?)
+    command
+}
+
+fn serve(dir: &std::path::Path, env: &[(&str, String)]) -> anyhow::Result<tokio::process::Child> {
+    Ok(serve_command(dir, env).spawn()?)
 }
 
 async fn ready(port: u16) -> bool {
@@ -415,20 +421,14 @@ async fn the_binary_caps_malloc_arenas_in_its_own_process_unless_the_environment
     ];
     for (env, expected) in cases {
         let port = free_port()?;
-        let mut command = tokio::process::Command::new(BINARY);
-        command
-            .arg("serve")
-            .arg("--config")
-            .arg(dir.path().join("courier.toml"))
-            .env("COURIER_LISTEN", format!("127.0.0.1:{port}"))
-            .env_remove("MALLOC_ARENA_MAX")
-            .env_remove("ARENAS_CAPPED_BY_COURIER")
-            .envs(env.iter().copied())
-            .current_dir(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true);
-        let mut daemon = command.spawn()?;
+        let mut daemon = serve_command(
+            dir.path(),
+            &[("COURIER_LISTEN", format!("127.0.0.1:{port}"))],
+        )
+        .env_remove("MALLOC_ARENA_MAX")
+        .env_remove("ARENAS_CAPPED_BY_COURIER")
+        .envs(env.iter().copied())
+        .spawn()?;
         let pid = daemon.id().ok_or_else(|| anyhow::anyhow!("no pid"))?;
         assert!(ready(port).await, "the daemon never became ready ({env:?})");
         // The process we started serves (it restarted itself in place, not as

@@ -5,7 +5,9 @@
 -- tenants it claimed for), reads messages for the payload.
 -- Shape: a loose index scan of deliveries_ready finds up to $3 tenants with
 -- ready work, starting after the cursor $2; each tenant then gets an equal share
--- of the batch: its ready deliveries of priority above 0 first (highest, then
+-- of the batch, or all it can take when that is less, and the share it cannot
+-- use goes to the tenants that can take more (see `quota`). A tenant's share
+-- is its ready deliveries of priority above 0 first (highest, then
 -- oldest, along deliveries_urgent), then priority 0 walked in enqueue order
 -- along deliveries_ready, so one tenant's backlog cannot crowd out the rest
 -- and a tenant's urgent message never waits behind its backlog. Only the routes this worker handles
@@ -65,31 +67,78 @@ turn AS (
   WHERE NOT EXISTS (SELECT 1 FROM {schema}.subscriptions p WHERE p.name = $1 AND p.paused)
 ),
 share AS (
-  SELECT greatest(1, $4::int / greatest(count(*), 1)::int) AS per_tenant FROM turn
+  SELECT greatest(1, $4::int / greatest(count(*), 1)::int) AS per_tenant,
+         count(*)::int AS tenants
+  FROM turn
+),
+-- What each tenant can take: its ready deliveries above its floor (counted
+-- up to its equal share plus one, and only when the turn has more than one
+-- tenant), less what it has running beyond its in-flight limit $8 (NULL:
+-- none), at most the whole tokens of its rate limit's bucket (see
+-- `metered`); least() ignores a NULL. The count is an upper bound (delayed
+-- rows and rows held by their ordering key count too). While the
+-- subscription has ready urgent deliveries, which a tenant's count above its
+-- floor may miss, nothing is counted: every tenant then wants its share.
+capacity AS MATERIALIZED (
+  SELECT t.tenant, t.floor, s.per_tenant, s.tenants, l.bound,
+         least(c.ready, l.bound) AS can
+  FROM turn t
+  CROSS JOIN share s
+  CROSS JOIN LATERAL (
+    SELECT least(
+      CASE WHEN $8::int IS NULL THEN NULL
+           ELSE greatest(0, $8::int - (
+             SELECT count(*) FROM {schema}.deliveries f
+             WHERE f.subscription = $1 AND f.tenant = t.tenant AND f.state = 'running')::int)
+      END,
+      (SELECT greatest(0, floor(least(b.burst, b.tokens + b.per_second * greatest(0,
+                extract(epoch FROM statement_timestamp() - b.refilled_at)))))::int
+       FROM {schema}.tenant_rate_limits b
+       WHERE b.subscription = $1 AND b.tenant = t.tenant)) AS bound
+  ) l
+  CROSS JOIN LATERAL (
+    SELECT CASE
+      WHEN s.tenants = 1
+        OR (SELECT x.id FROM {schema}.deliveries x
+            WHERE x.subscription = $1 AND x.state = 'available' AND x.priority > 0
+            ORDER BY x.tenant, x.priority DESC, x.id
+            LIMIT 1) IS NOT NULL
+      THEN $4::int
+      ELSE (SELECT count(*)::int FROM (
+              SELECT 1 FROM {schema}.deliveries d
+              WHERE d.subscription = $1
+                AND (d.tenant, d.id) > (t.tenant, t.floor) AND d.tenant <= t.tenant
+                AND d.state = 'available'
+              LIMIT s.per_tenant + 1) r)
+    END AS ready
+  ) c
+),
+-- How many each tenant takes: all it can when that is no more than its equal
+-- share; the tenants that can take more split what the others leave (and
+-- what the equal split leaves over), as evenly as it goes, each at most its
+-- in-flight and rate bound. So one claim fills its batch when the turn has
+-- the work, and no tenant gets less than its share or all it can take.
+quota AS (
+  SELECT f.tenant, f.floor,
+         CASE WHEN f.can <= f.per_tenant THEN f.can
+              ELSE least(f.bound, f.per_tenant + f.spare / f.wanting
+                                  + CASE WHEN f.rank < f.spare % f.wanting THEN 1 ELSE 0 END)
+         END AS n
+  FROM (SELECT c.*,
+               greatest(0, $4::int - c.per_tenant * c.tenants
+                 + sum(CASE WHEN c.can < c.per_tenant THEN c.per_tenant - c.can ELSE 0 END)
+                     OVER ()::int) AS spare,
+               count(*) FILTER (WHERE c.can > c.per_tenant) OVER ()::int AS wanting,
+               row_number() OVER (PARTITION BY c.can > c.per_tenant ORDER BY c.tenant)::int - 1
+                 AS rank
+        FROM capacity c) f
 ),
 routes AS (
   SELECT * FROM unnest($5::text[], $6::int[], $7::int[]) AS r (topic, schema_version, max_attempts)
 ),
 picked AS MATERIALIZED (
   SELECT c.id, c.tenant, c.ordering_key
-  FROM turn t
-  CROSS JOIN share s
-  -- How many this tenant may take: its share, less what it has running
-  -- beyond its in-flight limit, at most the whole tokens of its rate
-  -- limit's bucket (see `metered`); least() ignores a NULL (no bucket).
-  CROSS JOIN LATERAL (
-    SELECT least(
-      CASE
-        WHEN $8::int IS NULL THEN s.per_tenant
-        ELSE least(s.per_tenant, greatest(0, $8::int - (
-          SELECT count(*) FROM {schema}.deliveries f
-          WHERE f.subscription = $1 AND f.tenant = t.tenant AND f.state = 'running')::int))
-      END,
-      (SELECT greatest(0, floor(least(b.burst, b.tokens + b.per_second * greatest(0,
-                extract(epoch FROM statement_timestamp() - b.refilled_at)))))::int
-       FROM {schema}.tenant_rate_limits b
-       WHERE b.subscription = $1 AND b.tenant = t.tenant)) AS n
-  ) q
+  FROM quota q
   -- Within the tenant's share, priority above 0 first (highest, then
   -- oldest, along deliveries_urgent), then priority 0 in enqueue order. The
   -- Append runs its branches in turn and the outer LIMIT stops it, so the
@@ -113,7 +162,7 @@ picked AS MATERIALIZED (
               ORDER BY x.tenant, x.priority DESC, x.id
               LIMIT 1) IS NOT NULL
          AND d.subscription = $1
-         AND d.tenant = t.tenant
+         AND d.tenant = q.tenant
          AND d.state = 'available'
          AND d.priority > 0
          AND d.available_at <= statement_timestamp()
@@ -139,8 +188,8 @@ picked AS MATERIALIZED (
        -- whereas `ORDER BY d.tenant, d.id` over this range can only come from
        -- deliveries_ready, which starts at the tenant's first ready row.
        WHERE d.subscription = $1
-         AND (d.tenant, d.id) > (t.tenant, t.floor)
-         AND d.tenant <= t.tenant
+         AND (d.tenant, d.id) > (q.tenant, q.floor)
+         AND d.tenant <= q.tenant
          AND d.state = 'available'
          AND d.priority = 0
          AND d.available_at <= statement_timestamp()

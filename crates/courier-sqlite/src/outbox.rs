@@ -105,6 +105,42 @@ fn pattern_prefix(pattern: &str) -> Result<Option<String>, ValidationError> {
     Ok(None)
 }
 
+/// Claims up to each tenant's quota of ready deliveries in one statement
+/// (claim.sql, one piece per tenant), inside the claim's transaction.
+async fn claim_quotas(
+    tx: &mut SqliteConnection,
+    params: &ClaimParams,
+    routes: &str,
+    quotas: &[(&str, i64)],
+) -> Result<Vec<ClaimedDelivery>, StoreError> {
+    // The statement is prepared and cached per connection for each number
+    // of tenant pieces; rounding that number up to a power of two (the
+    // extra pieces name no tenant and take 0) keeps a handful of variants
+    // instead of one per turn size: with 50 tenants the cached variants
+    // had grown the process by tens of MB.
+    let pieces = quotas.len().next_power_of_two();
+    let sql = queries::claim(pieces);
+    let mut query = sqlx::query(&sql)
+        .bind(&params.subscription)
+        .bind(routes)
+        .bind(millis(params.lease))
+        .bind(&params.worker_id);
+    for (tenant, quota) in quotas {
+        query = query.bind(*tenant).bind(*quota);
+    }
+    for _ in quotas.len()..pieces {
+        query = query.bind("").bind(0_i64);
+    }
+    let rows = query.fetch_all(&mut *tx).await.map_err(map)?;
+    let mut deliveries = Vec::with_capacity(rows.len());
+    for row in &rows {
+        if let Some(delivery) = rows::claimed(row, &params.subscription)? {
+            deliveries.push(delivery);
+        }
+    }
+    Ok(deliveries)
+}
+
 impl SqliteStore {
     /// Inserts `messages` (already validated) in one statement; returns the
     /// ids actually inserted.
@@ -348,18 +384,30 @@ impl OutboxStore for SqliteStore {
             Some((last, _)) if turn.len() >= turn_size => last.clone(),
             _ => String::new(),
         };
-        let share = (params.limit / turn.len().max(1)).max(1);
-        let share = i64::try_from(share).unwrap_or(i64::MAX);
-        let quotas: Vec<(&str, i64)> = turn
+        // What each tenant may take at most: its in-flight room and its
+        // whole tokens (None: no bound).
+        let bounds: Vec<(&str, Option<i64>)> = turn
             .iter()
-            .filter_map(|(tenant, running)| {
-                let quota = match params.tenant_in_flight_limit {
-                    None => share,
-                    Some(limit) => share.min((i64::from(limit) - running).max(0)),
+            .map(|(tenant, running)| {
+                let room = params
+                    .tenant_in_flight_limit
+                    .map(|limit| (i64::from(limit) - running).max(0));
+                let bound = match (room, tokens.get(tenant)) {
+                    (Some(room), Some(left)) => Some(room.min(*left)),
+                    (room, left) => room.or(left.copied()),
                 };
-                let quota = tokens.get(tenant).map_or(quota, |left| quota.min(*left));
-                (quota > 0).then_some((tenant.as_str(), quota))
+                (tenant.as_str(), bound)
             })
+            .collect();
+        // First an equal share each (at most its bound); then what that left
+        // of the batch (tenants with less ready work, the split's remainder)
+        // goes to the tenants that took their whole share, split evenly.
+        let limit = i64::try_from(params.limit).unwrap_or(i64::MAX);
+        let share = (limit / i64::try_from(bounds.len().max(1)).unwrap_or(1)).max(1);
+        let quotas: Vec<(&str, i64)> = bounds
+            .iter()
+            .map(|(tenant, bound)| (*tenant, bound.map_or(share, |b| share.min(b))))
+            .filter(|(_, quota)| *quota > 0)
             .collect();
         if quotas.is_empty() {
             tx.commit().await.map_err(map)?;
@@ -368,30 +416,37 @@ impl OutboxStore for SqliteStore {
                 next_tenant_cursor,
             });
         }
-
-        // The statement is prepared and cached per connection for each number
-        // of tenant pieces; rounding that number up to a power of two (the
-        // extra pieces name no tenant and take 0) keeps a handful of variants
-        // instead of one per turn size: with 50 tenants the cached variants
-        // had grown the process by tens of MB.
-        let pieces = quotas.len().next_power_of_two();
-        let sql = queries::claim(pieces);
-        let mut query = sqlx::query(&sql)
-            .bind(&params.subscription)
-            .bind(&routes)
-            .bind(millis(params.lease))
-            .bind(&params.worker_id);
-        for (tenant, quota) in &quotas {
-            query = query.bind(*tenant).bind(*quota);
-        }
-        for _ in quotas.len()..pieces {
-            query = query.bind("").bind(0_i64);
-        }
-        let rows = query.fetch_all(&mut *tx).await.map_err(map)?;
-        let mut deliveries = Vec::with_capacity(rows.len());
-        for row in &rows {
-            if let Some(delivery) = rows::claimed(row, &params.subscription)? {
-                deliveries.push(delivery);
+        let mut deliveries = claim_quotas(&mut tx, params, &routes, &quotas).await?;
+        let spare = limit - i64::try_from(deliveries.len()).unwrap_or(i64::MAX);
+        if spare > 0 {
+            let mut got: HashMap<&str, i64> = HashMap::new();
+            for delivery in &deliveries {
+                *got.entry(delivery.tenant.as_str()).or_insert(0) += 1;
+            }
+            let wanting: Vec<(&str, i64)> = quotas
+                .iter()
+                .filter_map(|(tenant, quota)| {
+                    let taken = got.get(tenant).copied().unwrap_or(0);
+                    let bound = bounds
+                        .iter()
+                        .find(|(t, _)| t == tenant)
+                        .and_then(|(_, b)| *b);
+                    let room = bound.map_or(i64::MAX, |b| b - taken);
+                    (taken == *quota && room > 0).then_some((*tenant, room))
+                })
+                .collect();
+            let m = i64::try_from(wanting.len()).unwrap_or(i64::MAX);
+            let more: Vec<(&str, i64)> = wanting
+                .iter()
+                .zip(0_i64..)
+                .map(|((tenant, room), i)| {
+                    let even = spare / m.max(1) + i64::from(i < spare % m.max(1));
+                    (*tenant, even.min(*room))
+                })
+                .filter(|(_, quota)| *quota > 0)
+                .collect();
+            if !more.is_empty() {
+                deliveries.extend(claim_quotas(&mut tx, params, &routes, &more).await?);
             }
         }
         if !tokens.is_empty() {

@@ -203,6 +203,53 @@ pub async fn a_busy_tenant_cannot_starve_a_small_one<F: StoreFixture>(
     Ok(())
 }
 
+/// A claim fills its batch when the tenants in its turn have the work: the
+/// share one tenant cannot use (it has fewer ready deliveries, or it is at its
+/// in-flight limit) goes to the tenants that have more, and so does what an
+/// equal split leaves over. Every tenant still gets its equal share or all it
+/// can take.
+pub async fn a_claim_gives_the_share_a_tenant_cannot_use_to_the_others<F: StoreFixture>(
+    fixture: F,
+) -> anyhow::Result<()> {
+    let store = fixture.store();
+    subscribe(store, "all", &["*"]).await?;
+    let mut batch = Vec::new();
+    for _ in 0..500 {
+        batch.push(message("a-big", "t")?);
+    }
+    batch.push(message("b-small", "t")?);
+    batch.push(message("c-small", "t")?);
+    store.publish_batch(&batch).await?;
+    let counts = |claimed: &[ClaimedDelivery]| {
+        ["a-big", "b-small", "c-small"].map(|t| claimed.iter().filter(|d| d.tenant == t).count())
+    };
+
+    // 12 over three tenants is 4 each; the small ones can use 1 each.
+    let claimed = claim(store, &params("all", vec![route("t", 1, 10)], 12)).await?;
+    assert_eq!(counts(&claimed), [10, 1, 1]);
+    // 10 over two busy tenants and one with nothing left: 5 each.
+    batch.clear();
+    for _ in 0..20 {
+        batch.push(message("b-small", "t")?);
+    }
+    store.publish_batch(&batch).await?;
+    let claimed = claim(store, &params("all", vec![route("t", 1, 10)], 10)).await?;
+    assert_eq!(counts(&claimed), [5, 5, 0]);
+    // A tenant at its in-flight limit cedes the rest of its share.
+    let mut limited = params("all", vec![route("t", 1, 10)], 10);
+    limited.tenant_in_flight_limit = Some(18);
+    let claimed = claim(store, &limited).await?;
+    // a-big has 15 running and may take 3 more; b-small takes the other 7.
+    assert_eq!(counts(&claimed), [3, 7, 0]);
+
+    // An equal split of 11 over two leaves 1 over: one of them takes it.
+    let claimed = claim(store, &params("all", vec![route("t", 1, 10)], 11)).await?;
+    let [big, small, _] = counts(&claimed);
+    assert_eq!(claimed.len(), 11);
+    assert!(big >= 5 && small >= 5, "{big} and {small}");
+    Ok(())
+}
+
 /// A full turn continues after the tenant cursor it returns; a tenant with
 /// only work the claimer cannot handle does not hold the turn; an empty or
 /// partial turn starts the cursor over.

@@ -198,6 +198,7 @@ macro_rules! store_conformance_tests {
             a_claim_from_the_first_cursor_serves_every_tenant_with_ready_work,
             tenant_turns_continue_after_the_cursor,
             a_busy_tenant_cannot_starve_a_small_one,
+            a_claim_gives_the_share_a_tenant_cannot_use_to_the_others,
             the_in_flight_limit_defers_a_tenant_without_spending_attempts,
             an_ordering_key_holds_the_next_message_until_the_earlier_completes,
             an_ordering_key_releases_the_next_message_when_the_earlier_is_dead_lettered,

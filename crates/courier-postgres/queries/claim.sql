@@ -5,9 +5,9 @@
 -- tenants it claimed for), reads messages for the payload.
 -- Shape: a loose index scan of deliveries_ready finds up to $3 tenants with
 -- ready work, starting after the cursor $2; each tenant then gets an equal share
--- of the batch, or all it can take when that is less, and the share it cannot
--- use goes to the tenants that can take more (see `quota`). A tenant's share
--- is its ready deliveries of priority above 0 first (highest, then
+-- of the batch, and what that leaves (tenants with less ready work, the
+-- split's remainder) tops up the tenants that took their whole share (see
+-- `topped`). A share is its ready deliveries of priority above 0 first (highest, then
 -- oldest, along deliveries_urgent), then priority 0 walked in enqueue order
 -- along deliveries_ready, so one tenant's backlog cannot crowd out the rest
 -- and a tenant's urgent message never waits behind its backlog. Only the routes this worker handles
@@ -67,77 +67,33 @@ turn AS (
   WHERE NOT EXISTS (SELECT 1 FROM {schema}.subscriptions p WHERE p.name = $1 AND p.paused)
 ),
 share AS (
-  SELECT greatest(1, $4::int / greatest(count(*), 1)::int) AS per_tenant,
-         count(*)::int AS tenants
-  FROM turn
+  SELECT greatest(1, $4::int / greatest(count(*), 1)::int) AS per_tenant FROM turn
 ),
--- What each tenant can take: its ready deliveries above its floor (counted
--- up to its equal share plus one, and only when the turn has more than one
--- tenant), less what it has running beyond its in-flight limit $8 (NULL:
--- none), at most the whole tokens of its rate limit's bucket (see
--- `metered`); least() ignores a NULL. The count is an upper bound (delayed
--- rows and rows held by their ordering key count too). While the
--- subscription has ready urgent deliveries, which a tenant's count above its
--- floor may miss, nothing is counted: every tenant then wants its share.
-capacity AS MATERIALIZED (
-  SELECT t.tenant, t.floor, s.per_tenant, s.tenants, l.bound,
-         least(c.ready, l.bound) AS can
+routes AS (
+  SELECT * FROM unnest($5::text[], $6::int[], $7::int[]) AS r (topic, schema_version, max_attempts)
+),
+-- How many each tenant may take: its share, at most its bound: what it
+-- may still run under its in-flight limit, and the whole tokens of its rate
+-- limit's bucket (see `metered`); least() ignores a NULL (no limit, no
+-- bucket).
+quota AS (
+  SELECT t.tenant, t.floor, least(s.per_tenant, l.bound) AS n, l.bound
   FROM turn t
   CROSS JOIN share s
   CROSS JOIN LATERAL (
     SELECT least(
-      CASE WHEN $8::int IS NULL THEN NULL
-           ELSE greatest(0, $8::int - (
-             SELECT count(*) FROM {schema}.deliveries f
-             WHERE f.subscription = $1 AND f.tenant = t.tenant AND f.state = 'running')::int)
+      CASE WHEN $8::int IS NOT NULL THEN greatest(0, $8::int - (
+        SELECT count(*) FROM {schema}.deliveries f
+        WHERE f.subscription = $1 AND f.tenant = t.tenant AND f.state = 'running')::int)
       END,
       (SELECT greatest(0, floor(least(b.burst, b.tokens + b.per_second * greatest(0,
                 extract(epoch FROM statement_timestamp() - b.refilled_at)))))::int
        FROM {schema}.tenant_rate_limits b
        WHERE b.subscription = $1 AND b.tenant = t.tenant)) AS bound
   ) l
-  CROSS JOIN LATERAL (
-    SELECT CASE
-      WHEN s.tenants = 1
-        OR (SELECT x.id FROM {schema}.deliveries x
-            WHERE x.subscription = $1 AND x.state = 'available' AND x.priority > 0
-            ORDER BY x.tenant, x.priority DESC, x.id
-            LIMIT 1) IS NOT NULL
-      THEN $4::int
-      ELSE (SELECT count(*)::int FROM (
-              SELECT 1 FROM {schema}.deliveries d
-              WHERE d.subscription = $1
-                AND (d.tenant, d.id) > (t.tenant, t.floor) AND d.tenant <= t.tenant
-                AND d.state = 'available'
-              LIMIT s.per_tenant + 1) r)
-    END AS ready
-  ) c
-),
--- How many each tenant takes: all it can when that is no more than its equal
--- share; the tenants that can take more split what the others leave (and
--- what the equal split leaves over), as evenly as it goes, each at most its
--- in-flight and rate bound. So one claim fills its batch when the turn has
--- the work, and no tenant gets less than its share or all it can take.
-quota AS (
-  SELECT f.tenant, f.floor,
-         CASE WHEN f.can <= f.per_tenant THEN f.can
-              ELSE least(f.bound, f.per_tenant + f.spare / f.wanting
-                                  + CASE WHEN f.rank < f.spare % f.wanting THEN 1 ELSE 0 END)
-         END AS n
-  FROM (SELECT c.*,
-               greatest(0, $4::int - c.per_tenant * c.tenants
-                 + sum(CASE WHEN c.can < c.per_tenant THEN c.per_tenant - c.can ELSE 0 END)
-                     OVER ()::int) AS spare,
-               count(*) FILTER (WHERE c.can > c.per_tenant) OVER ()::int AS wanting,
-               row_number() OVER (PARTITION BY c.can > c.per_tenant ORDER BY c.tenant)::int - 1
-                 AS rank
-        FROM capacity c) f
-),
-routes AS (
-  SELECT * FROM unnest($5::text[], $6::int[], $7::int[]) AS r (topic, schema_version, max_attempts)
 ),
 picked AS MATERIALIZED (
-  SELECT c.id, c.tenant, c.ordering_key
+  SELECT c.id, c.tenant, c.ordering_key, c.priority
   FROM quota q
   -- Within the tenant's share, priority above 0 first (highest, then
   -- oldest, along deliveries_urgent), then priority 0 in enqueue order. The
@@ -154,8 +110,8 @@ picked AS MATERIALIZED (
   CROSS JOIN LATERAL (
     -- (Each branch is a subquery of its own: FOR UPDATE is not allowed
     -- directly in a UNION's branches.)
-    SELECT u.id, u.tenant, u.ordering_key FROM (
-      SELECT * FROM (SELECT d.id, d.tenant, d.ordering_key
+    SELECT u.id, u.tenant, u.ordering_key, u.priority FROM (
+      SELECT * FROM (SELECT d.id, d.tenant, d.ordering_key, d.priority
        FROM {schema}.deliveries d
        WHERE (SELECT x.id FROM {schema}.deliveries x
               WHERE x.subscription = $1 AND x.state = 'available' AND x.priority > 0
@@ -179,7 +135,7 @@ picked AS MATERIALIZED (
        LIMIT q.n
        FOR UPDATE OF d SKIP LOCKED) urgent
       UNION ALL
-      SELECT * FROM (SELECT d.id, d.tenant, d.ordering_key
+      SELECT * FROM (SELECT d.id, d.tenant, d.ordering_key, d.priority
        FROM {schema}.deliveries d
        -- The tenant is bounded from both sides instead of `d.tenant = t.tenant`:
        -- with an equality the planner treats the tenant as a constant, may walk
@@ -209,6 +165,58 @@ picked AS MATERIALIZED (
     LIMIT q.n
   ) c
 ),
+-- The top-up: what the shares left of the batch ($4 less what they took)
+-- goes to the tenants that took their whole share, some of it at priority 0,
+-- and may take more under their bound; split evenly (the remainder to the
+-- first in byte order), each continuing its priority-0 walk above the last
+-- id it took. A tenant whose share was all urgent is not topped up, so its
+-- next urgent delivery is not passed over for priority 0. The walk is the
+-- priority-0 branch of `picked` over again. When nothing is left the
+-- LIMIT is 0 and PostgreSQL does not run the walk.
+wanting AS (
+  SELECT q.tenant, q.bound - q.n AS room,
+         max(p.id) FILTER (WHERE p.priority = 0) AS after,
+         (row_number() OVER (ORDER BY q.tenant))::int - 1 AS rank,
+         (count(*) OVER ())::int AS m
+  FROM quota q
+  JOIN picked p ON p.tenant = q.tenant
+  GROUP BY q.tenant, q.n, q.bound
+  HAVING count(*) = q.n
+     AND count(*) FILTER (WHERE p.priority = 0) > 0
+     AND (q.bound IS NULL OR q.bound > q.n)
+),
+topped AS MATERIALIZED (
+  SELECT c.id, c.tenant, c.ordering_key
+  FROM wanting w
+  CROSS JOIN (SELECT greatest(0, $4::int - (SELECT count(*) FROM picked)::int) AS n) spare
+  CROSS JOIN LATERAL (
+    SELECT d.id, d.tenant, d.ordering_key
+    FROM {schema}.deliveries d
+    WHERE d.subscription = $1
+      AND (d.tenant, d.id) > (w.tenant, w.after)
+      AND d.tenant <= w.tenant
+      AND d.state = 'available'
+      AND d.priority = 0
+      AND d.available_at <= statement_timestamp()
+      AND EXISTS (SELECT 1 FROM routes r
+                  WHERE (r.topic = d.topic OR r.topic = '*')
+                    AND (r.schema_version = d.schema_version OR r.schema_version = 0))
+      AND (d.ordering_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {schema}.deliveries e
+            WHERE e.subscription = d.subscription AND e.tenant = d.tenant
+              AND e.ordering_key = d.ordering_key AND e.ordering_key IS NOT NULL
+              AND e.state <> 'dead'
+              AND (e.id < d.id OR e.state = 'running')))
+    ORDER BY d.tenant, d.id
+    LIMIT least(w.room, spare.n / w.m + CASE WHEN w.rank < spare.n % w.m THEN 1 ELSE 0 END)
+    FOR UPDATE OF d SKIP LOCKED
+  ) c
+),
+chosen AS (
+  SELECT id, tenant, ordering_key FROM picked
+  UNION ALL
+  SELECT id, tenant, ordering_key FROM topped
+),
 -- The snapshot's ordering check above can be stale (a claim that committed
 -- after this statement began, an operator's retry of a dead head): each
 -- picked delivery with a key must also take its key's row in ordering_locks.
@@ -219,7 +227,7 @@ picked AS MATERIALIZED (
 keyed AS (
   INSERT INTO {schema}.ordering_locks (subscription, tenant, ordering_key, delivery_id)
   SELECT $1, p.tenant, p.ordering_key, p.id
-  FROM picked p
+  FROM chosen p
   WHERE p.ordering_key IS NOT NULL
   ORDER BY p.tenant, p.ordering_key
   ON CONFLICT DO NOTHING
@@ -240,7 +248,7 @@ claimed AS (
       lease_token = $11::uuid,
       lease_expires_at = statement_timestamp() + $9::bigint * interval '1 millisecond',
       claimed_by = $10
-  WHERE d.id = ANY (ARRAY(SELECT id FROM picked WHERE ordering_key IS NULL
+  WHERE d.id = ANY (ARRAY(SELECT id FROM chosen WHERE ordering_key IS NULL
                           UNION ALL
                           SELECT delivery_id FROM keyed))
   RETURNING d.id, d.message_id, d.tenant, d.topic, d.schema_version, d.ordering_key,

@@ -247,6 +247,28 @@ pub async fn a_claim_gives_the_share_a_tenant_cannot_use_to_the_others<F: StoreF
     let [big, small, _] = counts(&claimed);
     assert_eq!(claimed.len(), 11);
     assert!(big >= 5 && small >= 5, "{big} and {small}");
+
+    // What a tenant takes beyond its share still keeps its ordering keys:
+    // one of "k" at a time.
+    subscribe(store, "keyed", &["k"]).await?;
+    // y's share (4 of 8) ends at its first "k"; its top-up walks on past
+    // the other two.
+    let mut batch = vec![message("x", "k")?];
+    for i in 0..13 {
+        let m = message("y", "k")?;
+        batch.push(if (3..6).contains(&i) {
+            m.with_ordering_key("k")
+        } else {
+            m
+        });
+    }
+    store.publish_batch(&batch).await?;
+    let claimed = claim(store, &params("keyed", vec![route("k", 1, 10)], 8)).await?;
+    let keyed = claimed
+        .iter()
+        .filter(|d| d.ordering_key.as_deref() == Some("k"))
+        .count();
+    assert_eq!((claimed.len(), keyed), (8, 1));
     Ok(())
 }
 

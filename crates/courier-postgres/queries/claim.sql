@@ -5,8 +5,8 @@
 -- tenants it claimed for), reads messages for the payload.
 -- Shape: a loose index scan of deliveries_ready finds up to $3 tenants with
 -- ready work, starting after the cursor $2; each tenant then gets an equal share
--- of the batch, and what that leaves (tenants with less ready work, the
--- split's remainder) tops up the tenants that took their whole share (see
+-- of the batch, and what tenants with less ready work (or at their bound)
+-- leave of their shares tops up the tenants that took their whole share (see
 -- `topped`). A share is its ready deliveries of priority above 0 first (highest, then
 -- oldest, along deliveries_urgent), then priority 0 walked in enqueue order
 -- along deliveries_ready, so one tenant's backlog cannot crowd out the rest

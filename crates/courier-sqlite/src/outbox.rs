@@ -108,7 +108,7 @@ fn pattern_prefix(pattern: &str) -> Result<Option<String>, ValidationError> {
 /// `total` split over `parts` as evenly as it goes: each part gets
 /// `total / parts`, and the remainder goes one each to the parts from a
 /// random one on (so no part is favoured claim after claim). The parts add
-/// up to `total` (a turn never has more tenants than the claim's limit).
+/// up to `total`.
 fn even_split(total: i64, parts: usize) -> impl Iterator<Item = i64> {
     let k = i64::try_from(parts.max(1)).unwrap_or(i64::MAX);
     let each = total.max(0) / k;
@@ -445,16 +445,14 @@ impl OutboxStore for SqliteStore {
         let shares = share.saturating_mul(i64::try_from(bounds.len()).unwrap_or(i64::MAX));
         let spare = shares - i64::try_from(deliveries.len()).unwrap_or(i64::MAX);
         if spare > 0 {
-            let wanting: Vec<(&str, i64)> = quotas
+            // The tenants that took their whole share and may take more.
+            let wanting: Vec<(&str, i64)> = bounds
                 .iter()
-                .filter_map(|(tenant, quota)| {
+                .filter_map(|(tenant, bound)| {
+                    let quota = bound.map_or(share, |b| share.min(b));
                     let taken = got.get(tenant).copied().unwrap_or(0);
-                    let bound = bounds
-                        .iter()
-                        .find(|(t, _)| t == tenant)
-                        .and_then(|(_, b)| *b);
                     let room = bound.map_or(i64::MAX, |b| b - taken);
-                    (taken == *quota && room > 0).then_some((*tenant, room))
+                    (quota > 0 && taken == quota && room > 0).then_some((*tenant, room))
                 })
                 .collect();
             let more: Vec<(&str, i64)> = wanting

@@ -203,10 +203,12 @@ pub async fn a_busy_tenant_cannot_starve_a_small_one<F: StoreFixture>(
     Ok(())
 }
 
-/// A claim fills its batch when the tenants in its turn have the work: the
-/// share one tenant cannot use (it has fewer ready deliveries, or it is at its
-/// in-flight limit) goes to the tenants that have more. Every tenant still
-/// gets its equal share or all it can take.
+/// The share one tenant cannot use (it has fewer ready deliveries, or it is
+/// at its in-flight limit) goes to the tenants that took their whole share,
+/// split evenly between them, in the same claim. Every tenant still gets its
+/// equal share or all it can take. (The equal split's remainder is not
+/// handed out, and there is one top-up round: a topped-up tenant that runs
+/// out leaves the rest of its part for the next claim.)
 pub async fn a_claim_gives_the_share_a_tenant_cannot_use_to_the_others<F: StoreFixture>(
     fixture: F,
 ) -> anyhow::Result<()> {
@@ -226,7 +228,8 @@ pub async fn a_claim_gives_the_share_a_tenant_cannot_use_to_the_others<F: StoreF
     // 12 over three tenants is 4 each; the small ones can use 1 each.
     let claimed = claim(store, &params("all", vec![route("t", 1, 10)], 12)).await?;
     assert_eq!(counts(&claimed), [10, 1, 1]);
-    // 10 over two busy tenants and one with nothing left: 5 each.
+    // 10 over two busy tenants: 5 each (c-small has nothing ready, so it is
+    // not in the turn).
     batch.clear();
     for _ in 0..20 {
         batch.push(message("b-small", "t")?);
@@ -240,6 +243,21 @@ pub async fn a_claim_gives_the_share_a_tenant_cannot_use_to_the_others<F: StoreF
     let claimed = claim(store, &limited).await?;
     // a-big has 15 running and may take 3 more; b-small takes the other 7.
     assert_eq!(counts(&claimed), [3, 7, 0]);
+
+    // Two tenants topped up share what the third left: 3 over 2 is 1 each
+    // and 1 for one of them.
+    subscribe(store, "even", &["e"]).await?;
+    batch.clear();
+    for _ in 0..30 {
+        batch.push(message("p", "e")?);
+        batch.push(message("q", "e")?);
+    }
+    batch.push(message("r", "e")?);
+    store.publish_batch(&batch).await?;
+    let claimed = claim(store, &params("even", vec![route("e", 1, 10)], 12)).await?;
+    let [p, q, r] = ["p", "q", "r"].map(|t| claimed.iter().filter(|d| d.tenant == t).count());
+    assert_eq!((p + q, r), (11, 1));
+    assert!(p >= 5 && q >= 5, "{p} and {q}");
 
     // What a tenant takes beyond its share still keeps its ordering keys:
     // one of "k" at a time.
@@ -257,11 +275,13 @@ pub async fn a_claim_gives_the_share_a_tenant_cannot_use_to_the_others<F: StoreF
     }
     store.publish_batch(&batch).await?;
     let claimed = claim(store, &params("keyed", vec![route("k", 1, 10)], 8)).await?;
-    let keyed = claimed
+    let keyed: Vec<Uuid> = claimed
         .iter()
         .filter(|d| d.ordering_key.as_deref() == Some("k"))
-        .count();
-    assert_eq!((claimed.len(), keyed), (8, 1));
+        .map(|d| d.message_id)
+        .collect();
+    // The first "k" (y's fourth message, after x's one).
+    assert_eq!((claimed.len(), keyed), (8, vec![batch[4].id]));
     Ok(())
 }
 

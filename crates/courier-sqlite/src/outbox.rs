@@ -416,9 +416,10 @@ impl OutboxStore for SqliteStore {
         // them faster in `courier bench`.)
         let share = (params.limit / bounds.len().max(1)).max(1);
         let share = i64::try_from(share).unwrap_or(i64::MAX);
+        let quota_of = |bound: Option<i64>| bound.map_or(share, |b| share.min(b));
         let quotas: Vec<(&str, i64)> = bounds
             .iter()
-            .map(|(tenant, bound)| (*tenant, bound.map_or(share, |b| share.min(b))))
+            .map(|(tenant, bound)| (*tenant, quota_of(*bound)))
             .filter(|(_, quota)| *quota > 0)
             .collect();
         if quotas.is_empty() {
@@ -436,20 +437,20 @@ impl OutboxStore for SqliteStore {
         // variant, so it adds none.
         let pieces = quotas.len().next_power_of_two();
         let mut deliveries = claim_quotas(&mut tx, params, &routes, &quotas, pieces).await?;
-        let mut got: HashMap<&str, i64> = HashMap::new();
-        for delivery in &deliveries {
-            *got.entry(delivery.tenant.as_str()).or_insert(0) += 1;
-        }
         // The shares less what they took: what tenants short of ready work or
         // at their bound left.
         let shares = share.saturating_mul(i64::try_from(bounds.len()).unwrap_or(i64::MAX));
         let spare = shares - i64::try_from(deliveries.len()).unwrap_or(i64::MAX);
         if spare > 0 {
+            let mut got: HashMap<&str, i64> = HashMap::new();
+            for delivery in &deliveries {
+                *got.entry(delivery.tenant.as_str()).or_insert(0) += 1;
+            }
             // The tenants that took their whole share and may take more.
             let wanting: Vec<(&str, i64)> = bounds
                 .iter()
                 .filter_map(|(tenant, bound)| {
-                    let quota = bound.map_or(share, |b| share.min(b));
+                    let quota = quota_of(*bound);
                     let taken = got.get(tenant).copied().unwrap_or(0);
                     let room = bound.map_or(i64::MAX, |b| b - taken);
                     (quota > 0 && taken == quota && room > 0).then_some((*tenant, room))

@@ -649,15 +649,31 @@ async fn frozen(resume: Resume) -> anyhow::Result<()> {
     let survivor =
         Worker::start_with(WORKER, &cluster.url(), Duration::from_millis(300), &retries).await?;
     effects_reach(&pool, 40).await?;
-    let held: Vec<i64> = sqlx::query_scalar(
-        "SELECT id FROM courier.deliveries WHERE state = 'running' AND claimed_by = $1",
-    )
-    .bind(format!("chaos-{}", victim.pid))
-    .fetch_all(&pool)
-    .await?;
-    anyhow::ensure!(!held.is_empty(), "the victim held nothing when frozen");
-    victim.signal("STOP")?;
-    let stopped = Instant::now();
+    // Between two claims the victim holds nothing for a moment: what it
+    // holds is read once it is frozen (and a commit it had already sent has
+    // landed); if that is nothing, it is resumed and frozen again.
+    let mut tries = 0;
+    let (held, stopped) = loop {
+        victim_holds_work(&pool, victim.pid).await?;
+        victim.signal("STOP")?;
+        let stopped = Instant::now();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let held: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM courier.deliveries WHERE state = 'running' AND claimed_by = $1",
+        )
+        .bind(format!("chaos-{}", victim.pid))
+        .fetch_all(&pool)
+        .await?;
+        tries += 1;
+        if !held.is_empty() {
+            break (held, stopped);
+        }
+        anyhow::ensure!(
+            tries < 20,
+            "the victim held nothing when frozen, {tries} times"
+        );
+        victim.signal("CONT")?;
+    };
     let deadline = stopped + 2 * RECOVERY + Duration::from_secs(30);
     // The deliveries it held: still open (a delivery row) or taken over.
     let taken_over = "SELECT count(*) FROM courier.deliveries

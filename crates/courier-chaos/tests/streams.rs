@@ -42,13 +42,33 @@ fn append_steadily(
     n: u64,
     every: Duration,
 ) -> tokio::task::JoinHandle<anyhow::Result<Vec<StreamEntryId>>> {
+    append_until(store, n, every, None)
+}
+
+/// Appends entries `0..n`, one every `every`, from a task, stopping early
+/// once `stop`, if given, turns true (or its sender is dropped); the ids.
+fn append_until(
+    store: &RedisStreamStore,
+    n: u64,
+    every: Duration,
+    mut stop: Option<tokio::sync::watch::Receiver<bool>>,
+) -> tokio::task::JoinHandle<anyhow::Result<Vec<StreamEntryId>>> {
     let store = store.clone();
     tokio::spawn(async move {
         let key = key()?;
         let mut ids = Vec::new();
         let mut tick = tokio::time::interval(every);
         for i in 0..n {
-            tick.tick().await;
+            let stopped = async {
+                match stop.as_mut() {
+                    Some(stop) => drop(stop.wait_for(|stop| *stop).await),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = stopped => break,
+            }
             let entry = NewStreamEntry::new(serde_json::json!({ "n": i }));
             ids.extend(store.append(&key, &[entry]).await?);
         }
@@ -139,7 +159,11 @@ async fn fifty_consumer_restarts_with_entries_pending_lose_nothing_and_keep_the_
         consumer(&cluster, &redis, "churn-00", &env).await?,
         consumer(&cluster, &redis, "churn-01", &env).await?,
     ];
-    let appender = append_steadily(&store, 1_500, Duration::from_millis(20));
+    // Entries keep coming until the last restart, however long the restarts
+    // take (a slow machine spawns processes slowly): each kill can find some
+    // pending.
+    let (stop_appending, appending) = tokio::sync::watch::channel(false);
+    let appender = append_until(&store, 100_000, Duration::from_millis(20), Some(appending));
     let (most, sampled) = tokio::sync::watch::channel(0_usize);
     // Samples the group's size every 100 ms until aborted (or Redis fails).
     let sampler = {
@@ -171,6 +195,7 @@ async fn fifty_consumer_restarts_with_entries_pending_lose_nothing_and_keep_the_
         running[slot] = consumer(&cluster, &redis, &format!("churn-{i:02}"), &env).await?;
     }
     let restarted = Instant::now();
+    let _ = stop_appending.send(true);
     let appended = appender.await??;
     applied(&pool, &store, &appended, Duration::from_secs(60)).await?;
     let recovery = restarted.elapsed();

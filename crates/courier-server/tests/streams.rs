@@ -1299,7 +1299,9 @@ async fn a_blocking_read_ends_when_its_client_goes_away(backend: Backend) {
         .send()
         .await;
     assert!(gave_up.is_err(), "the client timed out");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Time for the daemon to see the connection close (a loaded machine
+    // may take a while to).
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     // Had the read kept waiting, it would take this entry for `gone`.
     let appended = daemon.append("orders", &[json!({"n": 1})]).await;
     tokio::time::sleep(Duration::from_millis(1000)).await;

@@ -379,14 +379,14 @@ async fn the_heartbeat_keeps_a_long_transactional_handler_s_lease<B: Backend>(
     // that a heartbeat slowed by a loaded machine still lands before the
     // worker would stop the handler (a tenth of the lease early).
     let effect = RecordEffect {
-        delay: Duration::from_millis(3000),
+        delay: Duration::from_millis(7500),
         ..RecordEffect::default()
     };
     let worker = backend
         .courier()
         .worker("sub")
         .handle_transactional("topic", 1, effect.clone())
-        .lease(Duration::from_millis(1200))
+        .lease(Duration::from_secs(3))
         .build()
         .await?
         .start();
@@ -994,12 +994,12 @@ async fn the_heartbeat_keeps_a_long_handler_s_lease<B: Backend>(backend: B) -> a
                 async move {
                     counter.record(message.id, message.payload.n);
                     // Two and a half leases (see the transactional twin).
-                    tokio::time::sleep(Duration::from_millis(3000)).await;
+                    tokio::time::sleep(Duration::from_millis(7500)).await;
                     Ok::<(), HandlerError>(())
                 }
             }),
         )
-        .lease(Duration::from_millis(1200))
+        .lease(Duration::from_secs(3))
         .maintenance(Some(MaintenanceConfig {
             rescue_interval: Duration::from_millis(100),
             ..MaintenanceConfig::default()

@@ -395,8 +395,10 @@ async fn postgres_a_registration_held_up_by_an_open_producer_never_stalls_other_
     );
     open.commit().await?;
     registering.await??;
+    // Behind the registration a producer would wait until the open one
+    // commits (for ever here); a few seconds leave a loaded machine its time.
     assert!(
-        slowest < Duration::from_secs(1),
+        slowest < Duration::from_secs(5),
         "a producer waited {slowest:?} behind a waiting registration"
     );
     assert_eq!(

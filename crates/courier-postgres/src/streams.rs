@@ -24,7 +24,7 @@ use courier_core::{
     ClaimedEntries, ConsumerInfo, ConsumerRemoval, DeliveredEntry, EntryOrigin, GroupStart,
     GroupSummary, NewStreamEntry, PendingDetail, PendingEntry, PendingQuery, PendingSummary,
     ReadNew, StoreError, StreamEntry, StreamEntryId, StreamKey, StreamPage, StreamStore,
-    StreamSummary, TrimBound, MAX_PAYLOAD_BYTES, MAX_STREAM_PAGE,
+    StreamSummary, TrimBound, ValidationError, MAX_PAYLOAD_BYTES, MAX_STREAM_PAGE,
 };
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::Row;
@@ -334,6 +334,47 @@ impl PgStore {
             Some(row) => row_id(&row),
             None => Ok(None),
         }
+    }
+
+    /// Appends `entry`, which relays an outbox message (its
+    /// [`EntryOrigin`]), to `key` in the caller's transaction on `conn`,
+    /// unless `key` already holds an entry of that message (as
+    /// [`Self::relayed_entry_on`] finds it) — in one round trip. Returns
+    /// the new entry's id and `false`, or the existing entry's and `true`.
+    /// An entry without an origin is refused.
+    pub async fn relay_append_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        key: &StreamKey,
+        entry: &NewStreamEntry,
+    ) -> Result<(StreamEntryId, bool), StoreError> {
+        let Some(origin) = entry.origin.as_ref() else {
+            return Err(StoreError::Invalid(ValidationError::new(
+                "origin",
+                "a relayed entry names the message it relays",
+            )));
+        };
+        // The current span's trace context goes with an entry that carries none.
+        let traced = courier_core::entries_with_current_context(std::slice::from_ref(entry));
+        let entry = &traced[0];
+        let payload = entry.validate(0, MAX_PAYLOAD_BYTES)?;
+        let headers = serde_json::to_string(&entry.headers)
+            .map_err(|e| StoreError::Corrupt(format!("headers: {e}")))?;
+        let row = sqlx::query(&self.q().stream_relay_append)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(payload)
+            .bind(headers)
+            .bind(origin.message_id)
+            .bind(&origin.tenant)
+            .bind(&origin.topic)
+            .bind(origin.schema_version)
+            .fetch_one(conn)
+            .await
+            .map_err(map)?;
+        let id = row_id(&row)?.ok_or_else(|| no_id("relay append"))?;
+        let duplicate: bool = row.try_get("duplicate").map_err(map)?;
+        Ok((id, duplicate))
     }
 
     async fn append_with<'e, E: sqlx::PgExecutor<'e>>(

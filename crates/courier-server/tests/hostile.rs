@@ -537,7 +537,12 @@ async fn a_tenant_over_its_request_rate_gets_429_with_retry_after_and_others_do_
     let started = std::time::Instant::now();
     let mut served = 0_usize;
     let refused = loop {
-        let response = list(if served.is_multiple_of(2) { "acme-1" } else { "acme-2" }).await;
+        let response = list(if served.is_multiple_of(2) {
+            "acme-1"
+        } else {
+            "acme-2"
+        })
+        .await;
         if response.status() == 429 {
             break response;
         }

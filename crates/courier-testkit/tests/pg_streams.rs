@@ -490,3 +490,70 @@ async fn a_claim_skips_an_entry_another_claim_is_taking_over() -> anyhow::Result
     assert_eq!(detail[0].consumer, "c0");
     Ok(())
 }
+
+/// The native relay's one-statement append: a message's first entry is
+/// appended; another of the same message, in the same transaction or after
+/// it committed, is not, and the first one's id comes back as a duplicate;
+/// what a rolled-back transaction appended does not count; an entry without
+/// an origin is refused and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_append_appends_a_message_once_and_reports_the_first_entry() -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    let store = pg.courier().store().clone();
+    let key = StreamKey::new("acme", "relayed")?;
+    let relayed = |message_id: uuid::Uuid, n: u64| NewStreamEntry {
+        origin: Some(courier::EntryOrigin {
+            message_id,
+            tenant: "acme".into(),
+            topic: "order.placed".into(),
+            schema_version: 2,
+        }),
+        ..entry(n)
+    };
+    let (a, b) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+
+    let mut rolled_back = pg.pool.begin().await?;
+    let (_, duplicate) = store
+        .relay_append_on(&mut rolled_back, &key, &relayed(a, 0))
+        .await?;
+    assert!(!duplicate);
+    rolled_back.rollback().await?;
+
+    let mut tx = pg.pool.begin().await?;
+    let (first, duplicate) = store.relay_append_on(&mut tx, &key, &relayed(a, 1)).await?;
+    assert!(!duplicate, "the rolled-back entry is not there");
+    let again = store.relay_append_on(&mut tx, &key, &relayed(a, 2)).await?;
+    assert_eq!(again, (first, true), "its own earlier append counts");
+    let (other, duplicate) = store.relay_append_on(&mut tx, &key, &relayed(b, 3)).await?;
+    assert!(!duplicate && other > first, "another message is appended");
+    tx.commit().await?;
+
+    let mut later = pg.pool.begin().await?;
+    let after = store
+        .relay_append_on(&mut later, &key, &relayed(b, 4))
+        .await?;
+    assert_eq!(after, (other, true), "a committed entry counts");
+    let refused = store.relay_append_on(&mut later, &key, &entry(5)).await;
+    assert!(
+        matches!(&refused, Err(courier::StoreError::Invalid(e)) if e.field == "origin"),
+        "{refused:?}"
+    );
+    later.commit().await?;
+
+    assert!(store.wait_until_readable(other, READABLE).await?);
+    let stored = store.range(&key, StreamEntryId::ZERO, 100).await?;
+    let found: Vec<(u64, Option<courier::EntryOrigin>)> = stored
+        .iter()
+        .map(|e| {
+            (
+                e.payload["n"].as_u64().unwrap_or(u64::MAX),
+                e.origin.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        found,
+        vec![(1, relayed(a, 1).origin), (3, relayed(b, 3).origin),]
+    );
+    Ok(())
+}

@@ -12,70 +12,59 @@ use courier::{
     HandlerError, Message, NewStreamEntry, OutboxStore, StoreError, StreamEntryId, StreamKey,
     TransactionalHandler,
 };
-use uuid::Uuid;
 
 use super::template::{stream_template, Template};
 use super::{entry_for, RelayCommon, RelayError, Relayed};
 use crate::config::{SubscriptionConfig, TargetConfig};
 
-/// An outbox store that is also a native stream store, whose appends and
-/// lookups can run in a delivery's transaction.
+/// An outbox store that is also a native stream store, whose appends can
+/// run in a delivery's transaction.
 pub trait NativeStreamStore: OutboxStore {
-    /// The lowest entry of `key` relaying outbox message `message_id`, as
-    /// seen by the transaction on `conn`.
-    fn find_relayed_entry<'c>(
+    /// Appends `entry`, which relays an outbox message (its origin), to `key`
+    /// in the transaction on `conn`, unless `key` already holds an entry of
+    /// that message as that transaction sees it. Returns the new entry's id
+    /// and `false`, or the lowest existing entry's id and `true`.
+    fn append_unless_relayed<'c>(
         &'c self,
         conn: &'c mut Self::Connection,
         key: &'c StreamKey,
-        message_id: Uuid,
-    ) -> impl Future<Output = Result<Option<StreamEntryId>, StoreError>> + Send + 'c;
-
-    /// Appends `entries` to `key` in the transaction on `conn`.
-    fn append_entries<'c>(
-        &'c self,
-        conn: &'c mut Self::Connection,
-        key: &'c StreamKey,
-        entries: &'c [NewStreamEntry],
-    ) -> impl Future<Output = Result<Vec<StreamEntryId>, StoreError>> + Send + 'c;
+        entry: &'c NewStreamEntry,
+    ) -> impl Future<Output = Result<(StreamEntryId, bool), StoreError>> + Send + 'c;
 }
 
 impl NativeStreamStore for PgStore {
-    fn find_relayed_entry<'c>(
+    fn append_unless_relayed<'c>(
         &'c self,
         conn: &'c mut sqlx::PgConnection,
         key: &'c StreamKey,
-        message_id: Uuid,
-    ) -> impl Future<Output = Result<Option<StreamEntryId>, StoreError>> + Send + 'c {
-        self.relayed_entry_on(conn, key, message_id)
-    }
-
-    fn append_entries<'c>(
-        &'c self,
-        conn: &'c mut sqlx::PgConnection,
-        key: &'c StreamKey,
-        entries: &'c [NewStreamEntry],
-    ) -> impl Future<Output = Result<Vec<StreamEntryId>, StoreError>> + Send + 'c {
-        self.append_on(conn, key, entries)
+        entry: &'c NewStreamEntry,
+    ) -> impl Future<Output = Result<(StreamEntryId, bool), StoreError>> + Send + 'c {
+        // One statement: the look and the append in one round trip.
+        self.relay_append_on(conn, key, entry)
     }
 }
 
 impl NativeStreamStore for SqliteStore {
-    fn find_relayed_entry<'c>(
+    async fn append_unless_relayed<'c>(
         &'c self,
         conn: &'c mut sqlx::SqliteConnection,
         key: &'c StreamKey,
-        message_id: Uuid,
-    ) -> impl Future<Output = Result<Option<StreamEntryId>, StoreError>> + Send + 'c {
-        self.relayed_entry_on(conn, key, message_id)
-    }
-
-    fn append_entries<'c>(
-        &'c self,
-        conn: &'c mut sqlx::SqliteConnection,
-        key: &'c StreamKey,
-        entries: &'c [NewStreamEntry],
-    ) -> impl Future<Output = Result<Vec<StreamEntryId>, StoreError>> + Send + 'c {
-        self.append_on(conn, key, entries)
+        entry: &'c NewStreamEntry,
+    ) -> Result<(StreamEntryId, bool), StoreError> {
+        // In-process calls: two statements cost no round trip.
+        let message_id = entry.origin.as_ref().map(|origin| origin.message_id);
+        if let Some(message_id) = message_id {
+            if let Some(id) = self.relayed_entry_on(conn, key, message_id).await? {
+                return Ok((id, true));
+            }
+        }
+        let ids = self
+            .append_on(conn, key, std::slice::from_ref(entry))
+            .await?;
+        let id = ids.first().copied().ok_or_else(|| {
+            StoreError::Corrupt(format!("an append to stream {key} returned no id"))
+        })?;
+        Ok((id, false))
     }
 }
 
@@ -146,21 +135,16 @@ impl<S: NativeStreamStore> NativeRelay<S> {
             .stream_name(&message.tenant, &message.topic)
             .map_err(HandlerError::permanent)?;
         let key = StreamKey::new(message.tenant.clone(), name).map_err(HandlerError::permanent)?;
-        let found = inner
+        let (id, duplicate) = inner
             .store
-            .find_relayed_entry(conn, &key, message.id)
+            .append_unless_relayed(conn, &key, &entry_for(message)?)
             .await
             .map_err(|e| classify(&key, e))?;
-        if let Some(id) = found {
-            return Ok(Relayed::Duplicate(id.to_string()));
-        }
-        let ids = inner
-            .store
-            .append_entries(conn, &key, &[entry_for(message)?])
-            .await
-            .map_err(|e| classify(&key, e))?;
-        let id = ids.first().map(ToString::to_string).unwrap_or_default();
-        Ok(Relayed::Stored(id))
+        Ok(if duplicate {
+            Relayed::Duplicate(id.to_string())
+        } else {
+            Relayed::Stored(id.to_string())
+        })
     }
 }
 

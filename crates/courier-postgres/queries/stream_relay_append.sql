@@ -1,0 +1,42 @@
+-- The native relay's append: entry $3.. of outbox message $5 to stream ($1,
+-- $2) unless the stream already holds an entry of that message; one round
+-- trip where stream_relayed_entry and stream_append took two. Returns one
+-- row: the appended entry's id (duplicate false), or the lowest existing
+-- entry's (duplicate true).
+-- Touches: stream_entries (read by stream_entries_origin, insert),
+-- stream_waiters (read), the minor sequence. Locks: none beyond the insert.
+-- Shape: `found` reads the statement's snapshot, which holds committed
+-- entries and the caller's own earlier appends, as stream_relayed_entry
+-- does (OFFSET 0 for the same reason: the lookup stays on the index). Two
+-- transactions relaying one message at once both append; only one of them
+-- can complete the delivery (its lease), so the other rolls back.
+WITH found AS (
+  SELECT o.major, o.minor
+  FROM (
+    SELECT e.major, e.minor
+    FROM {schema}.stream_entries e
+    WHERE e.tenant = $1 AND e.stream = $2 AND e.message_id = $5
+    OFFSET 0
+  ) o
+  ORDER BY o.major, o.minor
+  LIMIT 1
+),
+woken AS (
+  -- As in stream_append: only the stream's readers wake, at commit.
+  SELECT pg_notify('{schema}.streams', $1 || chr(10) || $2)
+  FROM {schema}.stream_waiters w
+  WHERE w.tenant = $1 AND w.stream = $2 AND w.until > statement_timestamp()
+    AND NOT EXISTS (SELECT 1 FROM found)
+),
+appended AS (
+  INSERT INTO {schema}.stream_entries
+    (tenant, stream, major, minor, payload, headers, message_id, origin_tenant, topic,
+     schema_version)
+  SELECT $1, $2, pg_current_xact_id()::text::bigint, nextval('{schema}.stream_entry_minor'),
+         $3::jsonb, $4::jsonb, $5, $6, $7, $8
+  WHERE NOT EXISTS (SELECT 1 FROM found) AND (SELECT count(*) FROM woken) >= 0
+  RETURNING major, minor
+)
+SELECT major, minor, false AS duplicate FROM appended
+UNION ALL
+SELECT major, minor, true AS duplicate FROM found

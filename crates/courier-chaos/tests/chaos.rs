@@ -125,11 +125,11 @@ async fn a_worker_killed_mid_batch_loses_and_doubles_nothing() -> anyhow::Result
     let survivor = Worker::start(WORKER, &cluster.url(), Duration::from_millis(20)).await?;
     effects_reach(&pool, 200).await?;
     // Kill it while it holds work (leased, maybe half applied): frozen at a
-    // moment it holds some, what it holds read, then killed.
-    let (held, _) = freeze_holding(&pool, &victim).await?;
+    // moment it holds some, what it holds read, then killed. Its heartbeats
+    // stopped when it froze: recovery counts from then.
+    let (held, killed) = freeze_holding(&pool, &victim).await?;
     let held: Vec<uuid::Uuid> = held.into_iter().map(|(_, message)| message).collect();
     victim.signal("KILL")?;
-    let killed = Instant::now();
     // Recovery: until another worker finished every delivery it held.
     let deadline = killed + RECOVERY + Duration::from_secs(30);
     loop {

@@ -23,7 +23,8 @@ pub trait NativeStreamStore: OutboxStore {
     /// Appends `entry`, which relays an outbox message (its origin), to `key`
     /// in the transaction on `conn`, unless `key` already holds an entry of
     /// that message as that transaction sees it. Returns the new entry's id
-    /// and `false`, or the lowest existing entry's id and `true`.
+    /// and `false`, or the lowest existing entry's id and `true`. An entry
+    /// without an origin is refused as invalid, and nothing is stored.
     fn append_unless_relayed<'c>(
         &'c self,
         conn: &'c mut Self::Connection,
@@ -52,11 +53,14 @@ impl NativeStreamStore for SqliteStore {
         entry: &'c NewStreamEntry,
     ) -> Result<(StreamEntryId, bool), StoreError> {
         // In-process calls: two statements cost no round trip.
-        let message_id = entry.origin.as_ref().map(|origin| origin.message_id);
-        if let Some(message_id) = message_id {
-            if let Some(id) = self.relayed_entry_on(conn, key, message_id).await? {
-                return Ok((id, true));
-            }
+        let Some(origin) = entry.origin.as_ref() else {
+            return Err(StoreError::Invalid(courier::ValidationError::new(
+                "origin",
+                "a relayed entry names the message it relays",
+            )));
+        };
+        if let Some(id) = self.relayed_entry_on(conn, key, origin.message_id).await? {
+            return Ok((id, true));
         }
         let ids = self
             .append_on(conn, key, std::slice::from_ref(entry))
@@ -135,6 +139,9 @@ impl<S: NativeStreamStore> NativeRelay<S> {
             .stream_name(&message.tenant, &message.topic)
             .map_err(HandlerError::permanent)?;
         let key = StreamKey::new(message.tenant.clone(), name).map_err(HandlerError::permanent)?;
+        // The entry is built (and on PostgreSQL checked) before the look for
+        // an earlier one: a message the stream would refuse is a permanent
+        // failure even when it is a replay.
         let (id, duplicate) = inner
             .store
             .append_unless_relayed(conn, &key, &entry_for(message)?)

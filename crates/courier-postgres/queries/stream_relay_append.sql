@@ -1,13 +1,16 @@
 -- The native relay's append: entry $3.. of outbox message $5 to stream ($1,
--- $2) unless the stream already holds an entry of that message; one round
--- trip where stream_relayed_entry and stream_append took two. Returns one
--- row: the appended entry's id (duplicate false), or the lowest existing
--- entry's (duplicate true).
+-- $2) unless the stream already holds an entry of that message; the look and
+-- the append in one round trip. Returns one row: the appended entry's id
+-- (duplicate false), or the lowest existing entry's (duplicate true).
 -- Touches: stream_entries (read by stream_entries_origin, insert),
 -- stream_waiters (read), the minor sequence. Locks: none beyond the insert.
--- Shape: `found` reads the statement's snapshot, which holds committed
--- entries and the caller's own earlier appends, as stream_relayed_entry
--- does (OFFSET 0 for the same reason: the lookup stays on the index). Two
+-- Shape: `found` reads the statement's snapshot, plain MVCC visibility and
+-- not the readers' xmin horizon: the relay asks "did an append of this
+-- message commit?", and an entry of a committed transaction above the
+-- horizon counts, as do the caller's own earlier appends. OFFSET 0 keeps
+-- the ORDER BY ... LIMIT 1 out of the inner query's plan: with it, the
+-- generic plan walked the stream in id order (its primary key) filtering on
+-- message_id, a scan of the whole stream per relayed message. Two
 -- transactions relaying one message at once both append; only one of them
 -- can complete the delivery (its lease), so the other rolls back.
 WITH found AS (

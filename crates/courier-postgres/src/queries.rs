@@ -40,7 +40,6 @@ queries!(
     stream_receipt_runs_insert,
     stream_receipts_find,
     stream_receipts_insert_many,
-    stream_relayed_entry,
     stream_relay_append,
     stream_trim_maxlen,
     stream_trim_minid,

@@ -313,34 +313,13 @@ impl PgStore {
         self.append_with(conn, key, entries).await
     }
 
-    /// The lowest entry of `key` that relays outbox message `message_id`
-    /// (its [`EntryOrigin::message_id`]), if one committed or was appended
-    /// earlier in the caller's transaction on `conn`. Looked up by index
-    /// (migration 0011), never by scanning the stream.
-    pub async fn relayed_entry_on(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        key: &StreamKey,
-        message_id: uuid::Uuid,
-    ) -> Result<Option<StreamEntryId>, StoreError> {
-        let row = sqlx::query(&self.q().stream_relayed_entry)
-            .bind(key.tenant())
-            .bind(key.stream())
-            .bind(message_id)
-            .fetch_optional(conn)
-            .await
-            .map_err(map)?;
-        match row {
-            Some(row) => row_id(&row),
-            None => Ok(None),
-        }
-    }
-
     /// Appends `entry`, which relays an outbox message (its
     /// [`EntryOrigin`]), to `key` in the caller's transaction on `conn`,
-    /// unless `key` already holds an entry of that message (as
-    /// [`Self::relayed_entry_on`] finds it) — in one round trip. Returns
-    /// the new entry's id and `false`, or the existing entry's and `true`.
+    /// unless `key` already holds an entry of that message that committed
+    /// or was appended earlier in that transaction — in one round trip,
+    /// looked up by index (migration 0011), never by scanning the stream.
+    /// Returns the new entry's id and `false`, or the lowest existing
+    /// entry's and `true`.
     /// An entry without an origin is refused.
     pub async fn relay_append_on(
         &self,

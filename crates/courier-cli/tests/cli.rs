@@ -260,6 +260,11 @@ async fn quick_relays_bench_relays_every_message_to_each_target_beside_raw_write
     }
     for target in ["redis", "nats"] {
         assert!(find(&format!("relays.{target}"))["ratio"].is_number());
+        // The relay's writes alone stand beside the same raw figure (each
+        // checked its target holds every message it wrote).
+        let writes = find(&format!("relays.{target}.writes"));
+        assert_eq!(writes["count"], 2000, "{writes:#}");
+        assert!(writes["ratio"].is_number(), "{writes:#}");
     }
     // Only the relay cases ran.
     assert!(measurements

@@ -6,9 +6,13 @@
 //! the target must hold exactly N entries. Each Redis and NATS figure stands
 //! beside the same N payloads written with raw commands from this process:
 //! pipelined `XADD` (100 per pipeline) and asynchronous JetStream publishes
-//! (100 in flight, then their acks).
+//! (100 in flight, then their acks). Beside them, `relays.{target}.writes`
+//! times the relay's own downstream writes with no outbox at all (its
+//! `publish` for N messages made here, 100 in flight): the most any relay
+//! that writes each message this way could reach, against the same raw
+//! figure.
 //!
-//! Ids are `relays.{target}`.
+//! Ids are `relays.{target}` and `relays.{target}.writes`.
 
 use std::time::{Duration, Instant};
 
@@ -20,7 +24,9 @@ use courier_server::config::{
     NativeStreamTargetConfig, NatsTargetConfig, RedisStreamTargetConfig, RetryConfig,
     SubscriptionConfig, TargetConfig,
 };
-use courier_server::relay::{connect_nats, NativeRelay, NativeStreamStore, NatsRelay, RedisRelay};
+use courier_server::relay::{
+    connect_nats, NativeRelay, NativeStreamStore, NatsRelay, RedisRelay, Relayed,
+};
 
 use super::drain::{publish_all, time_limit};
 use super::fixture::{BenchPayload, Fixture};
@@ -63,7 +69,7 @@ where
             let store = RedisStreamStore::connect(url, &prefix).await?;
             let measured = redis_case(fixture, plan, &store).await;
             let cleaned = super::streams::delete_keys(store.connection(), &prefix).await;
-            out.push(measured.context("relays.redis")?);
+            out.extend(measured.context("relays.redis")?);
             cleaned?;
         }
         None => out.push(Measurement::skipped(
@@ -89,7 +95,7 @@ where
                 .map_err(|e| anyhow::anyhow!("creating JetStream stream {name}: {e}"))?;
             let measured = nats_case(fixture, plan, client, &context, &name, &subjects).await;
             let deleted = context.delete_stream(&name).await;
-            out.push(measured.context("relays.nats")?);
+            out.extend(measured.context("relays.nats")?);
             deleted.map_err(|e| anyhow::anyhow!("deleting JetStream stream {name}: {e}"))?;
         }
         None => out.push(Measurement::skipped(
@@ -150,7 +156,7 @@ async fn redis_case<F: Fixture>(
     fixture: &mut F,
     plan: &Plan,
     store: &RedisStreamStore,
-) -> anyhow::Result<Measurement> {
+) -> anyhow::Result<Vec<Measurement>> {
     let courier = fixture.fresh().await?;
     let config = subscription(TargetConfig::RedisStream(RedisStreamTargetConfig {
         stream: "relayed".into(),
@@ -166,6 +172,29 @@ async fn redis_case<F: Fixture>(
     let key = format!("{}{TENANT}:relayed", store.key_prefix());
     let stored: u64 = redis::cmd("XLEN").arg(&key).query_async(&mut conn).await?;
     check_count("the Redis stream", stored, plan.messages)?;
+
+    // The relay's writes alone: the dedupe script per message, no outbox.
+    let writes_config = subscription(TargetConfig::RedisStream(RedisStreamTargetConfig {
+        stream: "writes".into(),
+        maxlen: None,
+        dedupe_ttl_ms: None,
+    }));
+    let writes_relay = RedisRelay::new(&writes_config, store.clone())?;
+    let writes = writes_only(plan.messages, move |message| {
+        let relay = writes_relay.clone();
+        async move { relay.publish(&message).await }
+    })
+    .await?;
+    let writes_key = format!("{}{TENANT}:writes", store.key_prefix());
+    let stored: u64 = redis::cmd("XLEN")
+        .arg(&writes_key)
+        .query_async(&mut conn)
+        .await?;
+    check_count(
+        "the Redis stream of the writes alone",
+        stored,
+        plan.messages,
+    )?;
 
     // The same payloads, raw: pipelined XADD on one connection.
     let raw_key = format!("{}raw", store.key_prefix());
@@ -194,7 +223,16 @@ async fn redis_case<F: Fixture>(
     measurement.note = Some(format!(
         "baseline: pipelined XADD, {RAW_BATCH} per pipeline"
     ));
-    Ok(measurement)
+    let mut writes = Measurement::throughput(
+        "relays.redis.writes",
+        "the Redis relay's writes alone, no outbox (dedupe script per message)",
+        writes,
+        Some(raw),
+    );
+    writes.note = Some(format!(
+        "{RAW_BATCH} scripts in flight; the ceiling of a relay that writes each message so"
+    ));
+    Ok(vec![measurement, writes])
 }
 
 async fn nats_case<F: Fixture>(
@@ -204,29 +242,40 @@ async fn nats_case<F: Fixture>(
     context: &jetstream::Context,
     stream: &str,
     subjects: &str,
-) -> anyhow::Result<Measurement> {
+) -> anyhow::Result<Vec<Measurement>> {
     let courier = fixture.fresh().await?;
     let config = subscription(TargetConfig::Nats(NatsTargetConfig {
         subject: format!("{subjects}.relayed.{{tenant}}"),
         stream: stream.to_owned(),
         timeout_ms: courier_server::config::DEFAULT_RELAY_TIMEOUT_MS,
     }));
-    let relay = NatsRelay::start(&config, client).await?;
+    let relay = NatsRelay::start(&config, client.clone()).await?;
     let builder = plan
         .configure(courier.worker(SUBSCRIPTION))
         .handle_all(config.topics.clone(), relay);
     let (result, peak_rss) = drain(fixture, &courier, plan, builder).await?;
-    let mut info = context
-        .get_stream(stream)
-        .await
-        .map_err(|e| anyhow::anyhow!("reading JetStream stream {stream}: {e}"))?;
-    let stored = info
-        .info()
-        .await
-        .map_err(|e| anyhow::anyhow!("reading JetStream stream {stream}: {e}"))?
-        .state
-        .messages;
+    let stored = stream_messages(context, stream).await?;
     check_count("the JetStream stream", stored, plan.messages)?;
+
+    // The relay's writes alone: a publish with Nats-Msg-Id per message and
+    // its PubAck, no outbox.
+    let writes_config = subscription(TargetConfig::Nats(NatsTargetConfig {
+        subject: format!("{subjects}.writes.{{tenant}}"),
+        stream: stream.to_owned(),
+        timeout_ms: courier_server::config::DEFAULT_RELAY_TIMEOUT_MS,
+    }));
+    let writes_relay = NatsRelay::start(&writes_config, client).await?;
+    let writes = writes_only(plan.messages, move |message| {
+        let relay = writes_relay.clone();
+        async move { relay.publish(&message).await }
+    })
+    .await?;
+    let stored = stream_messages(context, stream).await?;
+    check_count(
+        "the JetStream stream after the writes alone",
+        stored,
+        2 * plan.messages,
+    )?;
 
     // The same payloads, raw: asynchronous publishes, RAW_BATCH in flight.
     let payloads = payloads(plan.messages)?;
@@ -257,7 +306,16 @@ async fn nats_case<F: Fixture>(
     measurement.note = Some(format!(
         "baseline: asynchronous JetStream publishes, {RAW_BATCH} in flight"
     ));
-    Ok(measurement)
+    let mut writes = Measurement::throughput(
+        "relays.nats.writes",
+        "the NATS relay's writes alone, no outbox (Nats-Msg-Id, PubAck per message)",
+        writes,
+        Some(raw),
+    );
+    writes.note = Some(format!(
+        "{RAW_BATCH} publishes in flight; the ceiling of a relay that writes each message so"
+    ));
+    Ok(vec![measurement, writes])
 }
 
 /// Loads the messages, runs the worker until every delivery is completed,
@@ -300,6 +358,65 @@ where
     }
     let peak_rss = if rss_reset { peak_rss_kib() } else { None };
     Ok((Throughput::new(plan.messages, elapsed), peak_rss))
+}
+
+/// Times `publish` over `n` messages made here (the bench's payloads, tenant
+/// and topic, fresh ids), `RAW_BATCH` at a time in flight; every publish must
+/// store its message.
+async fn writes_only<P, Fut>(n: u64, publish: P) -> anyhow::Result<Throughput>
+where
+    P: Fn(courier::Message<courier_server::RawPayload>) -> Fut,
+    Fut: std::future::Future<Output = Result<Relayed, courier::HandlerError>> + Send + 'static,
+{
+    let messages = payloads(n)?
+        .into_iter()
+        .map(|payload| {
+            let now = chrono::Utc::now();
+            Ok(courier::Message {
+                id: uuid::Uuid::now_v7(),
+                tenant: TENANT.to_owned(),
+                topic: TOPIC.to_owned(),
+                schema_version: 1,
+                payload: serde_json::value::RawValue::from_string(payload)?,
+                headers: Default::default(),
+                ordering_key: None,
+                priority: 0,
+                subscription: SUBSCRIPTION.to_owned(),
+                attempt: 1,
+                occurred_at: now,
+                enqueued_at: now,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let started = Instant::now();
+    let mut messages = messages.into_iter().peekable();
+    while messages.peek().is_some() {
+        let mut in_flight = tokio::task::JoinSet::new();
+        for message in messages.by_ref().take(RAW_BATCH) {
+            in_flight.spawn(publish(message));
+        }
+        while let Some(joined) = in_flight.join_next().await {
+            match joined? {
+                Ok(Relayed::Stored(_)) => {}
+                Ok(other) => anyhow::bail!("a fresh message was not stored: {other:?}"),
+                Err(error) => anyhow::bail!("the relay's write failed: {error}"),
+            }
+        }
+    }
+    Ok(Throughput::new(n, started.elapsed()))
+}
+
+async fn stream_messages(context: &jetstream::Context, stream: &str) -> anyhow::Result<u64> {
+    let mut info = context
+        .get_stream(stream)
+        .await
+        .map_err(|e| anyhow::anyhow!("reading JetStream stream {stream}: {e}"))?;
+    Ok(info
+        .info()
+        .await
+        .map_err(|e| anyhow::anyhow!("reading JetStream stream {stream}: {e}"))?
+        .state
+        .messages)
 }
 
 fn payloads(n: u64) -> anyhow::Result<Vec<String>> {

@@ -171,23 +171,28 @@ picked AS MATERIALIZED (
 -- with less ready work or at their bound; the split's remainder is not
 -- handed out, as on SQLite, where claims of 100 rather than 128 over 50
 -- backlogged tenants drained faster) goes to the tenants that took their
--- whole share, some of it at priority 0, and may take more under their
--- bound; split evenly (the remainder one each from a tenant picked by the
--- claim's random lease token $11 on, so none is favoured claim after claim),
--- each continuing its priority-0 walk above the last id it took. A tenant whose share was all urgent is not topped up, so its
--- next urgent delivery is not passed over for priority 0. The walk is the
--- priority-0 branch of `picked` over again. When nothing is left the
--- LIMIT is 0 and PostgreSQL does not run the walk.
+-- whole share, and may take more under their bound; split evenly (the
+-- remainder one each from a tenant picked by the claim's random lease token
+-- $11 on, so none is favoured claim after claim). Each goes on where its
+-- share stopped, in the share's order: a share that was all urgent goes on
+-- with its urgent walk after the last it took (the lowest priority it took,
+-- and the newest at that priority) and then priority 0 from its floor; a
+-- share that reached priority 0 had no more urgent work to take, and goes on
+-- with its priority-0 walk above the last id it took. The walks are the
+-- branches of `picked` over again. When nothing is left the LIMIT is 0 and
+-- PostgreSQL runs neither walk.
 wanting AS (
   SELECT q.tenant, q.bound - q.n AS room,
-         max(p.id) FILTER (WHERE p.priority = 0) AS after,
+         coalesce(max(p.id) FILTER (WHERE p.priority = 0), q.floor) AS after,
+         count(*) FILTER (WHERE p.priority = 0) = 0 AS urgent_only,
+         min(p.priority) AS last_priority,
+         (array_agg(p.id ORDER BY p.priority, p.id DESC))[1] AS last_urgent,
          (row_number() OVER (ORDER BY q.tenant))::int - 1 AS rank,
          (count(*) OVER ())::int AS m
   FROM quota q
   JOIN picked p ON p.tenant = q.tenant
-  GROUP BY q.tenant, q.n, q.bound
+  GROUP BY q.tenant, q.n, q.bound, q.floor
   HAVING count(*) = q.n
-     AND count(*) FILTER (WHERE p.priority = 0) > 0
      AND (q.bound IS NULL OR q.bound > q.n)
 ),
 topped AS MATERIALIZED (
@@ -197,29 +202,58 @@ topped AS MATERIALIZED (
                                - (SELECT count(*) FROM picked)::int) AS n
               FROM share s) spare
   CROSS JOIN LATERAL (
-    SELECT d.id, d.tenant, d.ordering_key
-    FROM {schema}.deliveries d
-    WHERE d.subscription = $1
-      AND (d.tenant, d.id) > (w.tenant, w.after)
-      AND d.tenant <= w.tenant
-      AND d.state = 'available'
-      AND d.priority = 0
-      AND d.available_at <= statement_timestamp()
-      AND EXISTS (SELECT 1 FROM routes r
-                  WHERE (r.topic = d.topic OR r.topic = '*')
-                    AND (r.schema_version = d.schema_version OR r.schema_version = 0))
-      AND (d.ordering_key IS NULL OR NOT EXISTS (
-            SELECT 1 FROM {schema}.deliveries e
-            WHERE e.subscription = d.subscription AND e.tenant = d.tenant
-              AND e.ordering_key = d.ordering_key AND e.ordering_key IS NOT NULL
-              AND e.state <> 'dead'
-              AND (e.id < d.id OR e.state = 'running')))
-    ORDER BY d.tenant, d.id
-    LIMIT least(w.room, spare.n / w.m
-                        + CASE WHEN (w.rank + (hashtext($11::text)::bigint + 2147483648)) % w.m
-                                    < spare.n % w.m
-                               THEN 1 ELSE 0 END)
-    FOR UPDATE OF d SKIP LOCKED
+    SELECT least(w.room, spare.n / w.m
+                         + CASE WHEN (w.rank + (hashtext($11::text)::bigint + 2147483648)) % w.m
+                                     < spare.n % w.m
+                                THEN 1 ELSE 0 END) AS n
+  ) more
+  CROSS JOIN LATERAL (
+    SELECT u.id, u.tenant, u.ordering_key FROM (
+      SELECT * FROM (SELECT d.id, d.tenant, d.ordering_key
+       FROM {schema}.deliveries d
+       WHERE w.urgent_only
+         AND d.subscription = $1
+         AND d.tenant = w.tenant
+         AND d.state = 'available'
+         AND d.priority > 0
+         AND (d.priority < w.last_priority
+              OR (d.priority = w.last_priority AND d.id > w.last_urgent))
+         AND d.available_at <= statement_timestamp()
+         AND EXISTS (SELECT 1 FROM routes r
+                     WHERE (r.topic = d.topic OR r.topic = '*')
+                       AND (r.schema_version = d.schema_version OR r.schema_version = 0))
+         AND (d.ordering_key IS NULL OR NOT EXISTS (
+               SELECT 1 FROM {schema}.deliveries e
+               WHERE e.subscription = d.subscription AND e.tenant = d.tenant
+                 AND e.ordering_key = d.ordering_key AND e.ordering_key IS NOT NULL
+                 AND e.state <> 'dead'
+                 AND (e.id < d.id OR e.state = 'running')))
+       ORDER BY d.priority DESC, d.id
+       LIMIT more.n
+       FOR UPDATE OF d SKIP LOCKED) urgent
+      UNION ALL
+      SELECT * FROM (SELECT d.id, d.tenant, d.ordering_key
+       FROM {schema}.deliveries d
+       WHERE d.subscription = $1
+         AND (d.tenant, d.id) > (w.tenant, w.after)
+         AND d.tenant <= w.tenant
+         AND d.state = 'available'
+         AND d.priority = 0
+         AND d.available_at <= statement_timestamp()
+         AND EXISTS (SELECT 1 FROM routes r
+                     WHERE (r.topic = d.topic OR r.topic = '*')
+                       AND (r.schema_version = d.schema_version OR r.schema_version = 0))
+         AND (d.ordering_key IS NULL OR NOT EXISTS (
+               SELECT 1 FROM {schema}.deliveries e
+               WHERE e.subscription = d.subscription AND e.tenant = d.tenant
+                 AND e.ordering_key = d.ordering_key AND e.ordering_key IS NOT NULL
+                 AND e.state <> 'dead'
+                 AND (e.id < d.id OR e.state = 'running')))
+       ORDER BY d.tenant, d.id
+       LIMIT more.n
+       FOR UPDATE OF d SKIP LOCKED) plain
+    ) u
+    LIMIT more.n
   ) c
 ),
 chosen AS (

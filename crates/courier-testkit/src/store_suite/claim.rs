@@ -285,6 +285,59 @@ pub async fn a_claim_gives_the_share_a_tenant_cannot_use_to_the_others<F: StoreF
     Ok(())
 }
 
+/// A tenant whose share was all urgent (priority above 0) is topped up as
+/// well, still in priority order: its other urgent deliveries first (highest,
+/// then oldest), then priority 0 in enqueue order.
+pub async fn a_tenant_whose_share_was_urgent_is_topped_up_in_priority_order<F: StoreFixture>(
+    fixture: F,
+) -> anyhow::Result<()> {
+    let store = fixture.store();
+    subscribe(store, "all", &["*"]).await?;
+    let mut batch = Vec::new();
+    for _ in 0..30 {
+        batch.push(message("a-big", "t")?);
+    }
+    for priority in [5, 2, 5, 2, 5, 2] {
+        batch.push(message("a-big", "t")?.with_priority(priority));
+    }
+    batch.push(message("b-small", "t")?);
+    batch.push(message("c-small", "t")?);
+    store.publish_batch(&batch).await?;
+
+    // 12 over three tenants is 4 each: a-big's share is its four most urgent
+    // (5, 5, 5, 2); the 6 the small ones leave take its other two urgent and
+    // then its four oldest at priority 0.
+    let claimed = claim(store, &params("all", vec![route("t", 1, 10)], 12)).await?;
+    let counts =
+        ["a-big", "b-small", "c-small"].map(|t| claimed.iter().filter(|d| d.tenant == t).count());
+    assert_eq!(counts, [10, 1, 1]);
+    let mut big: Vec<Uuid> = claimed
+        .iter()
+        .filter(|d| d.tenant == "a-big")
+        .map(|d| d.message_id)
+        .collect();
+    big.sort();
+    let mut expected: Vec<Uuid> = batch[30..36].iter().map(|m| m.id).collect();
+    expected.extend(batch[..4].iter().map(|m| m.id));
+    expected.sort();
+    assert_eq!(big, expected);
+
+    // A backlog with nothing at priority 0 is topped up too.
+    subscribe(store, "urgent", &["u"]).await?;
+    let mut batch = Vec::new();
+    for _ in 0..20 {
+        batch.push(message("a-big", "u")?.with_priority(1));
+    }
+    batch.push(message("b-small", "u")?);
+    batch.push(message("c-small", "u")?);
+    store.publish_batch(&batch).await?;
+    let claimed = claim(store, &params("urgent", vec![route("u", 1, 10)], 12)).await?;
+    let counts =
+        ["a-big", "b-small", "c-small"].map(|t| claimed.iter().filter(|d| d.tenant == t).count());
+    assert_eq!(counts, [10, 1, 1]);
+    Ok(())
+}
+
 /// A full turn continues after the tenant cursor it returns; a tenant with
 /// only work the claimer cannot handle does not hold the turn; an empty or
 /// partial turn starts the cursor over.

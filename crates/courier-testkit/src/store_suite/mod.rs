@@ -199,6 +199,7 @@ macro_rules! store_conformance_tests {
             tenant_turns_continue_after_the_cursor,
             a_busy_tenant_cannot_starve_a_small_one,
             a_claim_gives_the_share_a_tenant_cannot_use_to_the_others,
+            a_tenant_whose_share_was_urgent_is_topped_up_in_priority_order,
             the_in_flight_limit_defers_a_tenant_without_spending_attempts,
             an_ordering_key_holds_the_next_message_until_the_earlier_completes,
             an_ordering_key_releases_the_next_message_when_the_earlier_is_dead_lettered,

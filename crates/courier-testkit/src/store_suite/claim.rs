@@ -335,6 +335,31 @@ pub async fn a_tenant_whose_share_was_urgent_is_topped_up_in_priority_order<F: S
     let counts =
         ["a-big", "b-small", "c-small"].map(|t| claimed.iter().filter(|d| d.tenant == t).count());
     assert_eq!(counts, [10, 1, 1]);
+
+    // What the urgent top-up takes still keeps its ordering keys: of three
+    // urgent "k" past the share, only the first.
+    subscribe(store, "keyed", &["k"]).await?;
+    let mut batch = Vec::new();
+    for i in 0..12 {
+        let m = message("a-big", "k")?.with_priority(3);
+        batch.push(if (6..9).contains(&i) {
+            m.with_ordering_key("k")
+        } else {
+            m
+        });
+    }
+    batch.push(message("b-small", "k")?);
+    batch.push(message("c-small", "k")?);
+    store.publish_batch(&batch).await?;
+    let claimed = claim(store, &params("keyed", vec![route("k", 1, 10)], 12)).await?;
+    let keyed: Vec<Uuid> = claimed
+        .iter()
+        .filter(|d| d.ordering_key.as_deref() == Some("k"))
+        .map(|d| d.message_id)
+        .collect();
+    // a-big: its share of 4, then 6 more, of which one is the first "k"
+    // and the other two "k" are passed over.
+    assert_eq!((claimed.len(), keyed), (12, vec![batch[6].id]));
     Ok(())
 }
 

@@ -137,7 +137,16 @@ fn bench_rounds_report_each_cases_median_with_every_round() {
         let mut sorted = rounds.clone();
         sorted.sort_by(f64::total_cmp);
         assert_eq!(case["per_second"].as_f64(), Some(sorted[1]), "{id}");
-        assert!(case["ratio"].as_f64().is_some(), "{id}: {case:#}");
+        // The ratio is the median of the rounds' own ratios, each listed.
+        let mut ratios: Vec<f64> = case["ratio_rounds"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{id}: no ratio_rounds in {case:#}"))
+            .iter()
+            .map(|ratio| ratio.as_f64().expect("a ratio"))
+            .collect();
+        assert_eq!(ratios.len(), 3, "{id}: {case:#}");
+        ratios.sort_by(f64::total_cmp);
+        assert_eq!(case["ratio"].as_f64(), Some(ratios[1]), "{id}: {case:#}");
     }
     // SQLite runs no worker processes: skipped once, not three times.
     let skipped = report["measurements"]

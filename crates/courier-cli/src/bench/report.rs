@@ -157,6 +157,10 @@ pub struct Measurement {
     /// than one round (`--rounds`); `per_second` is then their median.
     /// Empty after a single round.
     pub rounds: Vec<f64>,
+    /// Each round's ratio to that round's own baseline, in the same order as
+    /// `rounds`, when every round had a baseline; `ratio` is then their
+    /// median. Empty otherwise.
+    pub ratio_rounds: Vec<f64>,
 }
 
 impl Measurement {
@@ -184,6 +188,7 @@ impl Measurement {
             skipped: false,
             details: BTreeMap::new(),
             rounds: Vec::new(),
+            ratio_rounds: Vec::new(),
         }
     }
 
@@ -209,6 +214,7 @@ impl Measurement {
             skipped: false,
             details: BTreeMap::new(),
             rounds: Vec::new(),
+            ratio_rounds: Vec::new(),
         }
     }
 
@@ -228,6 +234,7 @@ impl Measurement {
             skipped: true,
             details: BTreeMap::new(),
             rounds: Vec::new(),
+            ratio_rounds: Vec::new(),
         }
     }
 }
@@ -471,6 +478,16 @@ impl Report {
             if let Some(spread) = spread(&m.rounds) {
                 let _ = writeln!(out, "{:<23} {spread}", "");
             }
+            if m.ratio_rounds.len() > 1 {
+                let ratios: Vec<String> =
+                    m.ratio_rounds.iter().map(|r| format!("{r:.2}")).collect();
+                let _ = writeln!(
+                    out,
+                    "{:<23} ratios to each round's baseline {}",
+                    "",
+                    ratios.join(" / ")
+                );
+            }
             if !m.details.is_empty() {
                 let details: Vec<String> = m
                     .details
@@ -599,6 +616,8 @@ fn merge(first: Measurement, all: &[&Measurement]) -> Measurement {
     merged.seconds = of(|m| Some(m.seconds)).unwrap_or(merged.seconds);
     merged.peak_rss_kib = all.iter().filter_map(|m| m.peak_rss_kib).max();
     merged.rounds = all.iter().filter_map(|m| m.per_second).collect();
+    let ratios: Option<Vec<f64>> = all.iter().map(|m| m.ratio).collect();
+    merged.ratio_rounds = ratios.unwrap_or_default();
     for (key, value) in merged.details.iter_mut() {
         let values: Vec<f64> = all
             .iter()
@@ -684,12 +703,14 @@ mod tests {
         assert_eq!(merged.len(), 2);
         let noop = &merged[0];
         assert_eq!(noop.rounds, vec![100.0, 300.0, 200.0]);
+        assert_eq!(noop.ratio_rounds, vec![0.25, 0.5, 0.2]);
         assert_eq!(noop.per_second, Some(200.0));
         assert_eq!(noop.baseline_per_second, Some(600.0));
         // The median of 0.25, 0.5 and 0.2, not 200 / 600.
         assert_eq!(noop.ratio, Some(0.25));
         assert!(merged[1].skipped);
         assert!(merged[1].rounds.is_empty());
+        assert!(merged[1].ratio_rounds.is_empty());
     }
 
     #[test]

@@ -127,23 +127,21 @@ fn bench_rounds_report_each_cases_median_with_every_round() {
         "drain.tenants",
     ] {
         let case = measurement(&report, id);
-        let rounds: Vec<f64> = case["rounds"]
-            .as_array()
-            .unwrap_or_else(|| panic!("{id}: no rounds in {case:#}"))
-            .iter()
-            .map(|rate| rate.as_f64().expect("a rate"))
-            .collect();
+        let figures = |key: &str| -> Vec<f64> {
+            case[key]
+                .as_array()
+                .unwrap_or_else(|| panic!("{id}: no {key} in {case:#}"))
+                .iter()
+                .map(|figure| figure.as_f64().expect("a number"))
+                .collect()
+        };
+        let rounds = figures("rounds");
         assert_eq!(rounds.len(), 3, "{id}: {case:#}");
         let mut sorted = rounds.clone();
         sorted.sort_by(f64::total_cmp);
         assert_eq!(case["per_second"].as_f64(), Some(sorted[1]), "{id}");
         // The ratio is the median of the rounds' own ratios, each listed.
-        let mut ratios: Vec<f64> = case["ratio_rounds"]
-            .as_array()
-            .unwrap_or_else(|| panic!("{id}: no ratio_rounds in {case:#}"))
-            .iter()
-            .map(|ratio| ratio.as_f64().expect("a ratio"))
-            .collect();
+        let mut ratios = figures("ratio_rounds");
         assert_eq!(ratios.len(), 3, "{id}: {case:#}");
         ratios.sort_by(f64::total_cmp);
         assert_eq!(case["ratio"].as_f64(), Some(ratios[1]), "{id}: {case:#}");

@@ -303,14 +303,15 @@ pub async fn a_tenant_whose_share_was_urgent_is_topped_up_in_priority_order<F: S
     batch.push(message("b-small", "t")?);
     batch.push(message("c-small", "t")?);
     store.publish_batch(&batch).await?;
+    let counts = |claimed: &[ClaimedDelivery]| {
+        ["a-big", "b-small", "c-small"].map(|t| claimed.iter().filter(|d| d.tenant == t).count())
+    };
 
     // 12 over three tenants is 4 each: a-big's share is its four most urgent
     // (5, 5, 5, 2); the 6 the small ones leave take its other two urgent and
     // then its four oldest at priority 0.
     let claimed = claim(store, &params("all", vec![route("t", 1, 10)], 12)).await?;
-    let counts =
-        ["a-big", "b-small", "c-small"].map(|t| claimed.iter().filter(|d| d.tenant == t).count());
-    assert_eq!(counts, [10, 1, 1]);
+    assert_eq!(counts(&claimed), [10, 1, 1]);
     let mut big: Vec<Uuid> = claimed
         .iter()
         .filter(|d| d.tenant == "a-big")
@@ -332,9 +333,7 @@ pub async fn a_tenant_whose_share_was_urgent_is_topped_up_in_priority_order<F: S
     batch.push(message("c-small", "u")?);
     store.publish_batch(&batch).await?;
     let claimed = claim(store, &params("urgent", vec![route("u", 1, 10)], 12)).await?;
-    let counts =
-        ["a-big", "b-small", "c-small"].map(|t| claimed.iter().filter(|d| d.tenant == t).count());
-    assert_eq!(counts, [10, 1, 1]);
+    assert_eq!(counts(&claimed), [10, 1, 1]);
 
     // What the urgent top-up takes still keeps its ordering keys: of three
     // urgent "k" past the share, only the first.

@@ -53,8 +53,8 @@ pub use stream::{
     ClaimIdle, ClaimedEntries, ConsumerInfo, ConsumerRemoval, DeliveredEntry, EntryOrigin,
     GroupStart, GroupSummary, NewStreamEntry, PendingDetail, PendingEntry, PendingQuery,
     PendingSummary, ReadNew, ReceiptOutcome, StreamEntry, StreamEntryId, StreamKey, StreamPage,
-    StreamReceipts, StreamStore, StreamSummary, TrimBound, DEAD_STREAM_SUFFIX, MAX_STREAM_BATCH,
-    MAX_STREAM_BLOCK, MAX_STREAM_PAGE,
+    StreamReceipts, StreamStore, StreamSummary, TrimBound, DEAD_LETTER_HEADERS, DEAD_STREAM_SUFFIX,
+    MAX_STREAM_BATCH, MAX_STREAM_BLOCK, MAX_STREAM_PAGE,
 };
 pub use trace_context::{
     current_trace_headers, entries_with_current_context, has_trace_context, insert_trace_context,

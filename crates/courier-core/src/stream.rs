@@ -201,6 +201,24 @@ impl NewStreamEntry {
         index: usize,
         max_payload_bytes: usize,
     ) -> Result<String, ValidationError> {
+        self.validate_within(index, max_payload_bytes, MAX_HEADERS)
+    }
+
+    /// As [`validate`](Self::validate) for a dead letter
+    /// ([`dead_letter_entry`]): the headers it adds to its stored
+    /// original's ([`DEAD_LETTER_HEADERS`]) come on top of the limit, so an
+    /// entry with the most headers an append takes can still be
+    /// dead-lettered.
+    pub fn validate_dead_letter(&self) -> Result<String, ValidationError> {
+        self.validate_within(0, MAX_PAYLOAD_BYTES, MAX_HEADERS + DEAD_LETTER_HEADERS)
+    }
+
+    fn validate_within(
+        &self,
+        index: usize,
+        max_payload_bytes: usize,
+        max_headers: usize,
+    ) -> Result<String, ValidationError> {
         let payload = serde_json::to_string(&self.payload)
             .map_err(|e| ValidationError::new("payload", format!("entries[{index}]: {e}")))?;
         let limit = max_payload_bytes.min(MAX_PAYLOAD_BYTES);
@@ -222,11 +240,11 @@ impl NewStreamEntry {
                 ),
             ));
         }
-        if self.headers.len() > MAX_HEADERS {
+        if self.headers.len() > max_headers {
             return Err(ValidationError::new(
                 "headers",
                 format!(
-                    "entries[{index}] has {} headers; the limit is {MAX_HEADERS}",
+                    "entries[{index}] has {} headers; the limit is {max_headers}",
                     self.headers.len()
                 ),
             ));
@@ -794,6 +812,9 @@ pub trait StreamReceipts: Clone + Send + Sync + 'static {
         work: crate::TxWork<Self::Connection>,
     ) -> impl Future<Output = Result<ReceiptOutcome, StoreError>> + Send + 'c;
 }
+
+/// How many headers [`dead_letter_entry`] adds to its original's.
+pub const DEAD_LETTER_HEADERS: usize = 4;
 
 /// The dead-letter entry for `entry` of `key` (what
 /// [`StreamStore::dead_letter`] appends): the original payload, headers and

@@ -50,6 +50,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::marker::PhantomData;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -60,7 +61,7 @@ use courier_core::{
     StreamReceipts, StreamStore, TxWork, ValidationError, MAX_ERROR_CHARS, MAX_STREAM_BATCH,
     MAX_STREAM_BLOCK,
 };
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, FutureExt};
 use futures_util::stream::{FuturesOrdered, FuturesUnordered};
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
@@ -1161,7 +1162,10 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                     "delivered {deliveries} times, more than max_deliveries {}",
                     c.max_deliveries
                 );
-                self.dead_letter(&entry, reason, step).await?;
+                // Left pending if this fails; its batch-mates still settle.
+                if let Err(error) = self.dead_letter(&entry, reason, step).await {
+                    settle.error.get_or_insert(error);
+                }
                 continue;
             }
             to_run.push((entry, correlation_id, deliveries));
@@ -1198,7 +1202,11 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                     streak.1 = streak.1.max(asked);
                     metrics::counter!(DEFERRED, "subscription" => c.name.clone()).increment(1);
                 }
-                Ok(Outcome::Dead(reason)) => self.dead_letter(&entry, reason, step).await?,
+                Ok(Outcome::Dead(reason)) => {
+                    if let Err(error) = self.dead_letter(&entry, reason, step).await {
+                        settle.error.get_or_insert(error);
+                    }
+                }
                 Err(error) => {
                     settle.error.get_or_insert(error);
                 }
@@ -1293,11 +1301,19 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
         // The handler runs in this span (continuing the appender's trace);
         // a spawned task does not inherit it, so it is handed over.
         let span = stream_entry_span(&c.name, &c.key, entry, deliveries);
-        let prepared =
-            match span.in_scope(|| self.handler.prepare(c, entry, correlation_id, deliveries)) {
-                Ok(prepared) => prepared,
-                Err(error) => return Ok(self.classify(error, deliveries)),
-            };
+        // A panic (a payload type's `Deserialize`, the handler's own code)
+        // fails this delivery like an error; it never unwinds through the
+        // subscription.
+        let prepared = match std::panic::catch_unwind(AssertUnwindSafe(|| {
+            span.in_scope(|| self.handler.prepare(c, entry, correlation_id, deliveries))
+        })) {
+            Ok(Ok(prepared)) => prepared,
+            Ok(Err(error)) => return Ok(self.classify(error, deliveries)),
+            Err(panic) => {
+                let error = HandlerError::retry(panic_text(panic.as_ref()));
+                return Ok(self.classify(error, deliveries));
+            }
+        };
         let result = match prepared {
             Prepared::Plain(future) => {
                 // Aborted if this run is dropped (shutdown past its deadline):
@@ -1314,14 +1330,20 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                 let timeout = c.handler_timeout;
                 let work: TxWork<R::Connection> =
                     Box::new(move |conn| Box::pin(with_timeout(work(conn), timeout)));
-                match self
-                    .receipts
-                    .run_with_stream_receipt(&c.name, correlation_id, work)
-                    .instrument(span)
-                    .await?
+                // The transaction is dropped by the unwind, so rolled back.
+                match AssertUnwindSafe(
+                    self.receipts
+                        .run_with_stream_receipt(&c.name, correlation_id, work)
+                        .instrument(span),
+                )
+                .catch_unwind()
+                .await
                 {
-                    ReceiptOutcome::Applied | ReceiptOutcome::AlreadyApplied => Ok(()),
-                    ReceiptOutcome::Failed(error) => Err(error),
+                    Ok(outcome) => match outcome? {
+                        ReceiptOutcome::Applied | ReceiptOutcome::AlreadyApplied => Ok(()),
+                        ReceiptOutcome::Failed(error) => Err(error),
+                    },
+                    Err(panic) => Err(HandlerError::retry(panic_text(panic.as_ref()))),
                 }
             }
         };
@@ -1364,16 +1386,19 @@ where
 
 fn panic_message(join: tokio::task::JoinError) -> String {
     match join.try_into_panic() {
-        Ok(payload) => {
-            let text = payload
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a non-text panic".to_owned());
-            format!("handler panicked: {text}")
-        }
+        Ok(payload) => panic_text(payload.as_ref()),
         Err(_) => "handler task was cancelled".to_owned(),
     }
+}
+
+/// What a handler's panic is reported as.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-text panic".to_owned());
+    format!("handler panicked: {text}")
 }
 
 /// A spawned handler that is aborted when its run is dropped.

@@ -908,7 +908,7 @@ impl StreamStore for PgStore {
         validate_name("group", group)?;
         let dead_key = key.dead_letters()?;
         let dead = dead_letter_entry(key, entry, errors);
-        let payload = dead.validate(0, usize::MAX)?;
+        let payload = dead.validate_dead_letter()?;
         let headers = serde_json::to_string(&dead.headers)
             .map_err(|e| StoreError::Corrupt(format!("headers: {e}")))?;
         let (major, minor) = id_parts(entry.entry.id, "id")?;

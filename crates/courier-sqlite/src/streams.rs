@@ -102,10 +102,29 @@ fn unsigned(row: &SqliteRow, column: &str) -> Result<u64, StoreError> {
     non_negative(column, get(row, column)?)
 }
 
-/// Validates `entries` and encodes them as the JSON array `stream_append.sql`
-/// reads: `[payload, headers, message_id, origin_tenant, topic,
-/// schema_version]` per entry.
+/// Validates `entries` as an append takes them and encodes them
+/// ([`encode_entries`]).
 fn entries_json(entries: &[NewStreamEntry]) -> Result<String, StoreError> {
+    encode_entries(entries, |entry, index| {
+        entry.validate(index, MAX_PAYLOAD_BYTES)
+    })
+}
+
+/// [`entries_json`] for one dead letter, held to a dead letter's limits
+/// ([`NewStreamEntry::validate_dead_letter`]).
+fn dead_letter_json(entry: &NewStreamEntry) -> Result<String, StoreError> {
+    encode_entries(std::slice::from_ref(entry), |entry, _| {
+        entry.validate_dead_letter()
+    })
+}
+
+/// Validates each of `entries` with `validate` (given its index) and encodes
+/// them as the JSON array `stream_append.sql` reads: `[payload, headers,
+/// message_id, origin_tenant, topic, schema_version]` per entry.
+fn encode_entries(
+    entries: &[NewStreamEntry],
+    validate: impl Fn(&NewStreamEntry, usize) -> Result<String, ValidationError>,
+) -> Result<String, StoreError> {
     if entries.len() > MAX_STREAM_BATCH {
         return Err(ValidationError::new(
             "entries",
@@ -118,7 +137,7 @@ fn entries_json(entries: &[NewStreamEntry]) -> Result<String, StoreError> {
     }
     let mut rows = Vec::with_capacity(entries.len());
     for (index, entry) in entries.iter().enumerate() {
-        let payload = entry.validate(index, MAX_PAYLOAD_BYTES)?;
+        let payload = validate(entry, index)?;
         let headers = serde_json::to_string(&entry.headers)
             .map_err(|e| ValidationError::new("headers", format!("entries[{index}]: {e}")))?;
         let origin = entry.origin.as_ref();
@@ -862,7 +881,7 @@ impl StreamStore for SqliteStore {
     ) -> Result<bool, StoreError> {
         validate_name("group", group)?;
         let dead_letters = key.dead_letters()?;
-        let encoded = entries_json(std::slice::from_ref(&dead_letter_entry(key, entry, errors)))?;
+        let encoded = dead_letter_json(&dead_letter_entry(key, entry, errors))?;
         {
             let _turn = self.write_turn().await?;
             let mut tx = self.begin().await?;

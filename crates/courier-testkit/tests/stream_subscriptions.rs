@@ -717,6 +717,142 @@ async fn a_panicking_handler_leaves_its_entry_pending<B: Harness>(
     Ok(())
 }
 
+/// A handler's panic inside its transaction is a failed delivery like a
+/// plain handler's: its writes roll back, the entry stays pending and is
+/// delivered again, and the subscription goes on (the panic once unwound
+/// through the subscription and ended it).
+async fn a_panicking_transactional_handler_leaves_its_entry_pending<B: Harness>(
+    backend: B,
+) -> anyhow::Result<()> {
+    backend.create_effects_table().await?;
+    let store = backend.streams();
+    let receipts = backend.receipts();
+    let key = key()?;
+    let handler = PanicAfterWriting::default();
+    let calls = handler.calls.clone();
+    let subscription = StreamSubscription::transactional(
+        store.clone(),
+        receipts.clone(),
+        config("billing", &key)?,
+        handler,
+    )?;
+    subscription.ensure_group().await?;
+    append_numbered(&store, &key, 0..1).await?;
+    step_until(&backend, &subscription, false, || {
+        calls.load(Ordering::SeqCst) == 1
+    })
+    .await?;
+    assert_eq!(
+        store.pending_summary(&key, "billing").await?.count,
+        1,
+        "the panic left it pending"
+    );
+    assert_eq!(
+        backend.scalar("SELECT count(*) FROM effects").await?,
+        0,
+        "the panicking delivery's write rolled back"
+    );
+    backend
+        .age_pending(&key, "billing", Duration::from_secs(120))
+        .await?;
+    subscription.step().await?;
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(store.pending_summary(&key, "billing").await?.count, 0);
+    assert_eq!(backend.scalar("SELECT sum(calls) FROM effects").await?, 1);
+    Ok(())
+}
+
+/// Writes its effect, then panics on an entry's first delivery.
+#[derive(Default)]
+struct PanicAfterWriting {
+    calls: Arc<AtomicU64>,
+}
+
+impl<C: EffectConnection> TransactionalStreamHandler<C> for PanicAfterWriting {
+    type Payload = serde_json::Value;
+
+    async fn handle(
+        &self,
+        message: &StreamMessage<serde_json::Value>,
+        conn: &mut C,
+    ) -> Result<(), HandlerError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        conn.record_effect(&message.subscription, message.correlation_id.clone())
+            .await
+            .map_err(HandlerError::from)?;
+        if message.deliveries == 1 {
+            panic!("handler bug after writing");
+        }
+        Ok(())
+    }
+}
+
+/// An entry with as many headers as an append takes is dead-lettered like
+/// any other: the dead letter's own headers (original id, stream,
+/// deliveries, errors) come on top of the limit. Its batch-mates settle in
+/// the same step. (On PostgreSQL and SQLite the dead letter was once held
+/// to append's header limit: the step failed, the batch-mates' outcomes
+/// were dropped and they ran again, step after step.)
+async fn an_entry_with_the_most_headers_is_dead_lettered_and_its_batch_mates_settle<B: Harness>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.streams();
+    let receipts = backend.receipts();
+    let key = key()?;
+    let calls = Calls::default();
+    let handler = {
+        let calls = calls.clone();
+        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
+            let calls = calls.clone();
+            async move {
+                let n = number(&message);
+                calls.record(n);
+                if n == 0 {
+                    return Err(HandlerError::permanent("not a valid order"));
+                }
+                Ok(())
+            }
+        })
+    };
+    let subscription = StreamSubscription::new(
+        store.clone(),
+        receipts.clone(),
+        config("billing", &key)?,
+        handler,
+    )?;
+    subscription.ensure_group().await?;
+    let mut first = NewStreamEntry::new(json!({ "n": 0 }));
+    first.headers = (0..courier::MAX_HEADERS)
+        .map(|i| (format!("h{i}"), i.to_string()))
+        .collect();
+    store
+        .append(
+            &key,
+            &[
+                first,
+                NewStreamEntry::new(json!({ "n": 1 })),
+                NewStreamEntry::new(json!({ "n": 2 })),
+            ],
+        )
+        .await?;
+    step_until(&backend, &subscription, true, || {
+        calls.of(0) == 1 && calls.of(1) == 1 && calls.of(2) == 1
+    })
+    .await?;
+    subscription.step().await?;
+    assert_eq!(
+        calls.snapshot(),
+        BTreeMap::from([(0, 1), (1, 1), (2, 1)]),
+        "each ran once"
+    );
+    let dead = courier_testkit::readable_entries(&store, &key.dead_letters()?, 1).await?;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].headers.len(), courier::MAX_HEADERS + 4);
+    assert_eq!(dead[0].headers["h63"], "63");
+    assert_eq!(store.pending_summary(&key, "billing").await?.count, 0);
+    Ok(())
+}
+
 /// Writes one `effects` row per entry through the receipt's transaction;
 /// fails (after writing) on the first delivery of entry 1.
 struct RecordEffect;
@@ -981,6 +1117,8 @@ stream_subscription_tests!(
     a_crashed_consumer_s_entries_are_claimed_once_idle,
     a_restarted_consumer_handles_its_own_pending_entries_first,
     a_panicking_handler_leaves_its_entry_pending,
+    a_panicking_transactional_handler_leaves_its_entry_pending,
+    an_entry_with_the_most_headers_is_dead_lettered_and_its_batch_mates_settle,
     a_transactional_handler_s_writes_commit_with_its_receipt,
     a_running_subscription_drains_a_backlog_of_full_batches_once_each,
     a_deferral_stops_the_drain_of_own_pending_entries,

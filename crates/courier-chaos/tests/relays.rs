@@ -212,12 +212,18 @@ async fn a_nats_relay_through_cut_connections_pause_and_restart_loses_and_double
             .nth(1)
             .unwrap_or_default()
             .to_owned();
-        let id = message
-            .headers
-            .get("Nats-Msg-Id")
-            .ok_or_else(|| anyhow::anyhow!("message {sequence} has no Nats-Msg-Id"))?
-            .as_str()
-            .parse()?;
+        let header = |name: &str| {
+            message
+                .headers
+                .get(name)
+                .map(|value| value.as_str().to_owned())
+                .ok_or_else(|| anyhow::anyhow!("message {sequence} has no {name}"))
+        };
+        let id: uuid::Uuid = header("Courier-Message-Id")?.parse()?;
+        anyhow::ensure!(
+            header("Nats-Msg-Id")? == format!("{}:{id}", message.subject),
+            "message {sequence}'s Nats-Msg-Id is not its subject and message id"
+        );
         arrived.push((tenant, id));
     }
     record_downstream(&pool, &arrived).await?;

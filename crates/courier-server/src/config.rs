@@ -1266,6 +1266,13 @@ impl Config {
                     ));
                 }
                 if let Some(ttl) = redis.dedupe_ttl_ms {
+                    if ttl > MAX_DEDUPE_TTL_MS {
+                        return Err(bad(
+                            "dedupe_ttl_ms",
+                            &ttl,
+                            &format!("must be at most {MAX_DEDUPE_TTL_MS} (1,000 days)"),
+                        ));
+                    }
                     let horizon = RedeliveryHorizon::of(subscription);
                     if Duration::from_millis(ttl) < horizon.total() {
                         return Err(bad(
@@ -1601,8 +1608,23 @@ fn validate_retry(at: &str, retry: RetryConfig) -> Result<(), ConfigError> {
             &format!("must be at least base_ms ({})", retry.base_ms),
         ));
     }
+    if retry.cap_ms > MAX_RETRY_CAP_MS {
+        return Err(bad(
+            &format!("{at}.cap_ms"),
+            &retry.cap_ms,
+            &format!("must be at most {MAX_RETRY_CAP_MS} (365 days)"),
+        ));
+    }
     Ok(())
 }
+
+/// The longest retry delay a policy may set: 365 days.
+pub const MAX_RETRY_CAP_MS: u64 = 365 * 24 * 60 * 60 * 1000;
+
+/// The longest a relay's Redis dedupe keys may live: 1,000 days, more than
+/// twice the longest redelivery horizon (a retry cap of
+/// [`MAX_RETRY_CAP_MS`]), and a time to live Redis takes.
+pub const MAX_DEDUPE_TTL_MS: u64 = 1000 * 24 * 60 * 60 * 1000;
 
 /// Where each key set from the environment came from: key path → variable.
 type Origins = HashMap<String, String>;
@@ -2074,6 +2096,22 @@ mod tests {
                 "subscriptions[0].topic_retry.\"a.b\".max_attempts",
             ),
             (
+                subscription(
+                    "[\"a\"]",
+                    "retry = { cap_ms = 9223372036854775807 }",
+                    ok_target,
+                ),
+                "subscriptions[0].retry.cap_ms",
+            ),
+            (
+                subscription(
+                    "[\"a.*\"]",
+                    "topic_retry = { \"a.b\" = { cap_ms = 31536000001 } }",
+                    ok_target,
+                ),
+                "subscriptions[0].topic_retry.\"a.b\".cap_ms",
+            ),
+            (
                 subscription("[\"a\"]", "versions = []", ok_target),
                 "subscriptions[0].versions",
             ),
@@ -2253,7 +2291,27 @@ mod tests {
                     "type = \"redis_stream\"\nstream = \"{topic}\"\ndedupe_ttl_ms = 60000",
                 ),
                 "subscriptions[0].target.dedupe_ttl_ms",
-                "335000 ms",
+                "380000 ms",
+            ),
+            // A topic's own retry cap is the one its deliveries wait by: the
+            // horizon takes the longest (lease 30 s + 3,600 s + 10 rescue
+            // intervals of 5 s).
+            (
+                with(
+                    redis,
+                    "type = \"redis_stream\"\nstream = \"{topic}\"\ndedupe_ttl_ms = 1000000\n\
+                     [subscriptions.topic_retry.\"order.placed\"]\ncap_ms = 3600000",
+                ),
+                "subscriptions[0].target.dedupe_ttl_ms",
+                "3680000 ms",
+            ),
+            (
+                with(
+                    redis,
+                    "type = \"redis_stream\"\nstream = \"{topic}\"\ndedupe_ttl_ms = 9223372036854775807",
+                ),
+                "subscriptions[0].target.dedupe_ttl_ms",
+                "at most",
             ),
             (
                 with(

@@ -27,9 +27,12 @@
 //!   entry's id in that key; otherwise it appends nothing and returns the
 //!   first append's id. Redis runs a script alone, so two runs of one message
 //!   can never both append.
-//! - **NATS**: every publish carries `Nats-Msg-Id` = the message id;
-//!   JetStream drops a second publish of one id within the stream's
-//!   `duplicate_window` and acknowledges it with `duplicate: true`.
+//! - **NATS**: every publish carries `Nats-Msg-Id` = `{subject}:{message
+//!   id}`; JetStream drops a second publish of one id within the stream's
+//!   `duplicate_window` and acknowledges it with `duplicate: true` (the
+//!   subject is part of it because JetStream remembers ids per stream: two
+//!   subscriptions relaying a message to two subjects of one stream each
+//!   store it).
 //! - **native**: the append commits with the completion, so a crash leaves
 //!   neither; before appending, the relay still looks for an entry of the
 //!   same message in that stream (a replay of the message: an operator's
@@ -137,17 +140,19 @@ fn seconds(duration: Duration) -> String {
 /// The longest a relayed message can wait, after its downstream write, for
 /// the delivery that runs it again (in the daemon, whose workers and
 /// rescuer use the engine's defaults): the lease (a crashed worker's claim
-/// is returned once it expires), plus the larger of the subscription's retry
-/// cap and the rescuer's backoff cap, plus the rescuer's interval. Dedupe
-/// state downstream must outlive it.
+/// is returned once it expires), plus the largest of the subscription's
+/// retry caps (its own and each `topic_retry`'s) and the rescuer's backoff
+/// cap, plus the longest wait between rescue passes (the interval, spaced
+/// out up to [`courier::MAX_MAINTENANCE_SPACING`] times after a slow pass).
+/// Dedupe state downstream must outlive it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RedeliveryHorizon {
     /// The lease of the subscription's claims.
     pub lease: Duration,
     /// The longest wait before a retry or a rescued delivery's next attempt.
     pub backoff_cap: Duration,
-    /// How often expired leases are looked for.
-    pub rescue_interval: Duration,
+    /// The longest wait between two looks for expired leases.
+    pub rescue_spacing: Duration,
 }
 
 impl RedeliveryHorizon {
@@ -155,20 +160,25 @@ impl RedeliveryHorizon {
     pub fn of(subscription: &SubscriptionConfig) -> Self {
         let worker = WorkerConfig::default();
         let maintenance = MaintenanceConfig::default();
+        // A topic's own retry policy (`topic_retry`) is the one its
+        // deliveries wait by, so the longest cap of any of them counts.
+        let retry_cap = subscription
+            .topic_retry
+            .values()
+            .map(|own| own.over(subscription.retry).policy().cap)
+            .fold(subscription.retry.policy().cap, Duration::max);
         Self {
             lease: worker.lease,
-            backoff_cap: subscription
-                .retry
-                .policy()
-                .cap
-                .max(maintenance.rescue_backoff.cap),
-            rescue_interval: maintenance.rescue_interval,
+            backoff_cap: retry_cap.max(maintenance.rescue_backoff.cap),
+            // A slow rescue pass spaces out the next one, up to this many
+            // intervals.
+            rescue_spacing: maintenance.rescue_interval * courier::MAX_MAINTENANCE_SPACING,
         }
     }
 
     /// The whole horizon.
     pub fn total(&self) -> Duration {
-        self.lease + self.backoff_cap + self.rescue_interval
+        self.lease + self.backoff_cap + self.rescue_spacing
     }
 }
 
@@ -176,10 +186,10 @@ impl fmt::Display for RedeliveryHorizon {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "lease {} + backoff cap {} + rescue interval {}",
+            "lease {} + backoff cap {} + rescue spacing {}",
             seconds(self.lease),
             seconds(self.backoff_cap),
-            seconds(self.rescue_interval)
+            seconds(self.rescue_spacing)
         )
     }
 }
@@ -401,17 +411,31 @@ mod tests {
     #[test]
     fn the_horizon_takes_the_larger_backoff_cap() {
         let defaults = RedeliveryHorizon::of(&subscription(300_000));
-        assert_eq!(defaults.total(), Duration::from_secs(30 + 300 + 5));
+        // Lease + retry cap + ten rescue intervals of 5 s.
+        assert_eq!(defaults.total(), Duration::from_secs(30 + 300 + 50));
         let short = RedeliveryHorizon::of(&subscription(50));
         assert_eq!(
             short.backoff_cap,
             MaintenanceConfig::default().rescue_backoff.cap
         );
         let long = RedeliveryHorizon::of(&subscription(3_600_000));
-        assert_eq!(long.total(), Duration::from_secs(30 + 3600 + 5));
+        assert_eq!(long.total(), Duration::from_secs(30 + 3600 + 50));
         assert_eq!(
             defaults.to_string(),
-            "lease 30s + backoff cap 300s + rescue interval 5s"
+            "lease 30s + backoff cap 300s + rescue spacing 50s"
+        );
+        // A topic's own cap counts: its deliveries wait by it.
+        let mut topic = subscription(300_000);
+        topic.topic_retry.insert(
+            "order.paid".into(),
+            crate::config::TopicRetryConfig {
+                cap_ms: Some(7_200_000),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            RedeliveryHorizon::of(&topic).total(),
+            Duration::from_secs(30 + 7200 + 50)
         );
     }
 }

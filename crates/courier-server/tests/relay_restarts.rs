@@ -160,7 +160,7 @@ async fn a_nats_killed_and_restarted_mid_relay_loses_and_doubles_nothing(db: Db)
 
     let reader = nats_client(&nats.url()).await;
     let messages = jetstream_messages(&reader, stream).await;
-    let counts = count_by_msg_id(&messages);
+    let counts = count_by_message_id(&messages);
     let doubled: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
     assert!(doubled.is_empty(), "stored twice: {doubled:?}");
     let missing: Vec<_> = ids

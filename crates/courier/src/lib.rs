@@ -79,6 +79,9 @@ pub use courier_engine::stream_worker::{
     DEFAULT_MAX_DELIVERIES, DEFAULT_MIN_IDLE, DEFAULT_STREAM_BATCH, DEFAULT_STREAM_BLOCK,
 };
 pub use courier_engine::DEFAULT_HANDLER_TIMEOUT;
+// How far a slow maintenance pass spaces out the next (relays' dedupe
+// horizons count it).
+pub use courier_engine::maintenance::MAX_SPACING as MAX_MAINTENANCE_SPACING;
 // Traces across the outbox: the header keys and their rules, and (with the
 // `otel` feature) the current span's context.
 pub use courier_core::{

@@ -16,7 +16,7 @@ use uuid::Uuid;
 use crate::{Cli, TENANT, TOPIC};
 
 /// The duplicate window of a JetStream stream the example creates: longer
-/// than the relay's redelivery horizon (335 s with the default retry
+/// than the relay's redelivery horizon (380 s with the default retry
 /// policy), which the NATS relay checks at start.
 const JETSTREAM_DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
 

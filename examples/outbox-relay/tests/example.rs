@@ -231,7 +231,10 @@ async fn jetstream_copies(
                 .as_str()
                 .parse()?;
             let msg_id = headers.get("Nats-Msg-Id").map(|v| v.as_str().to_owned());
-            ensure!(msg_id == Some(id.to_string()), "Nats-Msg-Id is {msg_id:?}");
+            ensure!(
+                msg_id == Some(format!("{}:{id}", message.subject)),
+                "Nats-Msg-Id is {msg_id:?}"
+            );
             *copies.entry(id).or_insert(0) += 1;
         }
         ensure!(read > before, "the consumer stopped at {read} of {total}");

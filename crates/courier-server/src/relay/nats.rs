@@ -1,5 +1,6 @@
-//! The NATS JetStream relay: publish with `Nats-Msg-Id` = the message id and
-//! wait for the stream's acknowledgement (see the `relay` module).
+//! The NATS JetStream relay: publish with `Nats-Msg-Id` = the subject and
+//! the message id ([`nats_msg_id`]) and wait for the stream's
+//! acknowledgement (see the `relay` module).
 //!
 //! The NATS message's payload is the message's payload, the JSON text as it
 //! was published, byte for byte; its headers are the message's
@@ -37,6 +38,16 @@ pub const TENANT_HEADER: &str = "Courier-Tenant";
 pub const TOPIC_HEADER: &str = "Courier-Topic";
 /// The header carrying the message's schema version.
 pub const SCHEMA_VERSION_HEADER: &str = "Courier-Schema-Version";
+
+/// The `Nats-Msg-Id` a relay publishes `message_id` on `subject` with:
+/// `{subject}:{message id}`. JetStream remembers ids per stream, whatever
+/// the subject, so a bare message id would make a second subscription's
+/// publish of the same message on another subject of that stream a
+/// "duplicate", stored nowhere; on one subject, a second publish of the
+/// message is one (as the Redis relay dedupes per stream key).
+pub fn nats_msg_id(subject: &str, message_id: uuid::Uuid) -> String {
+    format!("{subject}:{message_id}")
+}
 
 /// Connects to the NATS server at `url` for the daemon's relays: reconnects
 /// by itself, forever, with a pause from nothing up to
@@ -214,7 +225,7 @@ impl NatsRelay {
         let publish = PublishMessage::build()
             .payload(body.into())
             .headers(Self::headers(message)?)
-            .message_id(message.id.to_string());
+            .message_id(nats_msg_id(&subject, message.id));
         let send = async {
             let acknowledgement = inner
                 .jetstream

@@ -650,11 +650,15 @@ pub async fn nats_client(url: &str) -> async_nats::Client {
     async_nats::connect(url).await.unwrap()
 }
 
-/// Counts JetStream messages by their `Nats-Msg-Id`.
-pub fn count_by_msg_id(stored: &[Stored]) -> BTreeMap<String, usize> {
+/// Counts JetStream messages by their outbox message id
+/// (`Courier-Message-Id`), checking each one's `Nats-Msg-Id` is
+/// `{subject}:{message id}`.
+pub fn count_by_message_id(stored: &[Stored]) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
     for message in stored {
-        *counts.entry(message.msg_id.clone()).or_insert(0) += 1;
+        let id = message.headers["Courier-Message-Id"].clone();
+        assert_eq!(message.msg_id, format!("{}:{id}", message.subject));
+        *counts.entry(id).or_insert(0) += 1;
     }
     counts
 }

@@ -317,13 +317,16 @@ fn json<T: serde::Serialize>(value: &T) -> anyhow::Result<Value> {
 
 /// Reads payloads: the `--payload`s, or else one JSON value per non-blank
 /// line of `input`.
-fn payloads(given: &[String], input: impl BufRead) -> anyhow::Result<Vec<Value>> {
+/// The payloads to append, each with where it came from (`payload[0]` for
+/// the first `--payload`, `line 3` for standard input's third line).
+fn payloads(given: &[String], input: impl BufRead) -> anyhow::Result<Vec<(String, Value)>> {
     if !given.is_empty() {
         return given
             .iter()
             .enumerate()
             .map(|(i, text)| {
                 serde_json::from_str(text)
+                    .map(|value| (format!("payload[{i}]"), value))
                     .map_err(|e| anyhow::anyhow!("invalid payload[{i}]: not JSON: {e}"))
             })
             .collect();
@@ -334,16 +337,33 @@ fn payloads(given: &[String], input: impl BufRead) -> anyhow::Result<Vec<Value>>
         if line.trim().is_empty() {
             continue;
         }
-        values.push(
-            serde_json::from_str(&line).map_err(|e| {
-                anyhow::anyhow!("line {}: invalid payload: not JSON: {e}", index + 1)
-            })?,
-        );
+        let value = serde_json::from_str(&line)
+            .map_err(|e| anyhow::anyhow!("line {}: invalid payload: not JSON: {e}", index + 1))?;
+        values.push((format!("line {}", index + 1), value));
     }
     if values.is_empty() {
         anyhow::bail!("invalid arguments: no --payload given and nothing on standard input");
     }
     Ok(values)
+}
+
+/// Checks every entry of an append as the store will, before any is
+/// appended: one bad payload anywhere in the input stores nothing.
+fn check_entries(
+    values: &[(String, Value)],
+    headers: &std::collections::BTreeMap<String, String>,
+) -> anyhow::Result<()> {
+    for (from, payload) in values {
+        let entry = courier::NewStreamEntry {
+            payload: payload.clone(),
+            headers: headers.clone(),
+            origin: None,
+        };
+        entry
+            .validate(0, courier::MAX_PAYLOAD_BYTES)
+            .map_err(|e| anyhow::anyhow!("{from}: invalid {}: {}", e.field, e.reason))?;
+    }
+    Ok(())
 }
 
 /// Runs one `courier streams` verb and prints its JSON answer.
@@ -388,23 +408,36 @@ pub async fn run(command: StreamsCommand) -> anyhow::Result<()> {
             let (key, target) = open(&stream).await?;
             let headers: std::collections::BTreeMap<String, String> = headers.into_iter().collect();
             let values = payloads(&given, std::io::stdin().lock())?;
-            let mut ids = Vec::with_capacity(values.len());
+            check_entries(&values, &headers)?;
+            let mut ids: Vec<Value> = Vec::with_capacity(values.len());
             for chunk in values.chunks(APPEND_BATCH) {
                 let request = AppendRequest {
                     entries: chunk
                         .iter()
-                        .map(|payload| AppendEntry {
+                        .map(|(_, payload)| AppendEntry {
                             payload: payload.clone(),
                             headers: headers.clone(),
                         })
                         .collect(),
                 };
+                // Each batch of APPEND_BATCH is all or nothing; one refused
+                // after others were stored (a daemon's max_payload_bytes below
+                // the store's) says what is stored, so a retry can skip it.
+                let stored = |error: anyhow::Error| {
+                    match (ids.first(), ids.last()) {
+                    (Some(first), Some(last)) => error.context(format!(
+                        "the batch starting at {} was refused; the {} payloads before it                          were appended (ids {first} to {last}), the rest were not",
+                        chunk[0].0,
+                        ids.len()
+                    )),
+                    _ => error,
+                }
+                };
                 let answer = match &target {
-                    StreamsTarget::Remote(remote) => {
-                        remote
-                            .post(&path(&key, "/entries"), json(&request)?)
-                            .await?
-                    }
+                    StreamsTarget::Remote(remote) => remote
+                        .post(&path(&key, "/entries"), json(&request)?)
+                        .await
+                        .map_err(stored)?,
                     StreamsTarget::Direct(streams) => json(
                         &stream_api::append(
                             streams.as_ref(),
@@ -414,7 +447,7 @@ pub async fn run(command: StreamsCommand) -> anyhow::Result<()> {
                             None,
                         )
                         .await
-                        .map_err(refused)?,
+                        .map_err(|e| stored(refused(e)))?,
                     )?,
                 };
                 if let Some(batch) = answer["ids"].as_array() {
@@ -444,9 +477,16 @@ pub async fn run(command: StreamsCommand) -> anyhow::Result<()> {
                         .await?
                 }
                 StreamsTarget::Direct(streams) => json(
-                    &stream_api::read(streams.as_ref(), key, group, request, &never)
-                        .await
-                        .map_err(refused)?,
+                    &stream_api::read(
+                        streams.as_ref(),
+                        key,
+                        group,
+                        request,
+                        courier::MAX_STREAM_BLOCK,
+                        &never,
+                    )
+                    .await
+                    .map_err(refused)?,
                 )?,
             }
         }
@@ -674,7 +714,10 @@ mod tests {
         let read = payloads(&[], &lines[..]).unwrap();
         assert_eq!(
             read,
-            vec![serde_json::json!({"n": 1}), serde_json::json!([1, 2])]
+            vec![
+                ("line 1".to_owned(), serde_json::json!({"n": 1})),
+                ("line 3".to_owned(), serde_json::json!([1, 2]))
+            ]
         );
         let error = payloads(&[], &b"{\"n\":1}\nnope\n"[..]).unwrap_err();
         assert!(error.to_string().contains("line 2"), "{error}");

@@ -340,6 +340,16 @@ async fn every_verb_works_and_refuses_bad_input(dir: &Path, target: &[String]) {
         let error = refused(dir, target, verb, &args).await;
         assert!(error.contains(field), "{verb} {args:?}: {error}");
     }
+    // A bad payload anywhere in the input stores nothing, however many good
+    // ones (whole batches of 1,000) come before it, and is named by its line.
+    let input = format!("{}{}\n", "1\n".repeat(1000), r#"{"s":"\u0000"}"#);
+    let output = streams(dir, target, "append", &[], &input).await;
+    assert!(!output.status.success());
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        error.contains("line 1001") && error.contains("U+0000"),
+        "{error}"
+    );
     let error = streams(dir, target, "read", &["--tenant", "a:b"], "").await;
     assert!(!error.status.success());
     assert_eq!(

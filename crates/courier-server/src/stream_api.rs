@@ -27,7 +27,9 @@
 //! (`group`). When the backend is unreachable the answer is 503 with
 //! `Retry-After`.
 //!
-//! A blocking read waits on its own request (other requests go on), and ends
+//! A blocking read waits on its own request (other requests go on), at most
+//! a second less than `server.request_timeout_ms` (so a legal `block_ms` is
+//! answered, with what arrived, rather than cut off with 408), and ends
 //! early when the client goes away (its request future is dropped, and the
 //! backend's wait with it) or when the daemon shuts down (it answers the
 //! entries read so far: none). Entries a cancelled read may already have been
@@ -575,13 +577,14 @@ impl Drop for BlockedRead {
 }
 
 /// Hands `request.consumer` new entries of `group`, waiting up to
-/// `block_ms` for one; a wait ends early, with no entries, when `stop` is
-/// cancelled.
+/// `block_ms` (at most `max_block`) for one; a wait ends early, with no
+/// entries, when `stop` is cancelled.
 pub async fn read(
     streams: &dyn ApiStreams,
     key: StreamKey,
     group: String,
     request: ReadRequest,
+    max_block: Duration,
     stop: &CancellationToken,
 ) -> Result<DeliveredList, ApiError> {
     let read = ReadNew {
@@ -606,6 +609,13 @@ pub async fn read(
         }
     }
     read.validate()?;
+    let read = ReadNew {
+        block: read
+            .block
+            .map(|block| block.min(max_block))
+            .filter(|block| !block.is_zero()),
+        ..read
+    };
     let entries = if read.block.is_some() {
         let _counted = BlockedRead::start();
         tokio::select! {
@@ -1091,7 +1101,15 @@ async fn read_group(
     let group = path.group()?;
     let stop = state.shutdown_token();
     Ok(Json(
-        read(state.streams()?, key, group, request, &stop).await?,
+        read(
+            state.streams()?,
+            key,
+            group,
+            request,
+            state.max_block(),
+            &stop,
+        )
+        .await?,
     ))
 }
 

@@ -1311,6 +1311,35 @@ async fn a_blocking_read_ends_when_its_client_goes_away(backend: Backend) {
     daemon.stopped().await;
 }
 
+/// A `block_ms` the API accepts (up to 30,000) is answered even where
+/// `server.request_timeout_ms` is shorter: the read waits until a second
+/// before the request timeout and answers with what arrived (nothing
+/// here), rather than being cut off with 408.
+async fn a_blocking_read_longer_than_the_request_timeout_is_answered(backend: Backend) {
+    let store = store(backend).await;
+    let mut config = store.config.clone();
+    config.server.request_timeout_ms = 3_000;
+    let daemon = Daemon::start(config).await;
+    let base = "/v1/streams/a/orders";
+    daemon
+        .put(&format!("{base}/groups/g"), "all", json!({}))
+        .await;
+    let read = daemon
+        .post(
+            &format!("{base}/groups/g/read"),
+            "all",
+            json!({"consumer": "c", "block_ms": 20_000}),
+        )
+        .await;
+    assert_eq!(read.status, StatusCode::OK, "{}", read.text);
+    assert_eq!(read.body, json!({"entries": []}));
+    // The read took nothing: an entry appended now goes to the next reader.
+    let appended = daemon.append("orders", &[json!({"n": 1})]).await;
+    let next = daemon.read_n("orders", "g", "c", 1).await;
+    assert_eq!(entry_ids(&next), appended);
+    daemon.stopped().await;
+}
+
 async fn a_blocking_read_ends_when_the_daemon_shuts_down(backend: Backend) {
     let store = store(backend).await;
     let mut config = store.config.clone();
@@ -1811,6 +1840,7 @@ per_backend! {
     a_blocking_read_waits_alone_and_returns_on_append: [Sqlite, Postgres, Redis],
     a_blocking_read_ends_when_its_client_goes_away: [Sqlite, Postgres, Redis],
     a_blocking_read_ends_when_the_daemon_shuts_down: [Sqlite, Redis],
+    a_blocking_read_longer_than_the_request_timeout_is_answered: [Sqlite, Postgres, Redis],
     a_stream_subscription_delivers_each_entry_once_retries_defers_and_dead_letters: [Sqlite, Postgres, Redis],
     the_stream_listing_shows_a_token_its_tenants_streams_a_page_at_a_time: [Sqlite, Postgres, Redis],
 }

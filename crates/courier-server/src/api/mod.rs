@@ -116,6 +116,9 @@ pub struct ApiState {
     retry_policies: Arc<BTreeMap<String, RetryPolicyView>>,
     /// The configured webhook subscriptions' endpoints, for test pings.
     webhooks: Arc<BTreeMap<String, crate::webhook::WebhookHandler>>,
+    /// The longest a blocking stream read waits: a second under the
+    /// request timeout, so a legal `block_ms` is answered, not cut off.
+    max_block: std::time::Duration,
 }
 
 /// A check of a server the daemon depends on besides its database: `Ok`
@@ -154,6 +157,11 @@ impl ApiState {
         state.max_hold = std::time::Duration::from_secs(
             config.max_hold_days.clamp(1, crate::config::MAX_HOLD_DAYS) * 86_400,
         );
+        state.max_block = config
+            .server
+            .request_timeout()
+            .saturating_sub(std::time::Duration::from_secs(1))
+            .min(courier::MAX_STREAM_BLOCK);
         // A webhook the daemon cannot build stops it at start, before it serves.
         state.webhooks = Arc::new(
             config
@@ -215,6 +223,7 @@ impl ApiState {
             targets: Arc::default(),
             retry_policies: Arc::default(),
             webhooks: Arc::default(),
+            max_block: courier::MAX_STREAM_BLOCK,
         }
     }
 
@@ -238,6 +247,14 @@ impl ApiState {
     pub fn with_streams_readiness(mut self, backend: &'static str, check: ReadinessCheck) -> Self {
         self.streams_ready = Some((backend, check));
         self
+    }
+
+    /// The longest a blocking stream read waits here: `block_ms` up to
+    /// 30,000 is accepted, and a read asking for more than this waits this
+    /// long (a second under `server.request_timeout_ms`) and answers what
+    /// it has, rather than be cut off by the request timeout.
+    pub fn max_block(&self) -> std::time::Duration {
+        self.max_block
     }
 
     /// Cancelled when the daemon shuts down: blocking stream reads then end

@@ -17,10 +17,14 @@
 //!   counted in this process's memory: after a restart, or once another
 //!   consumer claimed the entry, its earlier deferrals count as deliveries;
 //! - [`HandlerError::Snooze`] (a deferral, e.g. a tenant over its quota): the
-//!   entry stays pending and the subscription stops reading and claiming for
-//!   a backoff that grows from `defer_min` to `defer_max` (with jitter) while
-//!   deferrals continue; after the pause it takes up its own pending entries
-//!   (the deferred ones) first.
+//!   entry stays pending, the entries of its batch not started yet stay
+//!   pending unrun, and the subscription stops reading and claiming for a
+//!   backoff that grows from `defer_min` to `defer_max` (with jitter), one
+//!   step per batch that deferred; after the pause it takes up its own
+//!   pending entries (the deferred ones) first.
+//!
+//! Shutdown: no further entry starts; the handlers in flight finish until
+//! `shutdown_timeout` and their batch is settled; the rest stays pending.
 //!
 //! On start and after every backend outage the subscription re-reads its own
 //! pending entries first (a lost reply leaves entries there); it claims idle
@@ -570,6 +574,8 @@ enum Outcome {
     Failed(String),
     Deferred(Duration),
     Dead(String),
+    /// Not run: shutdown began, or an earlier entry of its batch deferred.
+    NotRun,
 }
 
 /// A stream subscription: one handler over one tenant's stream, through the
@@ -590,9 +596,12 @@ struct Inner<S, R: StreamReceipts> {
     errors: Mutex<HashMap<StreamEntryId, Vec<String>>>,
     /// Deferrals per entry still pending: their redeliveries do not count.
     deferrals: Mutex<HashMap<StreamEntryId, u64>>,
-    /// Consecutive deferrals (the backoff grows with them) and the longest
-    /// delay a handler asked for in them.
+    /// Consecutive batches with a deferral (the backoff grows with them)
+    /// and the longest delay a handler asked for in them.
     defer_streak: Mutex<(u32, Duration)>,
+    /// Cancelled when the started subscription is asked to stop: no
+    /// further entry starts.
+    stop: CancellationToken,
 }
 
 impl<S: StreamStore, R: StreamReceipts> StreamSubscription<S, R> {
@@ -649,6 +658,7 @@ impl<S: StreamStore, R: StreamReceipts> StreamSubscription<S, R> {
                 errors: Mutex::new(HashMap::new()),
                 deferrals: Mutex::new(HashMap::new()),
                 defer_streak: Mutex::new((0, Duration::ZERO)),
+                stop: CancellationToken::new(),
             }),
         })
     }
@@ -690,7 +700,7 @@ impl<S: StreamStore, R: StreamReceipts> StreamSubscription<S, R> {
 
     /// Starts the subscription on its own task.
     pub fn start(self) -> StreamSubscriptionHandle {
-        let stop = CancellationToken::new();
+        let stop = self.inner.stop.clone();
         let task = tokio::spawn(Arc::clone(&self.inner).run(stop.clone()));
         StreamSubscriptionHandle {
             stop,
@@ -1171,15 +1181,31 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
             to_run.push((entry, correlation_id, deliveries));
         }
 
+        // After a deferral (the handler's quota is spent) the rest of the
+        // batch would only defer too; after shutdown began nothing starts.
+        // Either way what has not started stays pending.
+        let halted = std::sync::atomic::AtomicBool::new(false);
         let outcomes: Vec<(DeliveredEntry, String, Result<Outcome, StoreError>)> =
             futures_util::stream::iter(to_run)
-                .map(|(entry, correlation_id, deliveries)| async move {
-                    let outcome = self.run_one(&entry, &correlation_id, deliveries).await;
-                    (entry, correlation_id, outcome)
+                .map(|(entry, correlation_id, deliveries)| {
+                    let halted = &halted;
+                    async move {
+                        if halted.load(std::sync::atomic::Ordering::SeqCst)
+                            || self.stop.is_cancelled()
+                        {
+                            return (entry, correlation_id, Ok(Outcome::NotRun));
+                        }
+                        let outcome = self.run_one(&entry, &correlation_id, deliveries).await;
+                        if matches!(outcome, Ok(Outcome::Deferred(_))) {
+                            halted.store(true, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        (entry, correlation_id, outcome)
+                    }
                 })
                 .buffer_unordered(c.concurrency)
                 .collect()
                 .await;
+        let mut batch_deferred: Option<Duration> = None;
 
         for (entry, correlation_id, outcome) in outcomes {
             match outcome {
@@ -1197,10 +1223,13 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                 Ok(Outcome::Deferred(asked)) => {
                     step.deferred += 1;
                     *lock(&self.deferrals).entry(entry.entry.id).or_default() += 1;
-                    let mut streak = lock(&self.defer_streak);
-                    streak.0 = streak.0.saturating_add(1);
-                    streak.1 = streak.1.max(asked);
+                    batch_deferred = Some(batch_deferred.unwrap_or_default().max(asked));
                     metrics::counter!(DEFERRED, "subscription" => c.name.clone()).increment(1);
+                }
+                // Read but not run: like a deferral, this delivery does not
+                // count against max_deliveries.
+                Ok(Outcome::NotRun) => {
+                    *lock(&self.deferrals).entry(entry.entry.id).or_default() += 1;
                 }
                 Ok(Outcome::Dead(reason)) => {
                     if let Err(error) = self.dead_letter(&entry, reason, step).await {
@@ -1212,7 +1241,12 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                 }
             }
         }
-        if step.deferred == 0 && (!settle.plain_done.is_empty() || !settle.acks.is_empty()) {
+        // One step of the backoff per batch, however many of it deferred.
+        if let Some(asked) = batch_deferred {
+            let mut streak = lock(&self.defer_streak);
+            streak.0 = streak.0.saturating_add(1);
+            streak.1 = streak.1.max(asked);
+        } else if !settle.plain_done.is_empty() || !settle.acks.is_empty() {
             *lock(&self.defer_streak) = (0, Duration::ZERO);
         }
         Ok(settle)

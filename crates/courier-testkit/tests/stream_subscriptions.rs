@@ -853,6 +853,96 @@ async fn an_entry_with_the_most_headers_is_dead_lettered_and_its_batch_mates_set
     Ok(())
 }
 
+/// Once shutdown begins no further entry of a batch starts; the one in
+/// flight finishes and is settled, the rest stay pending and are delivered
+/// once each later (they were all started, one after another, until the
+/// shutdown timeout).
+async fn after_shutdown_begins_no_entry_starts_and_each_takes_effect_once<B: Harness>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.streams();
+    let receipts = backend.receipts();
+    let key = key()?;
+    let mut config = config("billing", &key)?;
+    config.batch = 5;
+    config.concurrency = 1;
+    config.block = Duration::from_millis(20);
+    config.shutdown_timeout = Duration::from_secs(20);
+    let (started, calls) = (Arc::new(AtomicU64::new(0)), Calls::default());
+    let handler = {
+        let (started, calls) = (started.clone(), calls.clone());
+        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
+            let (started, calls) = (started.clone(), calls.clone());
+            async move {
+                started.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                calls.record(number(&message));
+                Ok::<(), HandlerError>(())
+            }
+        })
+    };
+    let subscription =
+        StreamSubscription::new(store.clone(), receipts.clone(), config.clone(), handler)?;
+    subscription.ensure_group().await?;
+    append_numbered(&store, &key, 0..5).await?;
+    let running = subscription.start();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while started.load(Ordering::SeqCst) == 0 {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the handler never started"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    running.shutdown().await;
+    assert_eq!(started.load(Ordering::SeqCst), 1, "one entry started");
+    assert_eq!(calls.snapshot(), BTreeMap::from([(0, 1)]), "and finished");
+    assert_eq!(store.pending_summary(&key, "billing").await?.count, 4);
+
+    let again =
+        StreamSubscription::new(store.clone(), receipts.clone(), config, calls.recording())?;
+    step_until(&backend, &again, true, || calls.snapshot().len() == 5).await?;
+    again.step().await?;
+    assert_eq!(
+        calls.snapshot(),
+        (0..5).map(|n| (n, 1)).collect::<BTreeMap<_, _>>()
+    );
+    assert_eq!(store.pending_summary(&key, "billing").await?.count, 0);
+    Ok(())
+}
+
+/// A deferral (the handler's quota is spent) leaves the rest of its batch
+/// unrun and pending: they would only defer too (every one of them was run).
+async fn a_deferral_leaves_the_rest_of_its_batch_unrun<B: Harness>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.streams();
+    let receipts = backend.receipts();
+    let key = key()?;
+    let calls = Arc::new(AtomicU64::new(0));
+    let handler = {
+        let calls = calls.clone();
+        stream_handler_fn(move |_message: StreamMessage<serde_json::Value>| {
+            let calls = calls.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err::<(), _>(HandlerError::snooze(Duration::from_millis(1), "quota"))
+            }
+        })
+    };
+    let mut config = config("billing", &key)?;
+    config.batch = 20;
+    config.concurrency = 1;
+    let subscription = StreamSubscription::new(store.clone(), receipts.clone(), config, handler)?;
+    subscription.ensure_group().await?;
+    append_numbered(&store, &key, 0..20).await?;
+    let step = subscription.step().await?;
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "{step:?}");
+    assert_eq!(step.deferred, 1);
+    assert_eq!(store.pending_summary(&key, "billing").await?.count, 20);
+    Ok(())
+}
+
 /// Writes one `effects` row per entry through the receipt's transaction;
 /// fails (after writing) on the first delivery of entry 1.
 struct RecordEffect;
@@ -1023,8 +1113,9 @@ async fn a_deferral_stops_the_drain_of_own_pending_entries<B: Harness>(
     subscription.step().await?;
     assert_eq!(
         calls.load(Ordering::SeqCst),
-        2,
-        "the first page deferred; the other two pages of own pending entries must wait"
+        1,
+        "the first entry deferred; the rest of its page and the other two pages of own \
+         pending entries must wait"
     );
     Ok(())
 }
@@ -1118,6 +1209,8 @@ stream_subscription_tests!(
     a_restarted_consumer_handles_its_own_pending_entries_first,
     a_panicking_handler_leaves_its_entry_pending,
     a_panicking_transactional_handler_leaves_its_entry_pending,
+    after_shutdown_begins_no_entry_starts_and_each_takes_effect_once,
+    a_deferral_leaves_the_rest_of_its_batch_unrun,
     an_entry_with_the_most_headers_is_dead_lettered_and_its_batch_mates_settle,
     a_transactional_handler_s_writes_commit_with_its_receipt,
     a_running_subscription_drains_a_backlog_of_full_batches_once_each,

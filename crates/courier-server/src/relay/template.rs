@@ -104,7 +104,20 @@ impl Template {
     }
 
     /// The NATS subject for `tenant`/`topic`, checked by [`validate_subject`].
+    /// A tenant with a `.` is refused where the template places `{tenant}`:
+    /// its tokens would be ambiguous (tenant `a.b` on topic `c` and tenant
+    /// `a` on topic `b.c` would share a subject, and a subscriber to one
+    /// tenant's subjects would get the other's messages).
     pub fn subject(&self, tenant: &str, topic: &str) -> Result<String, String> {
+        if tenant.contains('.') && self.pieces.contains(&Piece::Tenant) {
+            return Err(format!(
+                "tenant {tenant:?} contains a '.', which the subject rendered from {:?} cannot \
+                 tell from a topic's: tenant \"a.b\" on topic \"c\" and tenant \"a\" on topic \
+                 \"b.c\" would share a subject; a NATS relay whose subject names the tenant takes \
+                 tenants without dots",
+                self.source
+            ));
+        }
         let subject = self.render(tenant, topic);
         validate_subject(&subject).map_err(|reason| {
             format!(
@@ -231,6 +244,18 @@ mod tests {
         ] {
             assert!(subject_template(bad).is_err(), "{bad}");
         }
+        // Two tenants' messages never share a subject: a tenant's dots
+        // would make its tokens ambiguous.
+        let template = subject_template("courier.{tenant}.{topic}").unwrap();
+        assert_eq!(
+            template.subject("acme", "eu.order").unwrap(),
+            "courier.acme.eu.order"
+        );
+        let err = template.subject("acme.eu", "order").unwrap_err();
+        assert!(err.contains("\"acme.eu\""), "{err}");
+        // Without `{tenant}` in it, tenants share the subjects by design.
+        let shared = subject_template("courier.{topic}").unwrap();
+        assert_eq!(shared.subject("acme.eu", "order").unwrap(), "courier.order");
         assert!(validate_jetstream_name("ORDERS_1").is_ok());
         for bad in ["", "A.B", "A B", "A*", "A/B"] {
             assert!(validate_jetstream_name(bad).is_err(), "{bad}");

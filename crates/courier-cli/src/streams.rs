@@ -353,14 +353,14 @@ fn check_entries(
     values: &[(String, Value)],
     headers: &std::collections::BTreeMap<String, String>,
 ) -> anyhow::Result<()> {
-    for (from, payload) in values {
+    for (index, (from, payload)) in values.iter().enumerate() {
         let entry = courier::NewStreamEntry {
             payload: payload.clone(),
             headers: headers.clone(),
             origin: None,
         };
         entry
-            .validate(0, courier::MAX_PAYLOAD_BYTES)
+            .validate(index, courier::MAX_PAYLOAD_BYTES)
             .map_err(|e| anyhow::anyhow!("{from}: invalid {}: {}", e.field, e.reason))?;
     }
     Ok(())
@@ -420,18 +420,26 @@ pub async fn run(command: StreamsCommand) -> anyhow::Result<()> {
                         })
                         .collect(),
                 };
-                // Each batch of APPEND_BATCH is all or nothing; one refused
-                // after others were stored (a daemon's max_payload_bytes below
-                // the store's) says what is stored, so a retry can skip it.
+                // Each batch of APPEND_BATCH is all or nothing; one that
+                // fails after others were stored (a daemon's
+                // max_payload_bytes below the store's, a lost connection)
+                // says what is stored, so a retry can skip it.
                 let stored = |error: anyhow::Error| {
-                    match (ids.first(), ids.last()) {
-                    (Some(first), Some(last)) => error.context(format!(
-                        "the batch starting at {} was refused; the {} payloads before it                          were appended (ids {first} to {last}), the rest were not",
+                    let id = |value: Option<&Value>| {
+                        value.and_then(Value::as_str).unwrap_or("?").to_owned()
+                    };
+                    if ids.is_empty() {
+                        return error;
+                    }
+                    error.context(format!(
+                        "the batch starting at {} failed; the {} payloads before it were \
+                         appended (ids {} to {}); the rest were not, unless this batch's \
+                         request was carried out although its answer was lost",
                         chunk[0].0,
-                        ids.len()
-                    )),
-                    _ => error,
-                }
+                        ids.len(),
+                        id(ids.first()),
+                        id(ids.last())
+                    ))
                 };
                 let answer = match &target {
                     StreamsTarget::Remote(remote) => remote

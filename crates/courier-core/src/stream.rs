@@ -640,6 +640,19 @@ pub trait StreamStore: Clone + Send + Sync + 'static {
         ids: &'c [StreamEntryId],
     ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
 
+    /// Restarts the idle time of those of `ids` pending to `consumer` in
+    /// `group` — as if delivered now, their delivery counts unchanged — so
+    /// that entries a consumer is still working on are not claimed by
+    /// another as idle. Entries pending to another consumer, acked or
+    /// unknown are left alone; returns how many were touched.
+    fn touch<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        consumer: &'c str,
+        ids: &'c [StreamEntryId],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
+
     /// How long the oldest entry of the stream that has committed but is not
     /// readable yet has waited, measured from its append. On PostgreSQL an
     /// entry is handed out only once every transaction that began before its

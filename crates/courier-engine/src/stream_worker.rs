@@ -26,6 +26,12 @@
 //! Shutdown: no further entry starts; the handlers in flight finish until
 //! `shutdown_timeout` and their batch is settled; the rest stays pending.
 //!
+//! While a started subscription works on entries — running, waiting their
+//! turn in a batch, read ahead, waiting for their ack — it touches them
+//! ([`StreamStore::touch`]) every third of `min_idle`, so another consumer
+//! of the subscription does not claim them as idle and run them beside it;
+//! failed, deferred and unrun entries are left to go idle.
+//!
 //! On start and after every backend outage the subscription re-reads its own
 //! pending entries first (a lost reply leaves entries there); it claims idle
 //! entries every `claim_interval`, even while reads keep returning entries;
@@ -51,7 +57,7 @@
 //! `courier_stream_groups_recreated_total` and
 //! `courier_backend_reconnects_total` (by backend).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
@@ -602,6 +608,10 @@ struct Inner<S, R: StreamReceipts> {
     /// Cancelled when the started subscription is asked to stop: no
     /// further entry starts.
     stop: CancellationToken,
+    /// Entries handed to this consumer whose outcome or ack is still to
+    /// come: a started subscription touches them every third of `min_idle`
+    /// so no other consumer claims them as idle meanwhile.
+    held: Mutex<BTreeSet<StreamEntryId>>,
 }
 
 impl<S: StreamStore, R: StreamReceipts> StreamSubscription<S, R> {
@@ -659,6 +669,7 @@ impl<S: StreamStore, R: StreamReceipts> StreamSubscription<S, R> {
                 deferrals: Mutex::new(HashMap::new()),
                 defer_streak: Mutex::new((0, Duration::ZERO)),
                 stop: CancellationToken::new(),
+                held: Mutex::new(BTreeSet::new()),
             }),
         })
     }
@@ -680,7 +691,8 @@ impl<S: StreamStore, R: StreamReceipts> StreamSubscription<S, R> {
 
     /// One pass without blocking, for tests and tools: the group is
     /// ensured, own pending entries are re-read, idle entries claimed (from
-    /// the start), and one batch of new entries read; all are handled.
+    /// the start), and one batch of new entries read; all are handled (but
+    /// the entries of a batch after one deferred, which stay pending).
     pub async fn step(&self) -> Result<StreamStep, StoreError> {
         self.ensure_group().await?;
         let mut step = StreamStep::default();
@@ -744,6 +756,9 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
     async fn run(self: Arc<Self>, stop: CancellationToken) {
         let c = &self.config;
         let subscription = c.name.as_str();
+        // Stopped (aborted) when the subscription's task ends.
+        let _touching = (!c.min_idle.is_zero())
+            .then(|| AbortTask(tokio::spawn(Arc::clone(&self).touch_held())));
         let mut own_pending = true;
         let mut next_claim = tokio::time::Instant::now();
         let mut claim_cursor = StreamEntryId::ZERO;
@@ -783,6 +798,9 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                     if resume_at.is_some() {
                         return Ok(());
                     }
+                }
+                if stop.is_cancelled() {
+                    return Ok(());
                 }
                 if tokio::time::Instant::now() >= next_claim {
                     let (next, _) = self.claim_once(claim_cursor, &mut step).await?;
@@ -843,6 +861,9 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                         Some(previous) => (previous * 2).min(OUTAGE_MAX),
                     };
                     outage = Some(backoff);
+                    // Whatever it held is re-read with its own pending
+                    // entries after the outage (and held again then).
+                    lock(&self.held).clear();
                     own_pending = true;
                     group_ready = false;
                     let jittered = backoff.mul_f64(0.5 + fastrand::f64() / 2.0);
@@ -880,7 +901,47 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
             count: c.batch,
             block: block.filter(|b| !b.is_zero()),
         };
-        self.streams.read_new(&c.key, &read).await
+        let entries = self.streams.read_new(&c.key, &read).await?;
+        self.hold(&entries);
+        Ok(entries)
+    }
+
+    /// Entries this consumer now works on: touched until released.
+    fn hold(&self, entries: &[DeliveredEntry]) {
+        lock(&self.held).extend(entries.iter().map(|e| e.entry.id));
+    }
+
+    /// Entries this consumer no longer works on (acked, dead-lettered, or
+    /// left pending to go idle: failed, deferred, not run).
+    fn release(&self, ids: impl IntoIterator<Item = StreamEntryId>) {
+        let mut held = lock(&self.held);
+        for id in ids {
+            held.remove(&id);
+        }
+    }
+
+    /// Every third of `min_idle`, restarts the idle time of the entries this
+    /// consumer holds, so another consumer's claim passes them by while they
+    /// run, wait their turn in a batch or wait for their ack. A failed touch
+    /// is logged and tried again at the next tick.
+    async fn touch_held(self: Arc<Self>) {
+        let c = &self.config;
+        let every = (c.min_idle / 3).max(Duration::from_millis(10));
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let ids: Vec<StreamEntryId> = lock(&self.held).iter().copied().collect();
+            for chunk in ids.chunks(courier_core::MAX_STREAM_BATCH) {
+                if let Err(error) = self
+                    .streams
+                    .touch(&c.key, &c.name, &c.consumer, chunk)
+                    .await
+                {
+                    tracing::debug!(subscription = c.name, %error, "touching held entries failed");
+                }
+            }
+        }
     }
 
     async fn drain_own_pending(&self, step: &mut StreamStep) -> Result<(), StoreError> {
@@ -904,14 +965,16 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                     PendingEntry::Deleted(id) => trimmed.push(id),
                 }
             }
+            self.hold(&entries);
             if !trimmed.is_empty() {
                 // Nothing to handle any more: the entry is gone.
                 self.streams.ack(&c.key, &c.name, &trimmed).await?;
                 self.forget(&trimmed);
             }
             self.handle_batch(entries, step).await?;
-            // A deferral pauses reads, these too; and a short page was the last.
-            if !full || step.deferred > 0 {
+            // A deferral pauses reads, these too; a short page was the last;
+            // and once stopping, no more are read (each read counts).
+            if !full || step.deferred > 0 || self.stop.is_cancelled() {
                 return Ok(());
             }
         }
@@ -932,6 +995,7 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
         };
         let claimed = self.streams.claim_idle(&c.key, &claim).await?;
         self.forget(&claimed.deleted);
+        self.hold(&claimed.entries);
         let n = claimed.entries.len();
         if n > 0 {
             metrics::counter!(CLAIMED, "subscription" => c.name.clone()).increment(n as u64);
@@ -961,6 +1025,7 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
     }
 
     fn forget(&self, ids: &[StreamEntryId]) {
+        self.release(ids.iter().copied());
         let mut errors = lock(&self.errors);
         let mut deferrals = lock(&self.deferrals);
         for id in ids {
@@ -1084,6 +1149,7 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                 for entry in &looked.entries {
                     *deferrals.entry(entry.entry.id).or_default() += 1;
                 }
+                self.release(looked.entries.iter().map(|e| e.entry.id));
             }
         }
         // Whatever happened, the batches already handled get their receipts
@@ -1219,17 +1285,21 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                 Ok(Outcome::Failed(error)) => {
                     step.failed += 1;
                     self.keep_error(entry.entry.id, error);
+                    // Left to go idle and be claimed again.
+                    self.release([entry.entry.id]);
                 }
                 Ok(Outcome::Deferred(asked)) => {
                     step.deferred += 1;
                     *lock(&self.deferrals).entry(entry.entry.id).or_default() += 1;
                     batch_deferred = Some(batch_deferred.unwrap_or_default().max(asked));
+                    self.release([entry.entry.id]);
                     metrics::counter!(DEFERRED, "subscription" => c.name.clone()).increment(1);
                 }
                 // Read but not run: like a deferral, this delivery does not
                 // count against max_deliveries.
                 Ok(Outcome::NotRun) => {
                     *lock(&self.deferrals).entry(entry.entry.id).or_default() += 1;
+                    self.release([entry.entry.id]);
                 }
                 Ok(Outcome::Dead(reason)) => {
                     if let Err(error) = self.dead_letter(&entry, reason, step).await {
@@ -1433,6 +1503,15 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a non-text panic".to_owned());
     format!("handler panicked: {text}")
+}
+
+/// A spawned task that is aborted when this is dropped.
+struct AbortTask(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// A spawned handler that is aborted when its run is dropped.

@@ -41,6 +41,7 @@ queries!(
     stream_receipts_find,
     stream_receipts_insert_many,
     stream_relay_append,
+    stream_touch,
     stream_trim_maxlen,
     stream_trim_minid,
     stream_visibility_wait,

@@ -655,6 +655,36 @@ impl StreamStore for PgStore {
         Ok(claimed)
     }
 
+    async fn touch<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        consumer: &'c str,
+        ids: &'c [StreamEntryId],
+    ) -> Result<u64, StoreError> {
+        validate_name("group", group)?;
+        validate_name("consumer", consumer)?;
+        validate_count("ids", ids.len())?;
+        let mut majors = Vec::with_capacity(ids.len());
+        let mut minors = Vec::with_capacity(ids.len());
+        for id in ids {
+            let (major, minor) = id_parts(*id, "ids")?;
+            majors.push(major);
+            minors.push(minor);
+        }
+        let touched: i64 = sqlx::query_scalar(&self.q().stream_touch)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(group)
+            .bind(consumer)
+            .bind(&majors)
+            .bind(&minors)
+            .fetch_one(self.pool())
+            .await
+            .map_err(map)?;
+        Ok(u64::try_from(touched).unwrap_or(0))
+    }
+
     async fn ack<'c>(
         &'c self,
         key: &'c StreamKey,

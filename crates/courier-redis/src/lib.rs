@@ -58,6 +58,9 @@
 //!   (and, for a claim, XGROUP CREATECONSUMER as for reads).
 //! - `delete_consumer`: the check for pending entries and the DELCONSUMER
 //!   (which alone would drop them).
+//! - `touch`: per id, the XPENDING that says whose it is and, if it is the
+//!   consumer's, `XCLAIM … JUSTID` to it (idle time restarts, no delivery
+//!   counted), so an entry another consumer claimed meanwhile stays its.
 //! - `dead_letter`: the pending check, the XADD to the dead-letter stream and
 //!   the XACK; an error leaves both streams unchanged.
 //! - `list_streams`: the summaries of a page's streams (length, newest id,
@@ -278,6 +281,7 @@ struct Scripts {
     delete_consumer: Script,
     dead_letter: Script,
     stream_summaries: Script,
+    touch: Script,
 }
 
 impl Scripts {
@@ -289,6 +293,7 @@ impl Scripts {
             delete_consumer: Script::new(include_str!("../scripts/delete_consumer.lua")),
             dead_letter: Script::new(include_str!("../scripts/dead_letter.lua")),
             stream_summaries: Script::new(include_str!("../scripts/stream_summaries.lua")),
+            touch: Script::new(include_str!("../scripts/touch.lua")),
         }
     }
 }

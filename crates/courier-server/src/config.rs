@@ -278,8 +278,9 @@ pub struct RedisStreamTargetConfig {
     #[serde(default)]
     pub maxlen: Option<u64>,
     /// How long a relayed message's dedupe key lives, in milliseconds; at
-    /// least the subscription's redelivery horizon (lease + backoff cap +
-    /// rescue interval), by default twice it. See the `relay` module.
+    /// least the subscription's redelivery horizon
+    /// ([`RedeliveryHorizon`]), at most [`MAX_DEDUPE_TTL_MS`], by default
+    /// twice the horizon. See the `relay` module.
     #[serde(default)]
     pub dedupe_ttl_ms: Option<u64>,
 }

@@ -10,8 +10,9 @@
 //!   a request whose answer is not ready within it — a body that trickles in,
 //!   a handler stuck on a slow database — is answered 408 with the API's JSON
 //!   error and its work is dropped (nothing half-stored: every write is one
-//!   transaction). It must outlast the longest blocking stream read
-//!   (`block_ms` ≤ 30 s).
+//!   transaction). A blocking stream read waits at most a second less (a
+//!   quarter less below 4 s; [`crate::api::ApiState::max_block`]), so it is
+//!   answered rather than cut off.
 //! - **Head size**: hyper parses up to
 //!   [`HARD_MAX_REQUEST_HEADERS`](crate::guard::HARD_MAX_REQUEST_HEADERS)
 //!   header lines (and its ~400 KiB read buffer), above the guard's limits,

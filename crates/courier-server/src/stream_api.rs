@@ -28,7 +28,8 @@
 //! `Retry-After`.
 //!
 //! A blocking read waits on its own request (other requests go on), at most
-//! a second less than `server.request_timeout_ms` (so a legal `block_ms` is
+//! a second less than `server.request_timeout_ms` (a quarter less below 4 s;
+//! [`crate::api::max_block_within`]; so a legal `block_ms` is
 //! answered, with what arrived, rather than cut off with 408), and ends
 //! early when the client goes away (its request future is dropped, and the
 //! backend's wait with it) or when the daemon shuts down (it answers the

@@ -625,6 +625,34 @@ impl StreamStore for SqliteStore {
         })
     }
 
+    async fn touch<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        consumer: &'c str,
+        ids: &'c [StreamEntryId],
+    ) -> Result<u64, StoreError> {
+        validate_name("group", group)?;
+        validate_name("consumer", consumer)?;
+        validate_count("ids", ids.len())?;
+        let rowids: Vec<i64> = ids.iter().copied().filter_map(rowid).collect();
+        if rowids.is_empty() {
+            return Ok(0);
+        }
+        let _turn = self.write_turn().await?;
+        let touched = sqlx::query(queries::STREAM_TOUCH)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(group)
+            .bind(consumer)
+            .bind(rowids_json(rowids))
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?
+            .rows_affected();
+        Ok(touched)
+    }
+
     async fn ack<'c>(
         &'c self,
         key: &'c StreamKey,

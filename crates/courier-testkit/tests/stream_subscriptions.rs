@@ -847,7 +847,10 @@ async fn an_entry_with_the_most_headers_is_dead_lettered_and_its_batch_mates_set
     );
     let dead = courier_testkit::readable_entries(&store, &key.dead_letters()?, 1).await?;
     assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].headers.len(), courier::MAX_HEADERS + 4);
+    assert_eq!(
+        dead[0].headers.len(),
+        courier::MAX_HEADERS + courier::DEAD_LETTER_HEADERS
+    );
     assert_eq!(dead[0].headers["h63"], "63");
     assert_eq!(store.pending_summary(&key, "billing").await?.count, 0);
     Ok(())
@@ -940,6 +943,72 @@ async fn a_deferral_leaves_the_rest_of_its_batch_unrun<B: Harness>(
     assert_eq!(calls.load(Ordering::SeqCst), 1, "{step:?}");
     assert_eq!(step.deferred, 1);
     assert_eq!(store.pending_summary(&key, "billing").await?.count, 20);
+    Ok(())
+}
+
+/// The entries a consumer holds — running, waiting their turn in its
+/// batch, waiting for their ack — are touched while it works, so another
+/// consumer of the subscription never claims them as idle and runs them a
+/// second time beside it, although the batch takes longer than `min_idle`
+/// (here 4 entries of 1.2 s each against 2 s; the default `min_idle`, 30 s,
+/// is below the default handler timeout, 60 s).
+async fn entries_a_consumer_is_working_on_are_not_claimed_by_another<B: Harness>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.streams();
+    let receipts = backend.receipts();
+    let key = key()?;
+    let mut config = config("billing", &key)?;
+    config.min_idle = Duration::from_secs(2);
+    config.claim_interval = Duration::from_millis(100);
+    config.block = Duration::from_millis(50);
+    config.batch = 4;
+    config.concurrency = 1;
+    let (started, calls) = (Arc::new(AtomicU64::new(0)), Calls::default());
+    let consumer = |name: &str| -> anyhow::Result<_> {
+        let (started, calls) = (started.clone(), calls.clone());
+        let handler = stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
+            let (started, calls) = (started.clone(), calls.clone());
+            async move {
+                started.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(1200)).await;
+                calls.record(number(&message));
+                Ok::<(), HandlerError>(())
+            }
+        });
+        let mut config = config.clone();
+        config.consumer = name.to_owned();
+        Ok(StreamSubscription::new(
+            store.clone(),
+            receipts.clone(),
+            config,
+            handler,
+        )?)
+    };
+    let a = consumer("a")?;
+    a.ensure_group().await?;
+    append_numbered(&store, &key, 0..4).await?;
+    let a = a.start();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while started.load(Ordering::SeqCst) == 0 {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "a never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let b = consumer("b")?.start();
+    while calls.snapshot().len() < 4 {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "not done in 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Time for b to claim anything it (wrongly) found idle.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    a.shutdown().await;
+    b.shutdown().await;
+    assert_eq!(
+        calls.snapshot(),
+        (0..4).map(|n| (n, 1)).collect::<BTreeMap<_, _>>(),
+        "each entry ran once"
+    );
+    assert_eq!(store.pending_summary(&key, "billing").await?.count, 0);
     Ok(())
 }
 
@@ -1211,6 +1280,7 @@ stream_subscription_tests!(
     a_panicking_transactional_handler_leaves_its_entry_pending,
     after_shutdown_begins_no_entry_starts_and_each_takes_effect_once,
     a_deferral_leaves_the_rest_of_its_batch_unrun,
+    entries_a_consumer_is_working_on_are_not_claimed_by_another,
     an_entry_with_the_most_headers_is_dead_lettered_and_its_batch_mates_settle,
     a_transactional_handler_s_writes_commit_with_its_receipt,
     a_running_subscription_drains_a_backlog_of_full_batches_once_each,

@@ -43,8 +43,8 @@ pub use courier_core::{
     dead_letter_entry, ClaimIdle, ClaimedEntries, ConsumerInfo, ConsumerRemoval, DeliveredEntry,
     EntryOrigin, GroupStart, GroupSummary, NewStreamEntry, PendingDetail, PendingEntry,
     PendingQuery, PendingSummary, ReadNew, ReceiptOutcome, StreamEntry, StreamEntryId, StreamKey,
-    StreamPage, StreamReceipts, StreamStore, StreamSummary, TrimBound, DEAD_STREAM_SUFFIX,
-    MAX_STREAM_BATCH, MAX_STREAM_BLOCK, MAX_STREAM_PAGE,
+    StreamPage, StreamReceipts, StreamStore, StreamSummary, TrimBound, DEAD_LETTER_HEADERS,
+    DEAD_STREAM_SUFFIX, MAX_STREAM_BATCH, MAX_STREAM_BLOCK, MAX_STREAM_PAGE,
 };
 pub use courier_core::{
     error_fingerprint, lease_expired_fingerprint, normalise_error, validate_fingerprint,

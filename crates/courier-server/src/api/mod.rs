@@ -116,9 +116,21 @@ pub struct ApiState {
     retry_policies: Arc<BTreeMap<String, RetryPolicyView>>,
     /// The configured webhook subscriptions' endpoints, for test pings.
     webhooks: Arc<BTreeMap<String, crate::webhook::WebhookHandler>>,
-    /// The longest a blocking stream read waits: a second under the
-    /// request timeout, so a legal `block_ms` is answered, not cut off.
+    /// The longest a blocking stream read waits ([`max_block_within`] the
+    /// request timeout), so a legal `block_ms` is answered, not cut off.
     max_block: std::time::Duration,
+}
+
+/// The longest a blocking stream read may wait under a request timeout of
+/// `timeout`: a second less (a quarter less below 4 s, so a short timeout
+/// still leaves a blocking read), at least a millisecond, at most
+/// [`courier::MAX_STREAM_BLOCK`].
+pub fn max_block_within(timeout: std::time::Duration) -> std::time::Duration {
+    let margin = (timeout / 4).min(std::time::Duration::from_secs(1));
+    timeout
+        .saturating_sub(margin)
+        .max(std::time::Duration::from_millis(1))
+        .min(courier::MAX_STREAM_BLOCK)
 }
 
 /// A check of a server the daemon depends on besides its database: `Ok`
@@ -157,11 +169,7 @@ impl ApiState {
         state.max_hold = std::time::Duration::from_secs(
             config.max_hold_days.clamp(1, crate::config::MAX_HOLD_DAYS) * 86_400,
         );
-        state.max_block = config
-            .server
-            .request_timeout()
-            .saturating_sub(std::time::Duration::from_secs(1))
-            .min(courier::MAX_STREAM_BLOCK);
+        state.max_block = max_block_within(config.server.request_timeout());
         // A webhook the daemon cannot build stops it at start, before it serves.
         state.webhooks = Arc::new(
             config
@@ -251,8 +259,8 @@ impl ApiState {
 
     /// The longest a blocking stream read waits here: `block_ms` up to
     /// 30,000 is accepted, and a read asking for more than this waits this
-    /// long (a second under `server.request_timeout_ms`) and answers what
-    /// it has, rather than be cut off by the request timeout.
+    /// long ([`max_block_within`] `server.request_timeout_ms`) and answers
+    /// what it has, rather than be cut off by the request timeout.
     pub fn max_block(&self) -> std::time::Duration {
         self.max_block
     }
@@ -590,5 +598,23 @@ fn single_tenant(
             field,
             "required: this token sees several tenants; name one",
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::max_block_within;
+
+    #[test]
+    fn a_blocking_read_ends_before_the_request_timeout_and_still_blocks() {
+        let ms = Duration::from_millis;
+        assert_eq!(max_block_within(ms(60_000)), ms(30_000));
+        assert_eq!(max_block_within(ms(20_000)), ms(19_000));
+        assert_eq!(max_block_within(ms(3_000)), ms(2_250));
+        // A short timeout still leaves a blocking read, never a spinning one.
+        assert_eq!(max_block_within(ms(1_000)), ms(750));
+        assert_eq!(max_block_within(ms(1)), ms(1));
     }
 }

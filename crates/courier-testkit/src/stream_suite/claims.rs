@@ -119,6 +119,40 @@ pub async fn nothing_below_the_idle_time_is_claimed<F: StreamFixture>(
     Ok(())
 }
 
+/// A touch restarts the idle time of the consumer's own pending entries
+/// without counting a delivery, so a claim of idle entries passes them by;
+/// entries pending to another consumer are left alone.
+pub async fn a_touch_keeps_own_pending_entries_from_idle_claims<F: StreamFixture>(
+    fixture: F,
+) -> anyhow::Result<()> {
+    let store = fixture.store();
+    let key = key("touch")?;
+    assert!(store.ensure_group(&key, "g", GroupStart::Beginning).await?);
+    let appended = append_numbered(store, &key, 0, 3).await?;
+    read_new(store, &key, "g", "c1", 2).await?;
+    read_new(store, &key, "g", "c3", 1).await?;
+    fixture.age_pending(&key, "g", AGED).await?;
+
+    // Entry 2 is c3's: c1's touch leaves it idle.
+    assert_eq!(store.touch(&key, "g", "c1", &appended).await?, 2);
+    let claimed = store.claim_idle(&key, &claim("g", "c2", 10)).await?;
+    assert_eq!(ids(&claimed.entries), appended[2..].to_vec());
+    assert_eq!(deliveries(&claimed.entries), vec![2]);
+    assert_eq!(
+        summary(store, &key, "g").await?.consumers,
+        BTreeMap::from([("c1".to_owned(), 2), ("c2".to_owned(), 1)])
+    );
+    // Touched, not delivered: once idle they are claimed at delivery 2.
+    fixture.age_pending(&key, "g", AGED).await?;
+    let later = store.claim_idle(&key, &claim("g", "c2", 10)).await?;
+    assert_eq!(ids(&later.entries), appended);
+    assert_eq!(deliveries(&later.entries), vec![2, 2, 3]);
+    // Acked or unknown ids touch nothing.
+    store.ack(&key, "g", &appended).await?;
+    assert_eq!(store.touch(&key, "g", "c2", &appended).await?, 0);
+    Ok(())
+}
+
 /// Idle entries behind more than ten times `count` busy (recently delivered)
 /// ones are reached by following `next` until `0-0`, each claimed once: a
 /// backend may scan a bounded stretch per call (Redis scans 10 × count).

@@ -121,6 +121,16 @@ impl StreamStore for ReadablePgStore {
         Ok(ids)
     }
 
+    fn touch<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        consumer: &'c str,
+        ids: &'c [StreamEntryId],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c {
+        self.0.touch(key, group, consumer, ids)
+    }
+
     fn ensure_group<'c>(
         &'c self,
         key: &'c StreamKey,

@@ -105,6 +105,7 @@ macro_rules! stream_backend_tests {
             an_entry_stays_pending_until_acked_whoever_read_or_claimed_it,
             claims_and_own_pending_reads_count_deliveries,
             nothing_below_the_idle_time_is_claimed,
+            a_touch_keeps_own_pending_entries_from_idle_claims,
             claims_reach_idle_entries_behind_busy_ones_by_following_next,
             trimmed_pending_entries_are_reported_deleted,
             the_pending_summary_counts_per_consumer,

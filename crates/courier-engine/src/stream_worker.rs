@@ -137,7 +137,10 @@ pub struct StreamSubscriptionConfig {
     /// Entries handled at once (≥ 1).
     pub concurrency: usize,
     /// How long a handler may run before it is stopped and its delivery
-    /// counts as failed (`None`: no limit).
+    /// counts as failed (`None`: no limit). The entries a running
+    /// subscription holds are kept from other consumers' idle claims while
+    /// it works on them, so with no limit a handler that hangs keeps its
+    /// batch from everyone for as long as the process lives.
     pub handler_timeout: Option<Duration>,
     /// How long another consumer of the group may be idle, with nothing
     /// pending, before it is deleted.
@@ -756,8 +759,9 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
     async fn run(self: Arc<Self>, stop: CancellationToken) {
         let c = &self.config;
         let subscription = c.name.as_str();
-        // Stopped (aborted) when the subscription's task ends.
-        let _touching = (!c.min_idle.is_zero())
+        // Stopped (aborted) when the subscription's task ends. Below
+        // MIN_TOUCHED_IDLE touches would come too often to be worth it.
+        let _touching = (c.min_idle >= MIN_TOUCHED_IDLE)
             .then(|| AbortTask(tokio::spawn(Arc::clone(&self).touch_held())));
         let mut own_pending = true;
         let mut next_claim = tokio::time::Instant::now();
@@ -843,6 +847,8 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                         .increment(1);
                     group_ready = false;
                     own_pending = true;
+                    // The recreated group holds none of them.
+                    lock(&self.held).clear();
                     // Not at once: a group that keeps vanishing must not spin.
                     let pause = OUTAGE_MIN.mul_f64(0.5 + fastrand::f64() / 2.0);
                     tokio::select! {
@@ -926,19 +932,29 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
     /// is logged and tried again at the next tick.
     async fn touch_held(self: Arc<Self>) {
         let c = &self.config;
-        let every = (c.min_idle / 3).max(Duration::from_millis(10));
+        let every = c.min_idle / 3;
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
         loop {
             tick.tick().await;
             let ids: Vec<StreamEntryId> = lock(&self.held).iter().copied().collect();
             for chunk in ids.chunks(courier_core::MAX_STREAM_BATCH) {
-                if let Err(error) = self
+                match self
                     .streams
                     .touch(&c.key, &c.name, &c.consumer, chunk)
                     .await
                 {
-                    tracing::debug!(subscription = c.name, %error, "touching held entries failed");
+                    Ok(_) => failing = false,
+                    // Once per run of failures: entries held meanwhile may
+                    // be claimed by another consumer once idle.
+                    Err(error) if !failing => {
+                        failing = true;
+                        tracing::warn!(subscription = c.name, %error, "touching held entries failed; other consumers may claim them once idle");
+                    }
+                    Err(error) => {
+                        tracing::debug!(subscription = c.name, %error, "touching held entries failed");
+                    }
                 }
             }
         }
@@ -1528,6 +1544,10 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+/// The shortest `min_idle` whose held entries are touched (every third of
+/// it): below it, touches would come more than every 10 ms.
+const MIN_TOUCHED_IDLE: Duration = Duration::from_millis(30);
 
 const READ: &str = "courier_stream_read_total";
 const CLAIMED: &str = "courier_stream_claimed_total";

@@ -471,6 +471,19 @@ impl PgStore {
     }
 }
 
+/// The parts of `ids` as two arrays, in id order: statements that lock
+/// several pending rows (ack, touch) take them in the same order, so two of
+/// them running at once (a subscription's touch beside its ack) cannot
+/// deadlock.
+fn sorted_id_parts(ids: &[StreamEntryId]) -> Result<(Vec<i64>, Vec<i64>), StoreError> {
+    let mut parts = ids
+        .iter()
+        .map(|id| id_parts(*id, "ids"))
+        .collect::<Result<Vec<_>, _>>()?;
+    parts.sort_unstable();
+    Ok(parts.into_iter().unzip())
+}
+
 impl StreamStore for PgStore {
     fn backend(&self) -> &'static str {
         "postgres"
@@ -665,13 +678,7 @@ impl StreamStore for PgStore {
         validate_name("group", group)?;
         validate_name("consumer", consumer)?;
         validate_count("ids", ids.len())?;
-        let mut majors = Vec::with_capacity(ids.len());
-        let mut minors = Vec::with_capacity(ids.len());
-        for id in ids {
-            let (major, minor) = id_parts(*id, "ids")?;
-            majors.push(major);
-            minors.push(minor);
-        }
+        let (majors, minors) = sorted_id_parts(ids)?;
         let touched: i64 = sqlx::query_scalar(&self.q().stream_touch)
             .bind(key.tenant())
             .bind(key.stream())
@@ -693,13 +700,7 @@ impl StreamStore for PgStore {
     ) -> Result<u64, StoreError> {
         validate_name("group", group)?;
         validate_count("ids", ids.len())?;
-        let mut majors = Vec::with_capacity(ids.len());
-        let mut minors = Vec::with_capacity(ids.len());
-        for id in ids {
-            let (major, minor) = id_parts(*id, "ids")?;
-            majors.push(major);
-            minors.push(minor);
-        }
+        let (majors, minors) = sorted_id_parts(ids)?;
         let rows = sqlx::query(&self.q().stream_ack)
             .bind(key.tenant())
             .bind(key.stream())

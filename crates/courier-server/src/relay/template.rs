@@ -143,7 +143,19 @@ pub fn stream_template(source: &str) -> Result<Template, String> {
 }
 
 /// Parses a subject template and checks that it renders a valid subject.
+/// `{tenant}` must not share a token (the text between dots) with another
+/// placeholder: in `a.{tenant}-{topic}`, tenant `x-y` on topic `z` and
+/// tenant `x` on topic `y-z` would share a subject.
 pub fn subject_template(source: &str) -> Result<Template, String> {
+    if let Some(token) = source
+        .split('.')
+        .find(|token| token.contains("{tenant}") && token.matches('{').count() > 1)
+    {
+        return Err(format!(
+            "has the token {token:?}: {{tenant}} must be a token's only placeholder, or two \
+             tenants' messages could share a subject"
+        ));
+    }
     let template = Template::parse(source)?;
     template.subject(SAMPLE_NAME, SAMPLE_NAME)?;
     Ok(template)
@@ -253,6 +265,16 @@ mod tests {
         );
         let err = template.subject("acme.eu", "order").unwrap_err();
         assert!(err.contains("\"acme.eu\""), "{err}");
+        // Nor could another placeholder in the tenant's token.
+        for shared_token in [
+            "x.{tenant}-{topic}",
+            "x.{topic}{tenant}",
+            "x.{tenant}{tenant}",
+        ] {
+            let err = subject_template(shared_token).unwrap_err();
+            assert!(err.contains("only placeholder"), "{shared_token}: {err}");
+        }
+        assert!(subject_template("x.t-{tenant}.{topic}-v1").is_ok());
         // Without `{tenant}` in it, tenants share the subjects by design.
         let shared = subject_template("courier.{topic}").unwrap();
         assert_eq!(shared.subject("acme.eu", "order").unwrap(), "courier.order");

@@ -150,6 +150,18 @@ pub async fn a_touch_keeps_own_pending_entries_from_idle_claims<F: StreamFixture
     // Acked or unknown ids touch nothing.
     store.ack(&key, "g", &appended).await?;
     assert_eq!(store.touch(&key, "g", "c2", &appended).await?, 0);
+
+    // A touched entry that was trimmed stays pending, and is reported
+    // deleted by its consumer's re-read (Redis's XCLAIM alone would drop
+    // it from the pending list).
+    let late = append_numbered(store, &key, 3, 4).await?;
+    read_new(store, &key, "g", "c1", 1).await?;
+    assert_eq!(store.trim(&key, TrimBound::MaxLen(0)).await?, 4);
+    store.touch(&key, "g", "c1", &late).await?;
+    let reread = store
+        .read_pending(&key, "g", "c1", StreamEntryId::ZERO, 10)
+        .await?;
+    assert_eq!(reread, vec![PendingEntry::Deleted(late[0])]);
     Ok(())
 }
 

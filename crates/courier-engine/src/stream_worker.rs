@@ -926,6 +926,20 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
         }
     }
 
+    /// Entries delivered but not handled (deferred, not run, read ahead and
+    /// dropped): their delivery does not count against `max_deliveries`,
+    /// and they are left to go idle.
+    fn left_unhandled(&self, ids: impl IntoIterator<Item = StreamEntryId>) {
+        let ids: Vec<StreamEntryId> = ids.into_iter().collect();
+        {
+            let mut deferrals = lock(&self.deferrals);
+            for id in &ids {
+                *deferrals.entry(*id).or_default() += 1;
+            }
+        }
+        self.release(ids);
+    }
+
     /// Every third of `min_idle`, restarts the idle time of the entries this
     /// consumer holds, so another consumer's claim passes them by while they
     /// run, wait their turn in a batch or wait for their ack. A failed touch
@@ -1160,12 +1174,8 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
         {
             // Read, never handled: like a deferral, this delivery does not
             // count against max_deliveries.
-            let mut deferrals = lock(&self.deferrals);
             for looked in pipe.ready.drain(..).flatten() {
-                for entry in &looked.entries {
-                    *deferrals.entry(entry.entry.id).or_default() += 1;
-                }
-                self.release(looked.entries.iter().map(|e| e.entry.id));
+                self.left_unhandled(looked.entries.iter().map(|e| e.entry.id));
             }
         }
         // Whatever happened, the batches already handled get their receipts
@@ -1306,17 +1316,13 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                 }
                 Ok(Outcome::Deferred(asked)) => {
                     step.deferred += 1;
-                    *lock(&self.deferrals).entry(entry.entry.id).or_default() += 1;
+                    self.left_unhandled([entry.entry.id]);
                     batch_deferred = Some(batch_deferred.unwrap_or_default().max(asked));
-                    self.release([entry.entry.id]);
                     metrics::counter!(DEFERRED, "subscription" => c.name.clone()).increment(1);
                 }
                 // Read but not run: like a deferral, this delivery does not
                 // count against max_deliveries.
-                Ok(Outcome::NotRun) => {
-                    *lock(&self.deferrals).entry(entry.entry.id).or_default() += 1;
-                    self.release([entry.entry.id]);
-                }
+                Ok(Outcome::NotRun) => self.left_unhandled([entry.entry.id]),
                 Ok(Outcome::Dead(reason)) => {
                     if let Err(error) = self.dead_letter(&entry, reason, step).await {
                         settle.error.get_or_insert(error);

@@ -222,6 +222,22 @@ impl Calls {
     }
 }
 
+/// A handler over a spent quota: counts its calls in `calls` and defers
+/// every entry, asking for `delay`.
+fn always_snoozing(
+    calls: &Arc<AtomicU64>,
+    delay: Duration,
+) -> impl courier::StreamHandler<Payload = serde_json::Value> {
+    let calls = calls.clone();
+    stream_handler_fn(move |_message: StreamMessage<serde_json::Value>| {
+        let calls = calls.clone();
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err::<(), _>(HandlerError::snooze(delay, "quota"))
+        }
+    })
+}
+
 fn number(message: &StreamMessage<serde_json::Value>) -> u64 {
     message.payload["n"].as_u64().unwrap_or(u64::MAX)
 }
@@ -500,16 +516,7 @@ async fn a_deferring_subscription_stops_reading_and_claiming_for_its_backoff<B: 
     let receipts = backend.receipts();
     let key = key()?;
     let calls = Arc::new(AtomicU64::new(0));
-    let handler = {
-        let calls = calls.clone();
-        stream_handler_fn(move |_message: StreamMessage<serde_json::Value>| {
-            let calls = calls.clone();
-            async move {
-                calls.fetch_add(1, Ordering::SeqCst);
-                Err::<(), _>(HandlerError::snooze(Duration::from_millis(1), "quota"))
-            }
-        })
-    };
+    let handler = always_snoozing(&calls, Duration::from_millis(1));
     let mut config = config("billing", &key)?;
     config.min_idle = Duration::ZERO;
     config.claim_interval = Duration::from_millis(20);
@@ -923,16 +930,7 @@ async fn a_deferral_leaves_the_rest_of_its_batch_unrun<B: Harness>(
     let receipts = backend.receipts();
     let key = key()?;
     let calls = Arc::new(AtomicU64::new(0));
-    let handler = {
-        let calls = calls.clone();
-        stream_handler_fn(move |_message: StreamMessage<serde_json::Value>| {
-            let calls = calls.clone();
-            async move {
-                calls.fetch_add(1, Ordering::SeqCst);
-                Err::<(), _>(HandlerError::snooze(Duration::from_millis(1), "quota"))
-            }
-        })
-    };
+    let handler = always_snoozing(&calls, Duration::from_millis(1));
     let mut config = config("billing", &key)?;
     config.batch = 20;
     config.concurrency = 1;
@@ -1164,16 +1162,7 @@ async fn a_deferral_stops_the_drain_of_own_pending_entries<B: Harness>(
     config.defer_min = Duration::from_secs(5);
     config.defer_max = Duration::from_secs(5);
     let calls = Arc::new(AtomicU64::new(0));
-    let handler = {
-        let calls = calls.clone();
-        stream_handler_fn(move |_message: StreamMessage<serde_json::Value>| {
-            let calls = calls.clone();
-            async move {
-                calls.fetch_add(1, Ordering::SeqCst);
-                Err::<(), _>(HandlerError::snooze(Duration::from_secs(5), "quota"))
-            }
-        })
-    };
+    let handler = always_snoozing(&calls, Duration::from_secs(5));
     let subscription =
         StreamSubscription::new(store.clone(), receipts.clone(), config.clone(), handler)?;
     subscription.ensure_group().await?;

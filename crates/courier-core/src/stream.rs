@@ -653,6 +653,22 @@ pub trait StreamStore: Clone + Send + Sync + 'static {
         ids: &'c [StreamEntryId],
     ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
 
+    /// Takes back the latest delivery of those of `ids` pending to
+    /// `consumer` in `group`: each one's delivery count drops by one (not
+    /// below 0), its idle time and consumer unchanged. For entries delivered
+    /// but never handled (deferred, read and not run), so that such a
+    /// delivery counts against `max_deliveries` nowhere, whoever takes the
+    /// entry next. Entries pending to another consumer, acked or unknown are
+    /// left alone, and so may be one whose entry was trimmed (its next
+    /// delivery reports it deleted); returns how many were taken back.
+    fn uncount_deliveries<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        consumer: &'c str,
+        ids: &'c [StreamEntryId],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c;
+
     /// How long the oldest entry of the stream that has committed but is not
     /// readable yet has waited, measured from its append. On PostgreSQL an
     /// entry is handed out only once every transaction that began before its

@@ -13,9 +13,11 @@
 //!   bounded) and is claimed again once idle for `min_idle`;
 //! - [`HandlerError::Permanent`], or a failure at the `max_deliveries`th
 //!   delivery (deferrals excluded, crashes included): the entry is appended to
-//!   `{stream}.dead` with its errors and acked, atomically. Deferrals are
-//!   counted in this process's memory: after a restart, or once another
-//!   consumer claimed the entry, its earlier deferrals count as deliveries;
+//!   `{stream}.dead` with its errors and acked, atomically. A deferred
+//!   entry's delivery is taken back in the backend
+//!   ([`StreamStore::uncount_deliveries`]), so it counts nowhere, after a
+//!   restart or a claim by another consumer too (only where the backend
+//!   could not be reached does this process discount it instead);
 //! - [`HandlerError::Snooze`] (a deferral, e.g. a tenant over its quota): the
 //!   entry stays pending, the entries of its batch not started yet stay
 //!   pending unrun, and the subscription stops reading and claiming for a
@@ -603,7 +605,9 @@ struct Inner<S, R: StreamReceipts> {
     transactional: bool,
     /// Errors of entries still pending, newest last.
     errors: Mutex<HashMap<StreamEntryId, Vec<String>>>,
-    /// Deferrals per entry still pending: their redeliveries do not count.
+    /// Deliveries not handled that the backend could not take back
+    /// ([`StreamStore::uncount_deliveries`] failed), per entry still
+    /// pending: they do not count in this process.
     deferrals: Mutex<HashMap<StreamEntryId, u64>>,
     /// Consecutive batches with a deferral (the backoff grows with them)
     /// and the longest delay a handler asked for in them.
@@ -927,14 +931,27 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
     }
 
     /// Entries delivered but not handled (deferred, not run, read ahead and
-    /// dropped): their delivery does not count against `max_deliveries`,
-    /// and they are left to go idle.
-    fn left_unhandled(&self, ids: impl IntoIterator<Item = StreamEntryId>) {
-        let ids: Vec<StreamEntryId> = ids.into_iter().collect();
-        {
-            let mut deferrals = lock(&self.deferrals);
-            for id in &ids {
-                *deferrals.entry(*id).or_default() += 1;
+    /// dropped): their delivery is taken back in the backend
+    /// ([`StreamStore::uncount_deliveries`]), so it counts against
+    /// `max_deliveries` nowhere, whichever consumer takes the entry next;
+    /// then they are left to go idle. Where the backend cannot be reached,
+    /// this process remembers the deliveries instead (lost on a restart).
+    async fn left_unhandled(&self, ids: Vec<StreamEntryId>) {
+        if ids.is_empty() {
+            return;
+        }
+        let c = &self.config;
+        for chunk in ids.chunks(courier_core::MAX_STREAM_BATCH) {
+            if let Err(error) = self
+                .streams
+                .uncount_deliveries(&c.key, &c.name, &c.consumer, chunk)
+                .await
+            {
+                tracing::debug!(subscription = c.name, %error, "taking back deliveries not handled failed; this process discounts them");
+                let mut deferrals = lock(&self.deferrals);
+                for id in chunk {
+                    *deferrals.entry(*id).or_default() += 1;
+                }
             }
         }
         self.release(ids);
@@ -1171,13 +1188,21 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
         // pending to this consumer, re-read with its own pending entries on
         // the next start or after the outage.
         pipe.reading = FuturesOrdered::new();
-        {
-            // Read, never handled: like a deferral, this delivery does not
-            // count against max_deliveries.
-            for looked in pipe.ready.drain(..).flatten() {
-                self.left_unhandled(looked.entries.iter().map(|e| e.entry.id));
-            }
-        }
+        // Read, never handled: like a deferral, this delivery does not
+        // count against max_deliveries.
+        let unhandled: Vec<StreamEntryId> = pipe
+            .ready
+            .drain(..)
+            .flatten()
+            .flat_map(|looked| {
+                looked
+                    .entries
+                    .iter()
+                    .map(|e| e.entry.id)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        self.left_unhandled(unhandled).await;
         // Whatever happened, the batches already handled get their receipts
         // and acks (a batch left unsettled would be handled again).
         while let Some(done) = pipe.settling.next().await {
@@ -1298,6 +1323,7 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                 .collect()
                 .await;
         let mut batch_deferred: Option<Duration> = None;
+        let mut unhandled = Vec::new();
 
         for (entry, correlation_id, outcome) in outcomes {
             match outcome {
@@ -1316,13 +1342,13 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                 }
                 Ok(Outcome::Deferred(asked)) => {
                     step.deferred += 1;
-                    self.left_unhandled([entry.entry.id]);
+                    unhandled.push(entry.entry.id);
                     batch_deferred = Some(batch_deferred.unwrap_or_default().max(asked));
                     metrics::counter!(DEFERRED, "subscription" => c.name.clone()).increment(1);
                 }
                 // Read but not run: like a deferral, this delivery does not
                 // count against max_deliveries.
-                Ok(Outcome::NotRun) => self.left_unhandled([entry.entry.id]),
+                Ok(Outcome::NotRun) => unhandled.push(entry.entry.id),
                 Ok(Outcome::Dead(reason)) => {
                     if let Err(error) = self.dead_letter(&entry, reason, step).await {
                         settle.error.get_or_insert(error);
@@ -1333,6 +1359,7 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                 }
             }
         }
+        self.left_unhandled(unhandled).await;
         // One step of the backoff per batch, however many of it deferred.
         if let Some(asked) = batch_deferred {
             let mut streak = lock(&self.defer_streak);

@@ -42,6 +42,7 @@ queries!(
     stream_receipts_insert_many,
     stream_relay_append,
     stream_touch,
+    stream_uncount,
     stream_trim_maxlen,
     stream_trim_minid,
     stream_visibility_wait,

@@ -692,6 +692,30 @@ impl StreamStore for PgStore {
         Ok(u64::try_from(touched).unwrap_or(0))
     }
 
+    async fn uncount_deliveries<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        consumer: &'c str,
+        ids: &'c [StreamEntryId],
+    ) -> Result<u64, StoreError> {
+        validate_name("group", group)?;
+        validate_name("consumer", consumer)?;
+        validate_count("ids", ids.len())?;
+        let (majors, minors) = sorted_id_parts(ids)?;
+        let uncounted: i64 = sqlx::query_scalar(&self.q().stream_uncount)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(group)
+            .bind(consumer)
+            .bind(&majors)
+            .bind(&minors)
+            .fetch_one(self.pool())
+            .await
+            .map_err(map)?;
+        Ok(u64::try_from(uncounted).unwrap_or(0))
+    }
+
     async fn ack<'c>(
         &'c self,
         key: &'c StreamKey,

@@ -61,6 +61,8 @@
 //! - `touch`: per id, the XPENDING that says whose it is and, if it is the
 //!   consumer's, `XCLAIM … JUSTID` to it (idle time restarts, no delivery
 //!   counted), so an entry another consumer claimed meanwhile stays its.
+//! - `uncount_deliveries`: the same check, then `XCLAIM … IDLE (its idle
+//!   time) RETRYCOUNT (its count less one) JUSTID` to it.
 //! - `dead_letter`: the pending check, the XADD to the dead-letter stream and
 //!   the XACK; an error leaves both streams unchanged.
 //! - `list_streams`: the summaries of a page's streams (length, newest id,
@@ -282,6 +284,7 @@ struct Scripts {
     dead_letter: Script,
     stream_summaries: Script,
     touch: Script,
+    uncount: Script,
 }
 
 impl Scripts {
@@ -294,6 +297,7 @@ impl Scripts {
             dead_letter: Script::new(include_str!("../scripts/dead_letter.lua")),
             stream_summaries: Script::new(include_str!("../scripts/stream_summaries.lua")),
             touch: Script::new(include_str!("../scripts/touch.lua")),
+            uncount: Script::new(include_str!("../scripts/uncount.lua")),
         }
     }
 }

@@ -483,6 +483,29 @@ impl StreamStore for RedisStreamStore {
     }
 
     /// Refuses an empty list of ids (field `ids`), like an oversized one.
+    async fn uncount_deliveries(
+        &self,
+        key: &StreamKey,
+        group: &str,
+        consumer: &str,
+        ids: &[StreamEntryId],
+    ) -> Result<u64, StoreError> {
+        validate_name("group", group)?;
+        validate_name("consumer", consumer)?;
+        validate_count("ids", ids.len())?;
+        let mut invocation = self.shared.scripts.uncount.key(self.redis_key(key));
+        invocation.arg(group).arg(consumer);
+        for entry_id in ids {
+            invocation.arg(entry_id.to_string());
+        }
+        let reply = self
+            .invoke(&invocation)
+            .await
+            .map_err(|e| map_group(e, key, group))?;
+        count(reply, "uncount's count")
+    }
+
+    /// Refuses an empty list of ids (field `ids`), like an oversized one.
     async fn ack(
         &self,
         key: &StreamKey,

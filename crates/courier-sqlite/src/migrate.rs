@@ -74,10 +74,15 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "priorities",
         sql: include_str!("../migrations/0010_priorities.sql"),
     },
+    Migration {
+        version: 11,
+        name: "uncounted_deliveries",
+        sql: include_str!("../migrations/0011_uncounted_deliveries.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// The bookkeeping table, named so that it cannot collide with an
 /// application's own `schema_migrations` in a shared file. `checksum` is

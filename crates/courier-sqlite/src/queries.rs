@@ -78,6 +78,7 @@ queries!(
     STREAM_PENDING_REREAD => "stream_pending_reread.sql",
     STREAM_PENDING_REMOVE => "stream_pending_remove.sql",
     STREAM_TOUCH => "stream_touch.sql",
+    STREAM_UNCOUNT => "stream_uncount.sql",
     STREAM_PENDING_SUMMARY => "stream_pending_summary.sql",
     STREAM_TRIM_MAX_LEN => "stream_trim_max_len.sql",
     STREAM_TRIM_MIN_ID => "stream_trim_min_id.sql",

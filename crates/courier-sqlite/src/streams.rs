@@ -653,6 +653,34 @@ impl StreamStore for SqliteStore {
         Ok(touched)
     }
 
+    async fn uncount_deliveries<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        consumer: &'c str,
+        ids: &'c [StreamEntryId],
+    ) -> Result<u64, StoreError> {
+        validate_name("group", group)?;
+        validate_name("consumer", consumer)?;
+        validate_count("ids", ids.len())?;
+        let rowids: Vec<i64> = ids.iter().copied().filter_map(rowid).collect();
+        if rowids.is_empty() {
+            return Ok(0);
+        }
+        let _turn = self.write_turn().await?;
+        let uncounted = sqlx::query(queries::STREAM_UNCOUNT)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(group)
+            .bind(consumer)
+            .bind(rowids_json(rowids))
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?
+            .rows_affected();
+        Ok(uncounted)
+    }
+
     async fn ack<'c>(
         &'c self,
         key: &'c StreamKey,

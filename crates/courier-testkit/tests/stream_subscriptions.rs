@@ -15,9 +15,9 @@ use courier::postgres::PgStore;
 use courier::redis::RedisStreamStore;
 use courier::sqlite::SqliteStore;
 use courier::{
-    stream_handler_fn, GroupStart, HandlerError, NewStreamEntry, ReadNew, StreamEntryId, StreamKey,
-    StreamMessage, StreamReceipts, StreamStore, StreamSubscription, StreamSubscriptionConfig,
-    TransactionalStreamHandler,
+    stream_handler_fn, ClaimIdle, GroupStart, HandlerError, NewStreamEntry, ReadNew, StreamEntryId,
+    StreamKey, StreamMessage, StreamReceipts, StreamStore, StreamSubscription,
+    StreamSubscriptionConfig, TransactionalStreamHandler,
 };
 use courier_testkit::{
     Backend, EffectConnection, PgFixture, RedisStreamFixture, SqliteFixture, StreamFixture,
@@ -501,6 +501,101 @@ async fn deferrals_never_count_toward_max_deliveries<B: Harness>(backend: B) -> 
     step_until(&backend, &subscription, true, || calls.of(0) == 6).await?;
     subscription.step().await?;
     assert_eq!(calls.of(0), 6, "five deferrals, then the success");
+    assert!(store
+        .range(&key.dead_letters()?, StreamEntryId::ZERO, 10)
+        .await?
+        .is_empty());
+    assert_eq!(store.pending_summary(&key, "billing").await?.count, 0);
+    Ok(())
+}
+
+/// Deferrals are not counted in the backend either: an entry deferred three
+/// times by one consumer and then claimed by another (or by the same
+/// consumer after a restart) is run at its first counted delivery, not
+/// dead-lettered past `max_deliveries` without ever running.
+async fn deferrals_do_not_count_after_a_claim_or_a_restart<B: Harness>(
+    backend: B,
+) -> anyhow::Result<()> {
+    let store = backend.streams();
+    let receipts = backend.receipts();
+    let key = key()?;
+    let mut config = config("billing", &key)?;
+    config.max_deliveries = 2;
+    config.defer_min = Duration::from_millis(1);
+    config.defer_max = Duration::from_millis(2);
+    let deferred = Arc::new(AtomicU64::new(0));
+    let first = StreamSubscription::new(
+        store.clone(),
+        receipts.clone(),
+        config.clone(),
+        always_snoozing(&deferred, Duration::from_millis(1)),
+    )?;
+    first.ensure_group().await?;
+    append_numbered(&store, &key, 0..2).await?;
+    step_until(&backend, &first, false, || {
+        deferred.load(Ordering::SeqCst) >= 6
+    })
+    .await?;
+    drop(first);
+
+    // Entry 0 goes to another consumer of the subscription, by a claim;
+    // entry 1 to this consumer restarted, by its own-pending re-read.
+    let seen = Arc::new(Mutex::new(BTreeMap::new()));
+    let recording = |seen: &Arc<Mutex<BTreeMap<u64, u64>>>| {
+        let seen = seen.clone();
+        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
+            let seen = seen.clone();
+            async move {
+                seen.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(number(&message), message.deliveries);
+                Ok::<(), HandlerError>(())
+            }
+        })
+    };
+    let claim = ClaimIdle {
+        group: config.name.clone(),
+        consumer: "billing-other".to_owned(),
+        min_idle: Duration::from_secs(60),
+        cursor: StreamEntryId::ZERO,
+        count: 1,
+    };
+    backend
+        .age_pending(&key, &config.name, Duration::from_secs(120))
+        .await?;
+    let claimed = store.claim_idle(&key, &claim).await?;
+    assert_eq!(claimed.entries.len(), 1);
+    assert_eq!(claimed.entries[0].entry.payload["n"], 0);
+    assert_eq!(
+        claimed.entries[0].deliveries, 1,
+        "the first consumer's deferrals counted as deliveries"
+    );
+    let seen_len = |seen: &Arc<Mutex<BTreeMap<u64, u64>>>| {
+        seen.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    };
+    // The restarted consumer re-reads entry 1 (entry 0, just claimed, is
+    // not idle enough for its claims).
+    let restarted = StreamSubscription::new(
+        store.clone(),
+        receipts.clone(),
+        config.clone(),
+        recording(&seen),
+    )?;
+    step_until(&backend, &restarted, false, || seen_len(&seen) == 1).await?;
+    let mut other = config.clone();
+    other.consumer = "billing-other".to_owned();
+    let claiming =
+        StreamSubscription::new(store.clone(), receipts.clone(), other, recording(&seen))?;
+    step_until(&backend, &claiming, false, || seen_len(&seen) == 2).await?;
+    assert_eq!(
+        seen.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone(),
+        BTreeMap::from([(0, 2), (1, 1)]),
+        "each ran at its first counted delivery (entry 0's claim above was one)"
+    );
     assert!(store
         .range(&key.dead_letters()?, StreamEntryId::ZERO, 10)
         .await?
@@ -1261,6 +1356,7 @@ stream_subscription_tests!(
     a_poison_entry_is_dead_lettered_after_exactly_max_deliveries,
     a_permanent_failure_is_dead_lettered_at_once,
     deferrals_never_count_toward_max_deliveries,
+    deferrals_do_not_count_after_a_claim_or_a_restart,
     a_deferring_subscription_stops_reading_and_claiming_for_its_backoff,
     a_deferred_entry_is_taken_up_again_after_the_pause_not_after_min_idle,
     a_crashed_consumer_s_entries_are_claimed_once_idle,

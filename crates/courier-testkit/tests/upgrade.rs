@@ -3,7 +3,8 @@
 //! with completed and pending work reads the same after the upgrade to plain
 //! completions without receipts, and the work completed after it reads
 //! completed too. Dead letters from before fingerprints (PostgreSQL schema
-//! 14, SQLite 8) still group after the upgrade, under `unknown`.
+//! 14, SQLite 8) still group after the upgrade, under `unknown`. SQLite 10's
+//! pending stream entries survive the rebuild that allows a count of 0.
 
 use std::time::Duration;
 
@@ -513,4 +514,77 @@ async fn sqlite_an_upgrade_from_schema_9_keeps_work_in_flight_and_adds_prioritie
         },
     )
     .await
+}
+
+/// SQLite schema 10 refused a stream entry pending with 0 deliveries, which
+/// a subscription leaves when it takes back the only delivery of an entry
+/// it deferred. The upgrade keeps every pending entry (consumer, count,
+/// idle time) and then allows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_an_upgrade_from_schema_10_keeps_pending_stream_entries_and_allows_uncounting(
+) -> anyhow::Result<()> {
+    use courier::StreamStore;
+    use courier::{GroupStart, NewStreamEntry, PendingQuery, ReadNew, StreamEntryId, StreamKey};
+
+    let (_dir, _pool, store) = sqlite_at(10).await?;
+    let key = StreamKey::new("acme", "events")?;
+    store.ensure_group(&key, "g", GroupStart::Beginning).await?;
+    let entries: Vec<_> = (0..3)
+        .map(|n| NewStreamEntry::new(serde_json::json!({ "n": n })))
+        .collect();
+    let ids = store.append(&key, &entries).await?;
+    for (consumer, count) in [("c1", 2), ("c2", 1)] {
+        let read = ReadNew {
+            group: "g".to_owned(),
+            consumer: consumer.to_owned(),
+            count,
+            block: None,
+        };
+        anyhow::ensure!(store.read_new(&key, &read).await?.len() == count);
+    }
+    store
+        .read_pending(&key, "g", "c1", StreamEntryId::ZERO, 1)
+        .await?;
+    let all = PendingQuery {
+        after: StreamEntryId::ZERO,
+        count: 10,
+        consumer: None,
+        min_idle: None,
+    };
+    let counts = |detail: Vec<courier::PendingDetail>| {
+        detail
+            .into_iter()
+            .map(|d| (d.id, d.consumer, d.deliveries))
+            .collect::<Vec<_>>()
+    };
+    let before = counts(store.pending_detail(&key, "g", &all).await?);
+    assert_eq!(
+        before,
+        vec![
+            (ids[0], "c1".to_owned(), 2),
+            (ids[1], "c1".to_owned(), 1),
+            (ids[2], "c2".to_owned(), 1),
+        ]
+    );
+    assert!(
+        store
+            .uncount_deliveries(&key, "g", "c1", &ids[1..2])
+            .await
+            .is_err(),
+        "schema 10 refuses a count of 0"
+    );
+
+    store.migrate().await?;
+    anyhow::ensure!(store.schema_version().await? == courier::sqlite::SCHEMA_VERSION);
+    assert_eq!(counts(store.pending_detail(&key, "g", &all).await?), before);
+    assert_eq!(store.uncount_deliveries(&key, "g", "c1", &ids).await?, 2);
+    assert_eq!(
+        counts(store.pending_detail(&key, "g", &all).await?),
+        vec![
+            (ids[0], "c1".to_owned(), 1),
+            (ids[1], "c1".to_owned(), 0),
+            (ids[2], "c2".to_owned(), 1),
+        ]
+    );
+    Ok(())
 }

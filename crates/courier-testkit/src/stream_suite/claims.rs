@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use courier_core::{ClaimIdle, GroupStart, PendingEntry, StreamEntryId, StreamStore, TrimBound};
+use courier_core::{
+    ClaimIdle, GroupStart, PendingEntry, PendingQuery, StreamEntryId, StreamStore, TrimBound,
+};
 
 use super::helpers::*;
 use super::StreamFixture;
@@ -162,6 +164,71 @@ pub async fn a_touch_keeps_own_pending_entries_from_idle_claims<F: StreamFixture
         .read_pending(&key, "g", "c1", StreamEntryId::ZERO, 10)
         .await?;
     assert_eq!(reread, vec![PendingEntry::Deleted(late[0])]);
+    Ok(())
+}
+
+/// Taking back a delivery (of an entry read but not handled) drops its
+/// count by one, never below 0, and leaves its consumer and idle time as
+/// they were; entries pending to another consumer, acked or unknown are
+/// left alone.
+pub async fn a_delivery_taken_back_is_not_counted<F: StreamFixture>(
+    fixture: F,
+) -> anyhow::Result<()> {
+    let store = fixture.store();
+    let key = key("uncount")?;
+    assert!(store.ensure_group(&key, "g", GroupStart::Beginning).await?);
+    let appended = append_numbered(store, &key, 0, 3).await?;
+    read_new(store, &key, "g", "c1", 2).await?;
+    read_new(store, &key, "g", "c3", 1).await?;
+    fixture.age_pending(&key, "g", AGED).await?;
+
+    // Entry 2 is c3's: c1 takes back only its own two.
+    assert_eq!(
+        store.uncount_deliveries(&key, "g", "c1", &appended).await?,
+        2
+    );
+    let counts = |detail: Vec<courier_core::PendingDetail>| {
+        detail
+            .into_iter()
+            .map(|d| (d.consumer, d.deliveries))
+            .collect::<Vec<_>>()
+    };
+    let all = PendingQuery {
+        after: StreamEntryId::ZERO,
+        count: 10,
+        consumer: None,
+        min_idle: None,
+    };
+    assert_eq!(
+        counts(store.pending_detail(&key, "g", &all).await?),
+        vec![
+            ("c1".to_owned(), 0),
+            ("c1".to_owned(), 0),
+            ("c3".to_owned(), 1)
+        ]
+    );
+    // Still idle: a claim takes all three, the taken-back ones at their
+    // first counted delivery.
+    let claimed = store.claim_idle(&key, &claim("g", "c2", 10)).await?;
+    assert_eq!(ids(&claimed.entries), appended);
+    assert_eq!(deliveries(&claimed.entries), vec![1, 1, 2]);
+    // Never below 0.
+    let first = &appended[..1];
+    assert_eq!(store.uncount_deliveries(&key, "g", "c2", first).await?, 1);
+    assert_eq!(store.uncount_deliveries(&key, "g", "c2", first).await?, 1);
+    let reread = store
+        .read_pending(&key, "g", "c2", StreamEntryId::ZERO, 1)
+        .await?;
+    match reread.as_slice() {
+        [PendingEntry::Present(entry)] => assert_eq!(entry.deliveries, 1),
+        other => anyhow::bail!("expected entry 0 present, got {other:?}"),
+    }
+    // Acked or unknown ids are left alone.
+    store.ack(&key, "g", &appended).await?;
+    assert_eq!(
+        store.uncount_deliveries(&key, "g", "c2", &appended).await?,
+        0
+    );
     Ok(())
 }
 

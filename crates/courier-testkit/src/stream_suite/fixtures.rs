@@ -131,6 +131,16 @@ impl StreamStore for ReadablePgStore {
         self.0.touch(key, group, consumer, ids)
     }
 
+    fn uncount_deliveries<'c>(
+        &'c self,
+        key: &'c StreamKey,
+        group: &'c str,
+        consumer: &'c str,
+        ids: &'c [StreamEntryId],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'c {
+        self.0.uncount_deliveries(key, group, consumer, ids)
+    }
+
     fn ensure_group<'c>(
         &'c self,
         key: &'c StreamKey,

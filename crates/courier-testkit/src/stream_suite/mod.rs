@@ -106,6 +106,7 @@ macro_rules! stream_backend_tests {
             claims_and_own_pending_reads_count_deliveries,
             nothing_below_the_idle_time_is_claimed,
             a_touch_keeps_own_pending_entries_from_idle_claims,
+            a_delivery_taken_back_is_not_counted,
             claims_reach_idle_entries_behind_busy_ones_by_following_next,
             trimmed_pending_entries_are_reported_deleted,
             the_pending_summary_counts_per_consumer,

@@ -948,10 +948,20 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                 .await
             {
                 tracing::debug!(subscription = c.name, %error, "taking back deliveries not handled failed; this process discounts them");
-                let mut deferrals = lock(&self.deferrals);
-                for id in chunk {
-                    *deferrals.entry(*id).or_default() += 1;
-                }
+                self.discount(chunk.to_vec());
+            }
+        }
+        self.release(ids);
+    }
+
+    /// Entries delivered but not handled whose delivery the backend did not
+    /// take back: it does not count in this process (it does after a
+    /// restart or a claim by another consumer); they are left to go idle.
+    fn discount(&self, ids: Vec<StreamEntryId>) {
+        {
+            let mut deferrals = lock(&self.deferrals);
+            for id in &ids {
+                *deferrals.entry(*id).or_default() += 1;
             }
         }
         self.release(ids);
@@ -1202,7 +1212,12 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                     .collect::<Vec<_>>()
             })
             .collect();
-        self.left_unhandled(unhandled).await;
+        if result.is_ok() {
+            self.left_unhandled(unhandled).await;
+        } else {
+            // The backend is failing: no round trip that would only wait.
+            self.discount(unhandled);
+        }
         // Whatever happened, the batches already handled get their receipts
         // and acks (a batch left unsettled would be handled again).
         while let Some(done) = pipe.settling.next().await {

@@ -401,7 +401,8 @@ pub struct PendingDetail {
     /// How long since it was last delivered (backend clock).
     #[serde(with = "millis")]
     pub idle: Duration,
-    /// How often it has been delivered.
+    /// How often it has been delivered, less the deliveries taken back
+    /// ([`StreamStore::uncount_deliveries`]).
     pub deliveries: u64,
 }
 

@@ -93,6 +93,11 @@ pub const DEFAULT_MIN_IDLE: Duration = Duration::from_secs(30);
 pub const DEFAULT_CLAIM_INTERVAL: Duration = Duration::from_secs(10);
 /// Deliveries after which a failing entry is dead-lettered.
 pub const DEFAULT_MAX_DELIVERIES: u64 = 10;
+/// How long a subscription waits for the backend to take back the
+/// deliveries of entries it did not handle before it discounts them in
+/// memory instead (a failing backend would hold up the settle behind it).
+const UNCOUNT_WITHIN: Duration = Duration::from_secs(1);
+
 /// The first pause after a deferral.
 pub const DEFAULT_DEFER_MIN: Duration = Duration::from_secs(1);
 /// The longest pause after deferrals.
@@ -935,21 +940,29 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
     /// ([`StreamStore::uncount_deliveries`]), so it counts against
     /// `max_deliveries` nowhere, whichever consumer takes the entry next;
     /// then they are left to go idle. Where the backend cannot be reached,
-    /// this process remembers the deliveries instead (lost on a restart).
+    /// this process remembers the deliveries instead (lost on a restart),
+    /// and waits for it at most [`UNCOUNT_WITHIN`]. A take-back that failed
+    /// but went through (its reply lost) is discounted twice: the entry may
+    /// then run once more than `max_deliveries` allows.
     async fn left_unhandled(&self, ids: Vec<StreamEntryId>) {
         if ids.is_empty() {
             return;
         }
         let c = &self.config;
         for chunk in ids.chunks(courier_core::MAX_STREAM_BATCH) {
-            if let Err(error) = self
-                .streams
-                .uncount_deliveries(&c.key, &c.name, &c.consumer, chunk)
-                .await
-            {
-                tracing::debug!(subscription = c.name, %error, "taking back deliveries not handled failed; this process discounts them");
-                self.discount(chunk.to_vec());
-            }
+            let taken_back = tokio::time::timeout(
+                UNCOUNT_WITHIN,
+                self.streams
+                    .uncount_deliveries(&c.key, &c.name, &c.consumer, chunk),
+            )
+            .await;
+            let error = match taken_back {
+                Ok(Ok(_)) => continue,
+                Ok(Err(error)) => error.to_string(),
+                Err(_) => format!("no answer within {UNCOUNT_WITHIN:?}"),
+            };
+            tracing::debug!(subscription = c.name, %error, "taking back deliveries not handled failed; this process discounts them");
+            self.discount(chunk.to_vec());
         }
         self.release(ids);
     }
@@ -1212,12 +1225,7 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                     .collect::<Vec<_>>()
             })
             .collect();
-        if result.is_ok() {
-            self.left_unhandled(unhandled).await;
-        } else {
-            // The backend is failing: no round trip that would only wait.
-            self.discount(unhandled);
-        }
+        self.left_unhandled(unhandled).await;
         // Whatever happened, the batches already handled get their receipts
         // and acks (a batch left unsettled would be handled again).
         while let Some(done) = pipe.settling.next().await {

@@ -3,43 +3,12 @@
 -- the append in one round trip. Returns one row: the appended entry's id
 -- (duplicate false), or the lowest existing entry's (duplicate true).
 -- Touches: stream_entries (read by stream_entries_origin, insert),
--- stream_waiters (read), the minor sequence. Locks: none beyond the insert.
--- Shape: `found` reads the statement's snapshot, plain MVCC visibility and
--- not the readers' xmin horizon: the relay asks "did an append of this
--- message commit?", and an entry of a committed transaction above the
--- horizon counts, as do the caller's own earlier appends. OFFSET 0 keeps
--- the ORDER BY ... LIMIT 1 out of the inner query's plan: with it, the
--- generic plan walked the stream in id order (its primary key) filtering on
--- message_id, a scan of the whole stream per relayed message. Two
--- transactions relaying one message at once both append; only one of them
--- can complete the delivery (its lease), so the other rolls back.
-WITH found AS (
-  SELECT o.major, o.minor
-  FROM (
-    SELECT e.major, e.minor
-    FROM {schema}.stream_entries e
-    WHERE e.tenant = $1 AND e.stream = $2 AND e.message_id = $5
-    OFFSET 0
-  ) o
-  ORDER BY o.major, o.minor
-  LIMIT 1
-),
-woken AS (
-  -- As in stream_append: only the stream's readers wake, at commit.
-  SELECT pg_notify('{schema}.streams', $1 || chr(10) || $2)
-  FROM {schema}.stream_waiters w
-  WHERE w.tenant = $1 AND w.stream = $2 AND w.until > statement_timestamp()
-    AND NOT EXISTS (SELECT 1 FROM found)
-),
-appended AS (
-  INSERT INTO {schema}.stream_entries
-    (tenant, stream, major, minor, payload, headers, message_id, origin_tenant, topic,
-     schema_version)
-  SELECT $1, $2, pg_current_xact_id()::text::bigint, nextval('{schema}.stream_entry_minor'),
-         $3::jsonb, $4::jsonb, $5, $6, $7, $8
-  WHERE NOT EXISTS (SELECT 1 FROM found) AND (SELECT count(*) FROM woken) >= 0
-  RETURNING major, minor
-)
-SELECT major, minor, false AS duplicate FROM appended
-UNION ALL
-SELECT major, minor, true AS duplicate FROM found
+-- stream_waiters (read), the minor sequence. Locks: a transaction-level
+-- advisory lock on (tenant, stream, message id), so that two transactions
+-- relaying one message to one stream at once append it once (migration
+-- 0018). The look sees plain MVCC visibility, not the readers' xmin
+-- horizon: the relay asks "did an append of this message commit?", and an
+-- entry of a committed transaction above the horizon counts, as do the
+-- caller's own earlier appends.
+SELECT r.entry_major AS major, r.entry_minor AS minor, r.is_duplicate AS duplicate
+FROM {schema}.relay_append($1, $2, $3::jsonb, $4::jsonb, $5, $6, $7, $8) r

@@ -108,10 +108,15 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "stream_receipt_runs",
         sql: include_str!("../migrations/0017_stream_receipt_runs.sql"),
     },
+    Migration {
+        version: 18,
+        name: "relay_append_lock",
+        sql: include_str!("../migrations/0018_relay_append_lock.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 17;
+pub const SCHEMA_VERSION: i64 = 18;
 
 /// Applies every migration newer than the schema's, in one transaction under
 /// the migration lock, after checking the applied ones (see the module doc).

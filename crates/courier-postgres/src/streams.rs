@@ -318,6 +318,9 @@ impl PgStore {
     /// unless `key` already holds an entry of that message that committed
     /// or was appended earlier in that transaction — in one round trip,
     /// looked up by index (migration 0011), never by scanning the stream.
+    /// Another transaction relaying the same message to `key` at the same
+    /// time makes this one wait until it ends, then find its entry if it
+    /// committed (migration 0018): the message is stored once.
     /// Returns the new entry's id and `false`, or the lowest existing
     /// entry's and `true`.
     /// An entry without an origin is refused.

@@ -241,7 +241,9 @@ pub struct PendingEntryView {
     pub consumer: String,
     /// Milliseconds since it was last delivered (backend clock).
     pub idle_ms: u64,
-    /// How often it has been delivered.
+    /// How often it has been delivered, less the deliveries a subscription
+    /// took back (deferred, or read and not run): 0 for an entry read once
+    /// and deferred.
     pub deliveries: u64,
 }
 

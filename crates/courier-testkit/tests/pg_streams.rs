@@ -557,3 +557,51 @@ async fn a_relay_append_appends_a_message_once_and_reports_the_first_entry() -> 
     );
     Ok(())
 }
+
+/// Two relays appending one message to one stream at once (two
+/// subscriptions relaying a topic into the same native stream, each in its
+/// delivery's transaction) store it once: the second waits for the first
+/// transaction and, once that committed, finds its entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_transactions_relaying_one_message_at_once_store_it_once() -> anyhow::Result<()> {
+    let pg = PgFixture::new().await?;
+    let store = pg.courier().store().clone();
+    let key = StreamKey::new("acme", "relayed")?;
+    let message_id = uuid::Uuid::now_v7();
+    let relayed = |n: u64| NewStreamEntry {
+        origin: Some(courier::EntryOrigin {
+            message_id,
+            tenant: "acme".into(),
+            topic: "order.placed".into(),
+            schema_version: 1,
+        }),
+        ..entry(n)
+    };
+
+    let mut first = pg.pool.begin().await?;
+    let (id, duplicate) = store.relay_append_on(&mut first, &key, &relayed(0)).await?;
+    assert!(!duplicate);
+    let second = tokio::spawn({
+        let store = store.clone();
+        let pool = pg.pool.clone();
+        let key = key.clone();
+        let entry = relayed(1);
+        async move {
+            let mut tx = pool.begin().await?;
+            let appended = store.relay_append_on(&mut tx, &key, &entry).await?;
+            tx.commit().await?;
+            anyhow::Ok(appended)
+        }
+    });
+    // The second is under way (waiting, or already past its look) when the
+    // first commits.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    first.commit().await?;
+    let appended = tokio::time::timeout(Duration::from_secs(30), second).await???;
+    assert_eq!(appended, (id, true), "the second found the first's entry");
+
+    assert!(store.wait_until_readable(id, READABLE).await?);
+    let stored = store.range(&key, StreamEntryId::ZERO, 100).await?;
+    assert_eq!(stored.len(), 1, "one entry of the message: {stored:?}");
+    Ok(())
+}

@@ -110,8 +110,8 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 18,
-        name: "relay_append_lock",
-        sql: include_str!("../migrations/0018_relay_append_lock.sql"),
+        name: "relayed_entries",
+        sql: include_str!("../migrations/0018_relayed_entries.sql"),
     },
 ];
 

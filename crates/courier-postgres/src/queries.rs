@@ -41,6 +41,7 @@ queries!(
     stream_receipts_find,
     stream_receipts_insert_many,
     stream_relay_append,
+    stream_relayed_entry,
     stream_touch,
     stream_uncount,
     stream_trim_maxlen,

@@ -320,7 +320,9 @@ impl PgStore {
     /// looked up by index (migration 0011), never by scanning the stream.
     /// Another transaction relaying the same message to `key` at the same
     /// time makes this one wait until it ends, then find its entry if it
-    /// committed (migration 0018): the message is stored once.
+    /// committed (migration 0018): the message is stored once. (In a
+    /// `REPEATABLE READ` or `SERIALIZABLE` transaction the entry committed
+    /// meanwhile cannot be read: that is a serialization failure to retry.)
     /// Returns the new entry's id and `false`, or the lowest existing
     /// entry's and `true`.
     /// An entry without an origin is refused.
@@ -351,12 +353,30 @@ impl PgStore {
             .bind(&origin.tenant)
             .bind(&origin.topic)
             .bind(origin.schema_version)
-            .fetch_one(conn)
+            .fetch_optional(&mut *conn)
             .await
             .map_err(map)?;
-        let id = row_id(&row)?.ok_or_else(|| no_id("relay append"))?;
-        let duplicate: bool = row.try_get("duplicate").map_err(map)?;
-        Ok((id, duplicate))
+        if let Some(row) = row {
+            let id = row_id(&row)?.ok_or_else(|| no_id("relay append"))?;
+            let duplicate: bool = row.try_get("duplicate").map_err(map)?;
+            return Ok((id, duplicate));
+        }
+        // A transaction relaying the same message at the same time appended
+        // it and committed after the statement began: its entry, as a new
+        // snapshot sees it.
+        let row = sqlx::query(&self.q().stream_relayed_entry)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(origin.message_id)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(map)?;
+        let id = match row {
+            Some(row) => row_id(&row)?,
+            None => None,
+        }
+        .ok_or_else(|| no_id("relay append"))?;
+        Ok((id, true))
     }
 
     async fn append_with<'e, E: sqlx::PgExecutor<'e>>(

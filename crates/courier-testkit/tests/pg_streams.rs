@@ -561,14 +561,15 @@ async fn a_relay_append_appends_a_message_once_and_reports_the_first_entry() -> 
 /// Two relays appending one message to one stream at once (two
 /// subscriptions relaying a topic into the same native stream, each in its
 /// delivery's transaction) store it once: the second waits for the first
-/// transaction and, once that committed, finds its entry.
+/// transaction and, once that committed, finds its entry; had the first
+/// rolled back, the second appends it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_transactions_relaying_one_message_at_once_store_it_once() -> anyhow::Result<()> {
     let pg = PgFixture::new().await?;
     let store = pg.courier().store().clone();
+    let second_store = pg.named_store("second").await?;
     let key = StreamKey::new("acme", "relayed")?;
-    let message_id = uuid::Uuid::now_v7();
-    let relayed = |n: u64| NewStreamEntry {
+    let relayed = |message_id: uuid::Uuid, n: u64| NewStreamEntry {
         origin: Some(courier::EntryOrigin {
             message_id,
             tenant: "acme".into(),
@@ -577,31 +578,59 @@ async fn two_transactions_relaying_one_message_at_once_store_it_once() -> anyhow
         }),
         ..entry(n)
     };
-
-    let mut first = pg.pool.begin().await?;
-    let (id, duplicate) = store.relay_append_on(&mut first, &key, &relayed(0)).await?;
-    assert!(!duplicate);
-    let second = tokio::spawn({
-        let store = store.clone();
-        let pool = pg.pool.clone();
+    // Relays `entry` on the second store, in a transaction it commits.
+    let relay_second = |entry: NewStreamEntry| {
+        let store = second_store.clone();
         let key = key.clone();
-        let entry = relayed(1);
-        async move {
-            let mut tx = pool.begin().await?;
+        tokio::spawn(async move {
+            let mut tx = store.pool().begin().await?;
             let appended = store.relay_append_on(&mut tx, &key, &entry).await?;
             tx.commit().await?;
             anyhow::Ok(appended)
+        })
+    };
+    let waiting = || async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !pg.waits_on_a_lock("second").await {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the second relay never waited for the first"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
-    });
-    // The second is under way (waiting, or already past its look) when the
-    // first commits.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+        anyhow::Ok(())
+    };
+
+    // The first commits while the second waits for it.
+    let (a, b) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+    let mut first = pg.pool.begin().await?;
+    let (id, duplicate) = store
+        .relay_append_on(&mut first, &key, &relayed(a, 0))
+        .await?;
+    assert!(!duplicate);
+    let second = relay_second(relayed(a, 1));
+    waiting().await?;
     first.commit().await?;
     let appended = tokio::time::timeout(Duration::from_secs(30), second).await???;
     assert_eq!(appended, (id, true), "the second found the first's entry");
 
-    assert!(store.wait_until_readable(id, READABLE).await?);
+    // The first rolls back while the second waits: the second appends.
+    let mut first = pg.pool.begin().await?;
+    store
+        .relay_append_on(&mut first, &key, &relayed(b, 2))
+        .await?;
+    let second = relay_second(relayed(b, 3));
+    waiting().await?;
+    first.rollback().await?;
+    let (other, duplicate) = tokio::time::timeout(Duration::from_secs(30), second).await???;
+    assert!(!duplicate);
+
+    assert!(store.wait_until_readable(other, READABLE).await?);
     let stored = store.range(&key, StreamEntryId::ZERO, 100).await?;
-    assert_eq!(stored.len(), 1, "one entry of the message: {stored:?}");
+    let numbers: Vec<u64> = stored
+        .iter()
+        .map(|e| e.payload["n"].as_u64().unwrap_or(u64::MAX))
+        .collect();
+    assert_eq!(numbers, vec![0, 3], "one entry of each message");
     Ok(())
 }

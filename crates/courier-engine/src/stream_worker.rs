@@ -613,7 +613,7 @@ struct Inner<S, R: StreamReceipts> {
     /// Deliveries not handled that the backend could not take back
     /// ([`StreamStore::uncount_deliveries`] failed), per entry still
     /// pending: they do not count in this process.
-    deferrals: Mutex<HashMap<StreamEntryId, u64>>,
+    discounted: Mutex<HashMap<StreamEntryId, u64>>,
     /// Consecutive batches with a deferral (the backoff grows with them)
     /// and the longest delay a handler asked for in them.
     defer_streak: Mutex<(u32, Duration)>,
@@ -678,7 +678,7 @@ impl<S: StreamStore, R: StreamReceipts> StreamSubscription<S, R> {
                 handler,
                 transactional,
                 errors: Mutex::new(HashMap::new()),
-                deferrals: Mutex::new(HashMap::new()),
+                discounted: Mutex::new(HashMap::new()),
                 defer_streak: Mutex::new((0, Duration::ZERO)),
                 stop: CancellationToken::new(),
                 held: Mutex::new(BTreeSet::new()),
@@ -972,9 +972,9 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
     /// restart or a claim by another consumer); they are left to go idle.
     fn discount(&self, ids: Vec<StreamEntryId>) {
         {
-            let mut deferrals = lock(&self.deferrals);
+            let mut discounted = lock(&self.discounted);
             for id in &ids {
-                *deferrals.entry(*id).or_default() += 1;
+                *discounted.entry(*id).or_default() += 1;
             }
         }
         self.release(ids);
@@ -1097,20 +1097,21 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
     fn forget(&self, ids: &[StreamEntryId]) {
         self.release(ids.iter().copied());
         let mut errors = lock(&self.errors);
-        let mut deferrals = lock(&self.deferrals);
+        let mut discounted = lock(&self.discounted);
         for id in ids {
             errors.remove(id);
-            deferrals.remove(id);
+            discounted.remove(id);
         }
     }
 
-    /// Deliveries that count: the backend's, less this process's deferrals.
+    /// Deliveries that count: the backend's (deliveries taken back left
+    /// out), less those this process discounted when the take-back failed.
     fn counted_deliveries(&self, entry: &DeliveredEntry) -> u64 {
-        let deferred = lock(&self.deferrals)
+        let discounted = lock(&self.discounted)
             .get(&entry.entry.id)
             .copied()
             .unwrap_or(0);
-        entry.deliveries.saturating_sub(deferred).max(1)
+        entry.deliveries.saturating_sub(discounted).max(1)
     }
 
     async fn handle_batch(

@@ -507,6 +507,36 @@ fn sorted_id_parts(ids: &[StreamEntryId]) -> Result<(Vec<i64>, Vec<i64>), StoreE
     Ok(parts.into_iter().unzip())
 }
 
+impl PgStore {
+    /// Runs `sql` (`stream_touch`, `stream_uncount`: an UPDATE of the rows
+    /// of `ids` pending to `consumer` in `group`, taken in id order, that
+    /// returns their count) after checking the names and the count.
+    async fn update_own_pending(
+        &self,
+        sql: &str,
+        key: &StreamKey,
+        group: &str,
+        consumer: &str,
+        ids: &[StreamEntryId],
+    ) -> Result<u64, StoreError> {
+        validate_name("group", group)?;
+        validate_name("consumer", consumer)?;
+        validate_count("ids", ids.len())?;
+        let (majors, minors) = sorted_id_parts(ids)?;
+        let updated: i64 = sqlx::query_scalar(sql)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(group)
+            .bind(consumer)
+            .bind(&majors)
+            .bind(&minors)
+            .fetch_one(self.pool())
+            .await
+            .map_err(map)?;
+        Ok(u64::try_from(updated).unwrap_or(0))
+    }
+}
+
 impl StreamStore for PgStore {
     fn backend(&self) -> &'static str {
         "postgres"
@@ -698,21 +728,8 @@ impl StreamStore for PgStore {
         consumer: &'c str,
         ids: &'c [StreamEntryId],
     ) -> Result<u64, StoreError> {
-        validate_name("group", group)?;
-        validate_name("consumer", consumer)?;
-        validate_count("ids", ids.len())?;
-        let (majors, minors) = sorted_id_parts(ids)?;
-        let touched: i64 = sqlx::query_scalar(&self.q().stream_touch)
-            .bind(key.tenant())
-            .bind(key.stream())
-            .bind(group)
-            .bind(consumer)
-            .bind(&majors)
-            .bind(&minors)
-            .fetch_one(self.pool())
+        self.update_own_pending(&self.q().stream_touch, key, group, consumer, ids)
             .await
-            .map_err(map)?;
-        Ok(u64::try_from(touched).unwrap_or(0))
     }
 
     async fn uncount_deliveries<'c>(
@@ -722,21 +739,8 @@ impl StreamStore for PgStore {
         consumer: &'c str,
         ids: &'c [StreamEntryId],
     ) -> Result<u64, StoreError> {
-        validate_name("group", group)?;
-        validate_name("consumer", consumer)?;
-        validate_count("ids", ids.len())?;
-        let (majors, minors) = sorted_id_parts(ids)?;
-        let uncounted: i64 = sqlx::query_scalar(&self.q().stream_uncount)
-            .bind(key.tenant())
-            .bind(key.stream())
-            .bind(group)
-            .bind(consumer)
-            .bind(&majors)
-            .bind(&minors)
-            .fetch_one(self.pool())
+        self.update_own_pending(&self.q().stream_uncount, key, group, consumer, ids)
             .await
-            .map_err(map)?;
-        Ok(u64::try_from(uncounted).unwrap_or(0))
     }
 
     async fn ack<'c>(

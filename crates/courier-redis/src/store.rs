@@ -10,7 +10,7 @@ use courier_core::{
     StreamEntry, StreamEntryId, StreamKey, StreamPage, StreamStore, StreamSummary, TrimBound,
     ValidationError, MAX_PAYLOAD_BYTES, MAX_STREAM_PAGE,
 };
-use redis::{Cmd, ScriptInvocation, Value};
+use redis::{Cmd, Script, ScriptInvocation, Value};
 
 use crate::encoding::{decode, encode, Fields};
 use crate::error::{corrupt, map, map_group};
@@ -232,6 +232,33 @@ impl RedisStreamStore {
     /// Runs a script on the shared connection.
     async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> redis::RedisResult<Value> {
         invocation.invoke_async(&mut self.connection()).await
+    }
+
+    /// Runs `script` (`touch.lua`, `uncount.lua`: a change to those of `ids`
+    /// pending to `consumer` in `group`, returning how many it changed)
+    /// after checking the names and the count.
+    async fn own_pending_script(
+        &self,
+        script: &Script,
+        reply_name: &str,
+        key: &StreamKey,
+        group: &str,
+        consumer: &str,
+        ids: &[StreamEntryId],
+    ) -> Result<u64, StoreError> {
+        validate_name("group", group)?;
+        validate_name("consumer", consumer)?;
+        validate_count("ids", ids.len())?;
+        let mut invocation = script.key(self.redis_key(key));
+        invocation.arg(group).arg(consumer);
+        for entry_id in ids {
+            invocation.arg(entry_id.to_string());
+        }
+        let reply = self
+            .invoke(&invocation)
+            .await
+            .map_err(|e| map_group(e, key, group))?;
+        count(reply, reply_name)
     }
 }
 
@@ -467,19 +494,9 @@ impl StreamStore for RedisStreamStore {
         consumer: &str,
         ids: &[StreamEntryId],
     ) -> Result<u64, StoreError> {
-        validate_name("group", group)?;
-        validate_name("consumer", consumer)?;
-        validate_count("ids", ids.len())?;
-        let mut invocation = self.shared.scripts.touch.key(self.redis_key(key));
-        invocation.arg(group).arg(consumer);
-        for entry_id in ids {
-            invocation.arg(entry_id.to_string());
-        }
-        let reply = self
-            .invoke(&invocation)
+        let script = &self.shared.scripts.touch;
+        self.own_pending_script(script, "touch's count", key, group, consumer, ids)
             .await
-            .map_err(|e| map_group(e, key, group))?;
-        count(reply, "touch's count")
     }
 
     /// Refuses an empty list of ids (field `ids`), like an oversized one.
@@ -490,19 +507,9 @@ impl StreamStore for RedisStreamStore {
         consumer: &str,
         ids: &[StreamEntryId],
     ) -> Result<u64, StoreError> {
-        validate_name("group", group)?;
-        validate_name("consumer", consumer)?;
-        validate_count("ids", ids.len())?;
-        let mut invocation = self.shared.scripts.uncount.key(self.redis_key(key));
-        invocation.arg(group).arg(consumer);
-        for entry_id in ids {
-            invocation.arg(entry_id.to_string());
-        }
-        let reply = self
-            .invoke(&invocation)
+        let script = &self.shared.scripts.uncount;
+        self.own_pending_script(script, "uncount's count", key, group, consumer, ids)
             .await
-            .map_err(|e| map_group(e, key, group))?;
-        count(reply, "uncount's count")
     }
 
     /// Refuses an empty list of ids (field `ids`), like an oversized one.

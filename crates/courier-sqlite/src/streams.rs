@@ -414,6 +414,40 @@ impl SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// Runs `sql` (`STREAM_TOUCH`, `STREAM_UNCOUNT`: an UPDATE of the rows
+    /// of `ids` pending to `consumer` in `group`) under the write turn,
+    /// after checking the names and the count; returns the rows changed.
+    async fn update_own_pending(
+        &self,
+        sql: &'static str,
+        key: &StreamKey,
+        group: &str,
+        consumer: &str,
+        ids: &[StreamEntryId],
+    ) -> Result<u64, StoreError> {
+        validate_name("group", group)?;
+        validate_name("consumer", consumer)?;
+        validate_count("ids", ids.len())?;
+        let rowids: Vec<i64> = ids.iter().copied().filter_map(rowid).collect();
+        if rowids.is_empty() {
+            return Ok(0);
+        }
+        let _turn = self.write_turn().await?;
+        let updated = sqlx::query(sql)
+            .bind(key.tenant())
+            .bind(key.stream())
+            .bind(group)
+            .bind(consumer)
+            .bind(rowids_json(rowids))
+            .execute(&self.inner.pool)
+            .await
+            .map_err(map)?
+            .rows_affected();
+        Ok(updated)
+    }
+}
+
 impl StreamStore for SqliteStore {
     fn backend(&self) -> &'static str {
         "sqlite"
@@ -632,25 +666,8 @@ impl StreamStore for SqliteStore {
         consumer: &'c str,
         ids: &'c [StreamEntryId],
     ) -> Result<u64, StoreError> {
-        validate_name("group", group)?;
-        validate_name("consumer", consumer)?;
-        validate_count("ids", ids.len())?;
-        let rowids: Vec<i64> = ids.iter().copied().filter_map(rowid).collect();
-        if rowids.is_empty() {
-            return Ok(0);
-        }
-        let _turn = self.write_turn().await?;
-        let touched = sqlx::query(queries::STREAM_TOUCH)
-            .bind(key.tenant())
-            .bind(key.stream())
-            .bind(group)
-            .bind(consumer)
-            .bind(rowids_json(rowids))
-            .execute(&self.inner.pool)
+        self.update_own_pending(queries::STREAM_TOUCH, key, group, consumer, ids)
             .await
-            .map_err(map)?
-            .rows_affected();
-        Ok(touched)
     }
 
     async fn uncount_deliveries<'c>(
@@ -660,25 +677,8 @@ impl StreamStore for SqliteStore {
         consumer: &'c str,
         ids: &'c [StreamEntryId],
     ) -> Result<u64, StoreError> {
-        validate_name("group", group)?;
-        validate_name("consumer", consumer)?;
-        validate_count("ids", ids.len())?;
-        let rowids: Vec<i64> = ids.iter().copied().filter_map(rowid).collect();
-        if rowids.is_empty() {
-            return Ok(0);
-        }
-        let _turn = self.write_turn().await?;
-        let uncounted = sqlx::query(queries::STREAM_UNCOUNT)
-            .bind(key.tenant())
-            .bind(key.stream())
-            .bind(group)
-            .bind(consumer)
-            .bind(rowids_json(rowids))
-            .execute(&self.inner.pool)
+        self.update_own_pending(queries::STREAM_UNCOUNT, key, group, consumer, ids)
             .await
-            .map_err(map)?
-            .rows_affected();
-        Ok(uncounted)
     }
 
     async fn ack<'c>(

@@ -147,16 +147,20 @@ fn is_foreign_key_violation(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("23503"))
 }
 
-fn id_parts(id: StreamEntryId, field: &'static str) -> Result<(i64, i64), StoreError> {
-    let part = |value: u64| {
-        i64::try_from(value).map_err(|_| {
-            StoreError::Invalid(courier_core::ValidationError::new(
-                field,
-                format!("{id} is above the largest id PostgreSQL streams use"),
-            ))
-        })
-    };
-    Ok((part(id.major)?, part(id.minor)?))
+/// The columns of `id` when it can name an entry: ids are (xid, n) pairs
+/// of `bigint`s, so one with a part above `i64::MAX` names none.
+fn id_parts(id: StreamEntryId) -> Option<(i64, i64)> {
+    Some((i64::try_from(id.major).ok()?, i64::try_from(id.minor).ok()?))
+}
+
+/// The columns of a bound (after, from, cursor, min id) equivalent to `id`:
+/// every client-written id is a valid bound, and one past what the columns
+/// hold is above every entry, as `(i64::MAX, i64::MAX)` is.
+fn id_bound(id: StreamEntryId) -> (i64, i64) {
+    match i64::try_from(id.major) {
+        Ok(major) => (major, i64::try_from(id.minor).unwrap_or(i64::MAX)),
+        Err(_) => (i64::MAX, i64::MAX),
+    }
 }
 
 fn id_from(major: i64, minor: i64) -> Result<StreamEntryId, StoreError> {
@@ -438,7 +442,7 @@ impl PgStore {
         id: StreamEntryId,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let (major, _) = id_parts(id, "id")?;
+        let (major, _) = id_bound(id);
         let deadline = tokio::time::Instant::now() + timeout;
         let mut pause = VISIBILITY_RETRY;
         loop {
@@ -494,17 +498,14 @@ impl PgStore {
     }
 }
 
-/// The parts of `ids` as two arrays, in id order: statements that lock
-/// several pending rows (ack, touch) take them in the same order, so two of
-/// them running at once (a subscription's touch beside its ack) cannot
-/// deadlock.
-fn sorted_id_parts(ids: &[StreamEntryId]) -> Result<(Vec<i64>, Vec<i64>), StoreError> {
-    let mut parts = ids
-        .iter()
-        .map(|id| id_parts(*id, "ids"))
-        .collect::<Result<Vec<_>, _>>()?;
+/// The parts of those of `ids` that can name an entry (the others are
+/// unknown) as two arrays, in id order: statements that lock several
+/// pending rows (ack, touch) take them in the same order, so two of them
+/// running at once (a subscription's touch beside its ack) cannot deadlock.
+fn sorted_id_parts(ids: &[StreamEntryId]) -> (Vec<i64>, Vec<i64>) {
+    let mut parts: Vec<(i64, i64)> = ids.iter().filter_map(|id| id_parts(*id)).collect();
     parts.sort_unstable();
-    Ok(parts.into_iter().unzip())
+    parts.into_iter().unzip()
 }
 
 impl PgStore {
@@ -522,7 +523,7 @@ impl PgStore {
         validate_name("group", group)?;
         validate_name("consumer", consumer)?;
         validate_count("ids", ids.len())?;
-        let (majors, minors) = sorted_id_parts(ids)?;
+        let (majors, minors) = sorted_id_parts(ids);
         let updated: i64 = sqlx::query_scalar(sql)
             .bind(key.tenant())
             .bind(key.stream())
@@ -560,7 +561,7 @@ impl StreamStore for PgStore {
         let (kind, (major, minor)) = match start {
             GroupStart::Beginning => ("beginning", (0, 0)),
             GroupStart::End => ("end", (0, 0)),
-            GroupStart::After(id) => ("after", id_parts(id, "start")?),
+            GroupStart::After(id) => ("after", id_bound(id)),
         };
         let rows = sqlx::query(&self.q().stream_group_ensure)
             .bind(key.tenant())
@@ -636,7 +637,7 @@ impl StreamStore for PgStore {
         validate_name("group", group)?;
         validate_name("consumer", consumer)?;
         validate_count("count", count)?;
-        let (major, minor) = id_parts(after, "after")?;
+        let (major, minor) = id_bound(after);
         let rows = sqlx::query(&self.q().stream_read_pending)
             .bind(key.tenant())
             .bind(key.stream())
@@ -672,7 +673,7 @@ impl StreamStore for PgStore {
         claim: &'c ClaimIdle,
     ) -> Result<ClaimedEntries, StoreError> {
         claim.validate()?;
-        let (major, minor) = id_parts(claim.cursor, "cursor")?;
+        let (major, minor) = id_bound(claim.cursor);
         let rows = sqlx::query(&self.q().stream_claim_idle)
             .bind(key.tenant())
             .bind(key.stream())
@@ -751,7 +752,7 @@ impl StreamStore for PgStore {
     ) -> Result<u64, StoreError> {
         validate_name("group", group)?;
         validate_count("ids", ids.len())?;
-        let (majors, minors) = sorted_id_parts(ids)?;
+        let (majors, minors) = sorted_id_parts(ids);
         let rows = sqlx::query(&self.q().stream_ack)
             .bind(key.tenant())
             .bind(key.stream())
@@ -839,7 +840,7 @@ impl StreamStore for PgStore {
     ) -> Result<Vec<PendingDetail>, StoreError> {
         validate_name("group", group)?;
         query.validate()?;
-        let (major, minor) = id_parts(query.after, "after")?;
+        let (major, minor) = id_bound(query.after);
         let rows = sqlx::query(&self.q().stream_pending_detail)
             .bind(key.tenant())
             .bind(key.stream())
@@ -941,7 +942,7 @@ impl StreamStore for PgStore {
         count: usize,
     ) -> Result<Vec<StreamEntry>, StoreError> {
         validate_count("count", count)?;
-        let (major, minor) = id_parts(after, "after")?;
+        let (major, minor) = id_bound(after);
         let rows = sqlx::query(&self.q().stream_range)
             .bind(key.tenant())
             .bind(key.stream())
@@ -966,7 +967,7 @@ impl StreamStore for PgStore {
                 .await
                 .map_err(map)?,
             TrimBound::MinId(id) => {
-                let (major, minor) = id_parts(id, "min_id")?;
+                let (major, minor) = id_bound(id);
                 sqlx::query_scalar(&self.q().stream_trim_minid)
                     .bind(key.tenant())
                     .bind(key.stream())
@@ -993,7 +994,7 @@ impl StreamStore for PgStore {
         let payload = dead.validate_dead_letter()?;
         let headers = serde_json::to_string(&dead.headers)
             .map_err(|e| StoreError::Corrupt(format!("headers: {e}")))?;
-        let (major, minor) = id_parts(entry.entry.id, "id")?;
+        let (major, minor) = id_bound(entry.entry.id);
         let origin = dead.origin.as_ref();
         let rows = sqlx::query(&self.q().stream_dead_letter)
             .bind(key.tenant())
@@ -1036,5 +1037,29 @@ impl StreamStore for PgStore {
             .await
             .map_err(map)?;
         stream_page(&rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_past_the_columns_name_no_entry_and_bound_above_every_entry() {
+        assert_eq!(id_parts(StreamEntryId::new(7, 3)), Some((7, 3)));
+        assert_eq!(id_parts(StreamEntryId::new(1 << 63, 0)), None);
+        assert_eq!(id_parts(StreamEntryId::new(7, u64::MAX)), None);
+        assert_eq!(id_bound(StreamEntryId::new(7, 3)), (7, 3));
+        assert_eq!(id_bound(StreamEntryId::new(7, u64::MAX)), (7, i64::MAX));
+        assert_eq!(
+            id_bound(StreamEntryId::new(u64::MAX, 0)),
+            (i64::MAX, i64::MAX)
+        );
+        let ids = [
+            StreamEntryId::new(9, 1),
+            StreamEntryId::new(u64::MAX, u64::MAX),
+            StreamEntryId::new(2, 5),
+        ];
+        assert_eq!(sorted_id_parts(&ids), (vec![2, 9], vec![5, 1]));
     }
 }

@@ -102,6 +102,7 @@ macro_rules! stream_backend_tests {
             operations_on_a_missing_group_are_not_found_and_write_nothing,
             deleting_a_consumer_is_refused_while_it_has_pending_entries,
             ack_counts_only_pending_entries,
+            ids_up_to_the_largest_are_ids_like_any_other,
             an_entry_stays_pending_until_acked_whoever_read_or_claimed_it,
             claims_and_own_pending_reads_count_deliveries,
             nothing_below_the_idle_time_is_claimed,

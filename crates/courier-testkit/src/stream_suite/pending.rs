@@ -43,6 +43,93 @@ pub async fn ack_counts_only_pending_entries<F: StreamFixture>(fixture: F) -> an
     Ok(())
 }
 
+/// Every id a client can write (each part up to `u64::MAX`) is an id like
+/// any other, whatever a backend stores: ids above every entry are unknown
+/// to acks, touches and take-backs (they count 0), and reads, claims and
+/// listings after them find nothing; a trim to such an id removes every
+/// entry and a group started after it sees none of them.
+pub async fn ids_up_to_the_largest_are_ids_like_any_other<F: StreamFixture>(
+    fixture: F,
+) -> anyhow::Result<()> {
+    let store = fixture.store();
+    let key = key("largest-ids")?;
+    assert!(store.ensure_group(&key, "g", GroupStart::Beginning).await?);
+    let appended = append_numbered(store, &key, 0, 3).await?;
+    let read = read_new(store, &key, "g", "c1", 3).await?;
+    assert_eq!(ids(&read), appended);
+
+    let largest = StreamEntryId::new(u64::MAX, u64::MAX);
+    let beyond = [
+        largest,
+        StreamEntryId::new(u64::MAX, 0),
+        StreamEntryId::new(appended[2].major, u64::MAX),
+        StreamEntryId::new(1u64 << 63, 0),
+    ];
+    assert_eq!(store.ack(&key, "g", &beyond).await?, 0, "ack");
+    assert_eq!(store.touch(&key, "g", "c1", &beyond).await?, 0, "touch");
+    assert_eq!(
+        store.uncount_deliveries(&key, "g", "c1", &beyond).await?,
+        0,
+        "uncount_deliveries"
+    );
+    // Known ids among them still count.
+    let mut mixed = beyond.to_vec();
+    mixed.push(appended[0]);
+    assert_eq!(store.ack(&key, "g", &mixed).await?, 1, "ack of a mix");
+
+    for after in beyond {
+        assert!(
+            store.range(&key, after, 10).await?.is_empty(),
+            "range after {after}"
+        );
+        assert!(
+            store
+                .read_pending(&key, "g", "c1", after, 10)
+                .await?
+                .is_empty(),
+            "read_pending after {after}"
+        );
+        let query = PendingQuery {
+            after,
+            count: 10,
+            consumer: None,
+            min_idle: None,
+        };
+        assert!(
+            store.pending_detail(&key, "g", &query).await?.is_empty(),
+            "pending_detail after {after}"
+        );
+        let claim = courier_core::ClaimIdle {
+            cursor: after,
+            min_idle: std::time::Duration::ZERO,
+            ..claim("g", "c2", 10)
+        };
+        assert!(
+            store.claim_idle(&key, &claim).await?.entries.is_empty(),
+            "claim_idle from {after}"
+        );
+    }
+
+    let late = format!("late-{}", Uuid::now_v7().simple());
+    assert!(
+        store
+            .ensure_group(&key, &late, GroupStart::After(largest))
+            .await?
+    );
+    append_numbered(store, &key, 3, 4).await?;
+    assert!(read_new(store, &key, &late, "c1", 10).await?.is_empty());
+
+    assert_eq!(
+        store
+            .trim(&key, courier_core::TrimBound::MinId(largest))
+            .await?,
+        4,
+        "a trim to the largest id removes every entry"
+    );
+    assert!(store.range(&key, StreamEntryId::ZERO, 10).await?.is_empty());
+    Ok(())
+}
+
 /// An entry stays pending, across re-reads and claims, until it is acked,
 /// whichever consumer read or claimed it; the ack ends it for the group.
 pub async fn an_entry_stays_pending_until_acked_whoever_read_or_claimed_it<F: StreamFixture>(

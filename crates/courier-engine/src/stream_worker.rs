@@ -93,6 +93,20 @@ pub const DEFAULT_MIN_IDLE: Duration = Duration::from_secs(30);
 pub const DEFAULT_CLAIM_INTERVAL: Duration = Duration::from_secs(10);
 /// Deliveries after which a failing entry is dead-lettered.
 pub const DEFAULT_MAX_DELIVERIES: u64 = 10;
+/// What this process discounts from an entry's delivery count because a
+/// take-back failed, or seemed to: the backend may still have applied it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Discount {
+    /// Deliveries subtracted from the backend's count.
+    by: u64,
+    /// What the entry's latest delivery in this process counted. A delivery
+    /// after a take-back counts at least as much (the one taken back does
+    /// not count), and a take-back that went through although it seemed to
+    /// fail shows as a backend count that did not grow: the discount shrinks
+    /// to match, so it is never subtracted twice.
+    counted: u64,
+}
+
 /// How long a subscription waits for the backend to take back the
 /// deliveries of entries it did not handle before it discounts them in
 /// memory instead (a failing backend would hold up the settle behind it).
@@ -610,10 +624,9 @@ struct Inner<S, R: StreamReceipts> {
     transactional: bool,
     /// Errors of entries still pending, newest last.
     errors: Mutex<HashMap<StreamEntryId, Vec<String>>>,
-    /// Deliveries not handled that the backend could not take back
-    /// ([`StreamStore::uncount_deliveries`] failed), per entry still
-    /// pending: they do not count in this process.
-    discounted: Mutex<HashMap<StreamEntryId, u64>>,
+    /// Per entry still pending whose take-back failed
+    /// ([`StreamStore::uncount_deliveries`]): what this process discounts.
+    discounted: Mutex<HashMap<StreamEntryId, Discount>>,
     /// Consecutive batches with a deferral (the backoff grows with them)
     /// and the longest delay a handler asked for in them.
     defer_streak: Mutex<(u32, Duration)>,
@@ -942,18 +955,20 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
     /// then they are left to go idle. Where the backend cannot be reached,
     /// this process remembers the deliveries instead (lost on a restart),
     /// and waits for it at most [`UNCOUNT_WITHIN`]. A take-back that failed
-    /// but went through (its reply lost) is discounted twice: the entry may
-    /// then run once more than `max_deliveries` allows.
-    async fn left_unhandled(&self, ids: Vec<StreamEntryId>) {
-        if ids.is_empty() {
+    /// but went through (its reply lost) is noticed on the entry's next
+    /// delivery here and discounted once (see [`Discount`]). `entries` are
+    /// the ids with the delivery counts the backend gave them.
+    async fn left_unhandled(&self, entries: Vec<(StreamEntryId, u64)>) {
+        if entries.is_empty() {
             return;
         }
         let c = &self.config;
-        for chunk in ids.chunks(courier_core::MAX_STREAM_BATCH) {
+        for chunk in entries.chunks(courier_core::MAX_STREAM_BATCH) {
+            let ids: Vec<StreamEntryId> = chunk.iter().map(|(id, _)| *id).collect();
             let taken_back = tokio::time::timeout(
                 UNCOUNT_WITHIN,
                 self.streams
-                    .uncount_deliveries(&c.key, &c.name, &c.consumer, chunk),
+                    .uncount_deliveries(&c.key, &c.name, &c.consumer, &ids),
             )
             .await;
             let error = match taken_back {
@@ -962,22 +977,19 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                 Err(_) => format!("no answer within {UNCOUNT_WITHIN:?}"),
             };
             tracing::debug!(subscription = c.name, %error, "taking back deliveries not handled failed; this process discounts them");
-            self.discount(chunk.to_vec());
+            self.discount(chunk);
         }
-        self.release(ids);
+        self.release(entries.into_iter().map(|(id, _)| id));
     }
 
     /// Entries delivered but not handled whose delivery the backend did not
     /// take back: it does not count in this process (it does after a
     /// restart or a claim by another consumer); they are left to go idle.
-    fn discount(&self, ids: Vec<StreamEntryId>) {
-        {
-            let mut discounted = lock(&self.discounted);
-            for id in &ids {
-                *discounted.entry(*id).or_default() += 1;
-            }
+    fn discount(&self, entries: &[(StreamEntryId, u64)]) {
+        let mut discounted = lock(&self.discounted);
+        for &(id, deliveries) in entries {
+            discount_with(&mut discounted, id, deliveries);
         }
-        self.release(ids);
     }
 
     /// Every third of `min_idle`, restarts the idle time of the entries this
@@ -1107,11 +1119,11 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
     /// Deliveries that count: the backend's (deliveries taken back left
     /// out), less those this process discounted when the take-back failed.
     fn counted_deliveries(&self, entry: &DeliveredEntry) -> u64 {
-        let discounted = lock(&self.discounted)
-            .get(&entry.entry.id)
-            .copied()
-            .unwrap_or(0);
-        entry.deliveries.saturating_sub(discounted).max(1)
+        counted_with(
+            &mut lock(&self.discounted),
+            entry.entry.id,
+            entry.deliveries,
+        )
     }
 
     async fn handle_batch(
@@ -1214,7 +1226,7 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
         pipe.reading = FuturesOrdered::new();
         // Read, never handled: like a deferral, this delivery does not
         // count against max_deliveries.
-        let unhandled: Vec<StreamEntryId> = pipe
+        let unhandled: Vec<(StreamEntryId, u64)> = pipe
             .ready
             .drain(..)
             .flatten()
@@ -1222,7 +1234,7 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                 looked
                     .entries
                     .iter()
-                    .map(|e| e.entry.id)
+                    .map(|e| (e.entry.id, e.deliveries))
                     .collect::<Vec<_>>()
             })
             .collect();
@@ -1366,13 +1378,13 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                 }
                 Ok(Outcome::Deferred(asked)) => {
                     step.deferred += 1;
-                    unhandled.push(entry.entry.id);
+                    unhandled.push((entry.entry.id, entry.deliveries));
                     batch_deferred = Some(batch_deferred.unwrap_or_default().max(asked));
                     metrics::counter!(DEFERRED, "subscription" => c.name.clone()).increment(1);
                 }
                 // Read but not run: like a deferral, this delivery does not
                 // count against max_deliveries.
-                Ok(Outcome::NotRun) => unhandled.push(entry.entry.id),
+                Ok(Outcome::NotRun) => unhandled.push((entry.entry.id, entry.deliveries)),
                 Ok(Outcome::Dead(reason)) => {
                     if let Err(error) = self.dead_letter(&entry, reason, step).await {
                         settle.error.get_or_insert(error);
@@ -1596,6 +1608,41 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// What a delivery of entry `id` with the backend's count `deliveries`
+/// counts here, after what `discounted` holds for it (at least 1); brings
+/// that record up to this delivery. The same delivery asked again counts the
+/// same.
+fn counted_with(
+    discounted: &mut HashMap<StreamEntryId, Discount>,
+    id: StreamEntryId,
+    deliveries: u64,
+) -> u64 {
+    let Some(discount) = discounted.get_mut(&id) else {
+        return deliveries.max(1);
+    };
+    let counted = deliveries
+        .saturating_sub(discount.by)
+        .max(discount.counted)
+        .max(1);
+    discount.by = deliveries.saturating_sub(counted);
+    discount.counted = counted;
+    counted
+}
+
+/// Records in `discounted` that the delivery of entry `id` with the
+/// backend's count `deliveries` was not handled and its take-back failed:
+/// the entry's next delivery here counts what this one did.
+fn discount_with(
+    discounted: &mut HashMap<StreamEntryId, Discount>,
+    id: StreamEntryId,
+    deliveries: u64,
+) {
+    let counted = counted_with(discounted, id, deliveries);
+    let discount = discounted.entry(id).or_default();
+    discount.by = deliveries.saturating_sub(counted) + 1;
+    discount.counted = counted;
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
@@ -1617,3 +1664,45 @@ const PENDING: &str = "courier_stream_pending";
 const LAG: &str = "courier_stream_lag";
 const VISIBILITY_WAIT: &str = "courier_stream_visibility_wait_seconds";
 const GROUPS_RECREATED: &str = "courier_stream_groups_recreated_total";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_take_back_is_discounted_once_whether_or_not_it_went_through() {
+        let id = StreamEntryId::new(5, 0);
+        // Not applied: the backend's count goes on from 1.
+        let mut lost = HashMap::new();
+        assert_eq!(counted_with(&mut lost, id, 1), 1);
+        discount_with(&mut lost, id, 1);
+        assert_eq!(
+            counted_with(&mut lost, id, 2),
+            1,
+            "the deferral not counted"
+        );
+        assert_eq!(counted_with(&mut lost, id, 2), 1, "asked again, the same");
+        assert_eq!(counted_with(&mut lost, id, 3), 2);
+        assert_eq!(counted_with(&mut lost, id, 4), 3);
+
+        // Applied although it seemed to fail: the backend's count fell to 0.
+        let mut applied = HashMap::new();
+        discount_with(&mut applied, id, 1);
+        assert_eq!(counted_with(&mut applied, id, 1), 1, "not discounted twice");
+        assert_eq!(counted_with(&mut applied, id, 2), 2);
+        assert_eq!(counted_with(&mut applied, id, 3), 3);
+
+        // Two failed take-backs in a row, neither applied.
+        let mut twice = HashMap::new();
+        discount_with(&mut twice, id, 1);
+        discount_with(&mut twice, id, 2);
+        assert_eq!(counted_with(&mut twice, id, 3), 1);
+        assert_eq!(counted_with(&mut twice, id, 4), 2);
+
+        // No failed take-back: the backend's count, at least 1.
+        let mut none = HashMap::new();
+        assert_eq!(counted_with(&mut none, id, 0), 1);
+        assert_eq!(counted_with(&mut none, id, 7), 7);
+        assert!(none.is_empty());
+    }
+}

@@ -1372,3 +1372,109 @@ stream_subscription_tests!(
     a_deferral_stops_the_drain_of_own_pending_entries,
     a_plain_handler_past_the_shutdown_timeout_has_no_effect_after_shutdown,
 );
+
+/// A take-back that went through although the worker stopped waiting for
+/// it is not discounted a second time: on PostgreSQL the take-back's
+/// `UPDATE` waits on a row lock the handler took, the worker gives up after
+/// its limit (1 s) and discounts the delivery itself, and then the `UPDATE`
+/// commits when the lock is let go. A poison entry deferred once that way
+/// still runs exactly `max_deliveries` times before it is dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_take_back_that_went_through_unanswered_is_not_discounted_twice(
+) -> anyhow::Result<()> {
+    let backend = courier_testkit::PgFixture::new().await?;
+    let store = backend.streams();
+    let receipts = backend.receipts();
+    let key = key()?;
+    let calls = Calls::default();
+    let held: Arc<Mutex<Option<tokio::task::JoinHandle<anyhow::Result<()>>>>> = Arc::default();
+    let handler = {
+        let (calls, held, pool) = (calls.clone(), held.clone(), backend.pool.clone());
+        let (tenant, stream) = (key.tenant().to_owned(), key.stream().to_owned());
+        stream_handler_fn(move |message: StreamMessage<serde_json::Value>| {
+            let (calls, held, pool) = (calls.clone(), held.clone(), pool.clone());
+            let (tenant, stream) = (tenant.clone(), stream.clone());
+            async move {
+                let call = calls.record(number(&message));
+                if call > 1 {
+                    return Err(HandlerError::retry(format!("poison, call {call}")));
+                }
+                // Holds the entry's pending row past the worker's limit on
+                // the take-back, then lets it go.
+                let mut tx = pool.begin().await.map_err(HandlerError::retry)?;
+                sqlx::query(
+                    "SELECT 1 FROM stream_pending WHERE tenant = $1 AND stream = $2 FOR UPDATE",
+                )
+                .bind(&tenant)
+                .bind(&stream)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(HandlerError::retry)?;
+                let release = tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    tx.commit().await?;
+                    Ok(())
+                });
+                *held
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(release);
+                Err(HandlerError::snooze(Duration::from_millis(1), "quota"))
+            }
+        })
+    };
+    let mut config = config("billing", &key)?;
+    config.max_deliveries = 2;
+    config.defer_min = Duration::from_millis(1);
+    config.defer_max = Duration::from_millis(2);
+    let subscription = StreamSubscription::new(store.clone(), receipts.clone(), config, handler)?;
+    subscription.ensure_group().await?;
+    append_numbered(&store, &key, 0..1).await?;
+    let dead = key.dead_letters()?;
+    step_until(&backend, &subscription, true, || calls.of(0) >= 1).await?;
+    let release = held
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+    if let Some(release) = release {
+        release.await??;
+    }
+    // The take-back has now gone through in the database.
+    let deliveries = store
+        .pending_detail(
+            &key,
+            "billing",
+            &courier::PendingQuery {
+                after: StreamEntryId::ZERO,
+                count: 10,
+                consumer: None,
+                min_idle: None,
+            },
+        )
+        .await?;
+    assert_eq!(deliveries.len(), 1);
+    assert_eq!(deliveries[0].deliveries, 0, "the take-back went through");
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while store.pending_summary(&key, "billing").await?.count > 0 {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "not dead-lettered within 30 s"
+        );
+        subscription.step().await?;
+        backend
+            .age_pending(&key, "billing", Duration::from_secs(120))
+            .await?;
+    }
+    assert_eq!(
+        calls.of(0),
+        3,
+        "one deferral, then exactly max_deliveries (2) runs"
+    );
+    assert_eq!(
+        courier_testkit::readable_entries(&store, &dead, 1)
+            .await?
+            .len(),
+        1
+    );
+    Ok(())
+}

@@ -21,11 +21,19 @@ TICK = os.sysconf("SC_CLK_TCK")
 QUERY = ("SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU'), count(*) "
          "FROM pg_stat_activity WHERE backend_type = 'client backend' "
          "AND state = 'active' AND pid <> pg_backend_pid() AND datname = current_database() "
-         "GROUP BY 1;\n\\echo __END__\n")
+         "GROUP BY 1;\n\\echo __END__\n"
+         # Which statements wait on a row or a page: the query's first 70
+         # characters (Courier's queries start with a comment naming them).
+         "SELECT wait_event, left(regexp_replace(query, '\\s+', ' ', 'g'), 70) "
+         "FROM pg_stat_activity WHERE wait_event IN ('transactionid', 'tuple', 'BufferContent') "
+         "AND pid <> pg_backend_pid() AND datname = current_database();\n\\echo __END__\n")
 
 
-def processes():
-    """(group, ticks) of every process: postgres, bench, bench-worker, other."""
+def processes(sampler_pids):
+    """(pid, group, ticks) of every process: postgres, bench, bench-worker,
+    sampler (this script and its psql), other. A process that ends between
+    two samples loses its last interval's ticks (they go to its parent's
+    cutime, not read)."""
     out = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -39,11 +47,14 @@ def processes():
             continue
         fields = stat[stat.rindex(")") + 2:].split()
         ticks = int(fields[11]) + int(fields[12])
-        if "bench-worker" in cmd:
+        argv0 = os.path.basename(cmd.split(" ", 1)[0])
+        if int(pid) in sampler_pids:
+            group = "sampler"
+        elif "bench-worker" in cmd:
             group = "bench-worker"
-        elif "courier" in cmd and " bench" in cmd:
+        elif "courier" in argv0 and " bench" in cmd:
             group = "bench"
-        elif cmd.startswith("postgres") or "postgres:" in cmd:
+        elif argv0 == "postgres" or cmd.startswith("postgres:"):
             group = "postgres"
         else:
             group = "other"
@@ -66,6 +77,7 @@ def main():
     psql = subprocess.Popen(["psql", "-X", "-At", "-F", "\t", args.url], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, bufsize=1)
     waits = collections.defaultdict(collections.Counter)   # workers -> event -> backends summed
+    waiters = collections.defaultdict(collections.Counter)  # workers -> (event, query) -> samples
     samples = collections.Counter()                         # workers -> samples
     cpu = collections.defaultdict(collections.Counter)      # workers -> group -> ticks
     idle = collections.Counter()
@@ -73,11 +85,12 @@ def main():
     stop = [False]
     signal.signal(signal.SIGINT, lambda *_: stop.__setitem__(0, True))
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
-    last = {pid: (group, ticks) for pid, group, ticks in processes()}
+    sampler_pids = {os.getpid(), psql.pid}
+    last = {pid: (group, ticks) for pid, group, ticks in processes(sampler_pids)}
     last_total = total_ticks()
     while not stop[0] and not (args.until and os.path.exists(args.until)):
         time.sleep(INTERVAL)
-        now = processes()
+        now = processes(sampler_pids)
         workers = sum(1 for _, group, _ in now if group == "bench-worker")
         for pid, group, ticks in now:
             before = last.get(pid, (group, ticks if pid in last else 0))[1]
@@ -94,6 +107,12 @@ def main():
                 break
             event, count = line.rstrip("\n").split("\t")
             waits[workers][event] += int(count)
+        while True:
+            line = psql.stdout.readline()
+            if not line or line.strip() == "__END__":
+                break
+            event, query = line.rstrip("\n").split("\t", 1)
+            waiters[workers][(event, query)] += 1
         samples[workers] += 1
     psql.stdin.close()
     for workers in sorted(samples):
@@ -107,6 +126,10 @@ def main():
         print(f"active client backends, mean {busy / n:.2f}:")
         for event, count in waits[workers].most_common(12):
             print(f"  {event:40s} {count / n:6.2f}  ({100 * count / max(busy, 1):.0f} %)")
+        if waiters[workers]:
+            print("waiting on a row or a page (backend samples, statement):")
+            for (event, query), count in waiters[workers].most_common(8):
+                print(f"  {count:5d}  {event:14s} {query}")
 
 
 if __name__ == "__main__":

@@ -869,8 +869,10 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
                         .increment(1);
                     group_ready = false;
                     own_pending = true;
-                    // The recreated group holds none of them.
+                    // The recreated group holds none of them, and counts
+                    // its deliveries afresh.
                     lock(&self.held).clear();
+                    lock(&self.discounted).clear();
                     // Not at once: a group that keeps vanishing must not spin.
                     let pause = OUTAGE_MIN.mul_f64(0.5 + fastrand::f64() / 2.0);
                     tokio::select! {
@@ -955,9 +957,12 @@ impl<S: StreamStore, R: StreamReceipts> Inner<S, R> {
     /// then they are left to go idle. Where the backend cannot be reached,
     /// this process remembers the deliveries instead (lost on a restart),
     /// and waits for it at most [`UNCOUNT_WITHIN`]. A take-back that failed
-    /// but went through (its reply lost) is noticed on the entry's next
-    /// delivery here and discounted once (see [`Discount`]). `entries` are
-    /// the ids with the delivery counts the backend gave them.
+    /// but went through (its reply lost) is noticed, and discounted once,
+    /// when the entry's next delivery is this consumer's (see [`Discount`]);
+    /// if another consumer delivered it in between, the backend's count
+    /// cannot tell the two apart and the entry may run once more than
+    /// `max_deliveries` allows. `entries` are the ids with the delivery
+    /// counts the backend gave them.
     async fn left_unhandled(&self, entries: Vec<(StreamEntryId, u64)>) {
         if entries.is_empty() {
             return;

@@ -153,13 +153,25 @@ fn id_parts(id: StreamEntryId) -> Option<(i64, i64)> {
     Some((i64::try_from(id.major).ok()?, i64::try_from(id.minor).ok()?))
 }
 
-/// The columns of a bound (after, from, cursor, min id) equivalent to `id`:
-/// every client-written id is a valid bound, and one past what the columns
-/// hold is above every entry, as `(i64::MAX, i64::MAX)` is.
+/// The columns of an exclusive bound ("above `id`": after, group start)
+/// equivalent to `id`: every client-written id is a valid bound, and one
+/// past what the columns hold is above every entry, as `(i64::MAX,
+/// i64::MAX)` is.
 fn id_bound(id: StreamEntryId) -> (i64, i64) {
     match i64::try_from(id.major) {
         Ok(major) => (major, i64::try_from(id.minor).unwrap_or(i64::MAX)),
         Err(_) => (i64::MAX, i64::MAX),
+    }
+}
+
+/// The columns of an inclusive bound ("at or above `id`": claim cursor,
+/// trim's min id) equivalent to `id`: a minor part past the columns starts
+/// at the next major.
+fn id_bound_from(id: StreamEntryId) -> (i64, i64) {
+    match (i64::try_from(id.major), i64::try_from(id.minor)) {
+        (Ok(major), Ok(minor)) => (major, minor),
+        (Ok(major), Err(_)) if major < i64::MAX => (major + 1, 0),
+        _ => (i64::MAX, i64::MAX),
     }
 }
 
@@ -673,7 +685,7 @@ impl StreamStore for PgStore {
         claim: &'c ClaimIdle,
     ) -> Result<ClaimedEntries, StoreError> {
         claim.validate()?;
-        let (major, minor) = id_bound(claim.cursor);
+        let (major, minor) = id_bound_from(claim.cursor);
         let rows = sqlx::query(&self.q().stream_claim_idle)
             .bind(key.tenant())
             .bind(key.stream())
@@ -967,7 +979,7 @@ impl StreamStore for PgStore {
                 .await
                 .map_err(map)?,
             TrimBound::MinId(id) => {
-                let (major, minor) = id_bound(id);
+                let (major, minor) = id_bound_from(id);
                 sqlx::query_scalar(&self.q().stream_trim_minid)
                     .bind(key.tenant())
                     .bind(key.stream())
@@ -994,7 +1006,8 @@ impl StreamStore for PgStore {
         let payload = dead.validate_dead_letter()?;
         let headers = serde_json::to_string(&dead.headers)
             .map_err(|e| StoreError::Corrupt(format!("headers: {e}")))?;
-        let (major, minor) = id_bound(entry.entry.id);
+        // An id past the columns names no entry: nothing is pending there.
+        let (major, minor) = id_parts(entry.entry.id).unwrap_or((i64::MAX, i64::MAX));
         let origin = dead.origin.as_ref();
         let rows = sqlx::query(&self.q().stream_dead_letter)
             .bind(key.tenant())
@@ -1053,6 +1066,16 @@ mod tests {
         assert_eq!(id_bound(StreamEntryId::new(7, u64::MAX)), (7, i64::MAX));
         assert_eq!(
             id_bound(StreamEntryId::new(u64::MAX, 0)),
+            (i64::MAX, i64::MAX)
+        );
+        assert_eq!(id_bound_from(StreamEntryId::new(7, 3)), (7, 3));
+        assert_eq!(id_bound_from(StreamEntryId::new(7, u64::MAX)), (8, 0));
+        assert_eq!(
+            id_bound_from(StreamEntryId::new(i64::MAX as u64, u64::MAX)),
+            (i64::MAX, i64::MAX)
+        );
+        assert_eq!(
+            id_bound_from(StreamEntryId::new(u64::MAX, 0)),
             (i64::MAX, i64::MAX)
         );
         let ids = [

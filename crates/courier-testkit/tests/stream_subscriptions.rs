@@ -1382,6 +1382,22 @@ stream_subscription_tests!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_take_back_that_went_through_unanswered_is_not_discounted_twice(
 ) -> anyhow::Result<()> {
+    a_take_back_past_the_worker_s_limit(true).await
+}
+
+/// The same take-back, given up on by the worker and then not applied (its
+/// backend is terminated while it waits): the worker's own discount keeps
+/// the deferral from counting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_take_back_that_never_went_through_is_discounted_once() -> anyhow::Result<()> {
+    a_take_back_past_the_worker_s_limit(false).await
+}
+
+/// A poison entry (`max_deliveries` 2) whose first delivery is deferred
+/// while its take-back waits on a row lock past the worker's limit; then
+/// the take-back is `applied` or terminated. Either way the entry runs
+/// exactly twice more and is dead-lettered.
+async fn a_take_back_past_the_worker_s_limit(applied: bool) -> anyhow::Result<()> {
     let backend = courier_testkit::PgFixture::new().await?;
     let store = backend.streams();
     let receipts = backend.receipts();
@@ -1430,17 +1446,46 @@ async fn postgres_a_take_back_that_went_through_unanswered_is_not_discounted_twi
     subscription.ensure_group().await?;
     append_numbered(&store, &key, 0..1).await?;
     let dead = key.dead_letters()?;
-    step_until(&backend, &subscription, true, || calls.of(0) >= 1).await?;
+    step_until(&backend, &subscription, false, || calls.of(0) >= 1).await?;
     let release = held
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take();
-    if let Some(release) = release {
-        release.await??;
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("the handler holds no lock"))?;
+    anyhow::ensure!(
+        !release.is_finished(),
+        "the step waited for the row lock instead of giving the take-back up"
+    );
+    // The given-up take-back still waits on the lock in its own backend.
+    let waiting = format!("%{}.stream_pending%", backend.schema);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let pid = loop {
+        let pid: Option<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query LIKE $1 AND query LIKE '%UPDATE%'",
+        )
+        .bind(&waiting)
+        .fetch_optional(&backend.pool)
+        .await?;
+        if let Some(pid) = pid {
+            break pid;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no take-back waits on the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    if !applied {
+        let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(&backend.pool)
+            .await?;
+        anyhow::ensure!(terminated);
     }
-    // The take-back has now gone through in the database.
-    let deliveries = store
-        .pending_detail(
+    release.await??;
+    let detail = || {
+        store.pending_detail(
             &key,
             "billing",
             &courier::PendingQuery {
@@ -1450,9 +1495,33 @@ async fn postgres_a_take_back_that_went_through_unanswered_is_not_discounted_twi
                 min_idle: None,
             },
         )
+    };
+    // Once the take-back's backend has let go of the row (committed or
+    // ended), the count shows whether it went through.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let still: Option<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE pid = $1 AND state = 'active'",
+        )
+        .bind(pid)
+        .fetch_optional(&backend.pool)
         .await?;
+        if still.is_none() {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the take-back still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let deliveries = detail().await?;
     assert_eq!(deliveries.len(), 1);
-    assert_eq!(deliveries[0].deliveries, 0, "the take-back went through");
+    assert_eq!(
+        deliveries[0].deliveries,
+        if applied { 0 } else { 1 },
+        "the take-back went through: {applied}"
+    );
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while store.pending_summary(&key, "billing").await?.count > 0 {

@@ -49,12 +49,12 @@ pub use store::{
     TransactionalOutcome, TxWork, MAX_DEAD_LETTER_GROUPS, MAX_SNOOZES,
 };
 pub use stream::{
-    dead_letter_entry, group_not_found, validate_block, validate_count, validate_tenants,
-    ClaimIdle, ClaimedEntries, ConsumerInfo, ConsumerRemoval, DeliveredEntry, EntryOrigin,
-    GroupStart, GroupSummary, NewStreamEntry, PendingDetail, PendingEntry, PendingQuery,
-    PendingSummary, ReadNew, ReceiptOutcome, StreamEntry, StreamEntryId, StreamKey, StreamPage,
-    StreamReceipts, StreamStore, StreamSummary, TrimBound, DEAD_LETTER_HEADERS, DEAD_STREAM_SUFFIX,
-    MAX_STREAM_BATCH, MAX_STREAM_BLOCK, MAX_STREAM_PAGE,
+    dead_letter_entry, group_not_found, validate_block, validate_count, validate_own_pending,
+    validate_tenants, ClaimIdle, ClaimedEntries, ConsumerInfo, ConsumerRemoval, DeliveredEntry,
+    EntryOrigin, GroupStart, GroupSummary, NewStreamEntry, PendingDetail, PendingEntry,
+    PendingQuery, PendingSummary, ReadNew, ReceiptOutcome, StreamEntry, StreamEntryId, StreamKey,
+    StreamPage, StreamReceipts, StreamStore, StreamSummary, TrimBound, DEAD_LETTER_HEADERS,
+    DEAD_STREAM_SUFFIX, MAX_STREAM_BATCH, MAX_STREAM_BLOCK, MAX_STREAM_PAGE,
 };
 pub use trace_context::{
     current_trace_headers, entries_with_current_context, has_trace_context, insert_trace_context,

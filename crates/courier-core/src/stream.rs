@@ -510,6 +510,19 @@ pub fn group_not_found(key: &StreamKey, group: &str) -> StoreError {
     }
 }
 
+/// Validates the arguments of an operation on `consumer`'s own pending
+/// entries ([`StreamStore::touch`], [`StreamStore::uncount_deliveries`]):
+/// the group's and the consumer's names, and 1 to [`MAX_STREAM_BATCH`] ids.
+pub fn validate_own_pending(
+    group: &str,
+    consumer: &str,
+    ids: &[StreamEntryId],
+) -> Result<(), ValidationError> {
+    crate::validate_name("group", group)?;
+    crate::validate_name("consumer", consumer)?;
+    validate_count("ids", ids.len())
+}
+
 /// Validates a batch size `count` for `field`.
 pub fn validate_count(field: &'static str, count: usize) -> Result<(), ValidationError> {
     if count == 0 || count > MAX_STREAM_BATCH {

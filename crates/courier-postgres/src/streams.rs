@@ -532,9 +532,7 @@ impl PgStore {
         consumer: &str,
         ids: &[StreamEntryId],
     ) -> Result<u64, StoreError> {
-        validate_name("group", group)?;
-        validate_name("consumer", consumer)?;
-        validate_count("ids", ids.len())?;
+        courier_core::validate_own_pending(group, consumer, ids)?;
         let (majors, minors) = sorted_id_parts(ids);
         let updated: i64 = sqlx::query_scalar(sql)
             .bind(key.tenant())

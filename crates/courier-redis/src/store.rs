@@ -246,9 +246,7 @@ impl RedisStreamStore {
         consumer: &str,
         ids: &[StreamEntryId],
     ) -> Result<u64, StoreError> {
-        validate_name("group", group)?;
-        validate_name("consumer", consumer)?;
-        validate_count("ids", ids.len())?;
+        courier_core::validate_own_pending(group, consumer, ids)?;
         let mut invocation = script.key(self.redis_key(key));
         invocation.arg(group).arg(consumer);
         for entry_id in ids {

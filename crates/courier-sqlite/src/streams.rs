@@ -426,9 +426,7 @@ impl SqliteStore {
         consumer: &str,
         ids: &[StreamEntryId],
     ) -> Result<u64, StoreError> {
-        validate_name("group", group)?;
-        validate_name("consumer", consumer)?;
-        validate_count("ids", ids.len())?;
+        courier_core::validate_own_pending(group, consumer, ids)?;
         let rowids: Vec<i64> = ids.iter().copied().filter_map(rowid).collect();
         if rowids.is_empty() {
             return Ok(0);

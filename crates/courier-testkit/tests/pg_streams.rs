@@ -491,6 +491,19 @@ async fn a_claim_skips_an_entry_another_claim_is_taking_over() -> anyhow::Result
     Ok(())
 }
 
+/// Entry `n` as a relay of message `message_id` writes it.
+fn relayed(message_id: uuid::Uuid, n: u64) -> NewStreamEntry {
+    NewStreamEntry {
+        origin: Some(courier::EntryOrigin {
+            message_id,
+            tenant: "acme".into(),
+            topic: "order.placed".into(),
+            schema_version: 2,
+        }),
+        ..entry(n)
+    }
+}
+
 /// The native relay's one-statement append: a message's first entry is
 /// appended; another of the same message, in the same transaction or after
 /// it committed, is not, and the first one's id comes back as a duplicate;
@@ -501,15 +514,6 @@ async fn a_relay_append_appends_a_message_once_and_reports_the_first_entry() -> 
     let pg = PgFixture::new().await?;
     let store = pg.courier().store().clone();
     let key = StreamKey::new("acme", "relayed")?;
-    let relayed = |message_id: uuid::Uuid, n: u64| NewStreamEntry {
-        origin: Some(courier::EntryOrigin {
-            message_id,
-            tenant: "acme".into(),
-            topic: "order.placed".into(),
-            schema_version: 2,
-        }),
-        ..entry(n)
-    };
     let (a, b) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
 
     let mut rolled_back = pg.pool.begin().await?;
@@ -569,15 +573,6 @@ async fn two_transactions_relaying_one_message_at_once_store_it_once() -> anyhow
     let store = pg.courier().store().clone();
     let second_store = pg.named_store("second").await?;
     let key = StreamKey::new("acme", "relayed")?;
-    let relayed = |message_id: uuid::Uuid, n: u64| NewStreamEntry {
-        origin: Some(courier::EntryOrigin {
-            message_id,
-            tenant: "acme".into(),
-            topic: "order.placed".into(),
-            schema_version: 1,
-        }),
-        ..entry(n)
-    };
     // Relays `entry` on the second store, in a transaction it commits.
     let relay_second = |entry: NewStreamEntry| {
         let store = second_store.clone();
